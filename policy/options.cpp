@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parser for the CUMEMGUARD_* table: bad values warn once and keep the default (jemalloc-style,
+// fatal only with CUMEMGUARD_STRICT_CONFIG), unknown CUMEMGUARD_* names warn with a suggestion.
+#include "options.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+namespace cmg {
+namespace {
+
+constexpr std::size_t kTableRows = 0
+#define CMG_OPTION(field, name, kind, type, def, choices, help) +1
+#include "options.def"
+#undef CMG_OPTION
+    ;
+
+constexpr std::string_view kActionChoices = "default|skip|forward|abort";
+
+std::array<OptionSpec, kTableRows + kFindingClassCount> build_specs() {
+  std::array<OptionSpec, kTableRows + kFindingClassCount> specs{};
+  std::size_t i = 0;
+#define CMG_OPTION(field, name, kind, type, def, choices, help) \
+  specs[i++] = OptionSpec{#field, name, OptionKind::kind, def, choices, help};
+#include "options.def"
+#undef CMG_OPTION
+  for (std::size_t c = 0; c < kFindingClassCount; ++c) {
+    const FindingInfo &f = finding_info(static_cast<FindingClass>(c));
+    specs[i++] = OptionSpec{"action", f.option, OptionKind::Enum, "default", kActionChoices,
+                            "per-class override of what the mode does for this finding class"};
+  }
+  return specs;
+}
+
+const std::array<OptionSpec, kTableRows + kFindingClassCount> kSpecs = build_specs();
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
+}
+
+// Index of s among '|'-separated choices, or -1.
+int choice_index(std::string_view choices, std::string_view s) {
+  int idx = 0;
+  while (true) {
+    std::size_t bar = choices.find('|');
+    std::string_view c = choices.substr(0, bar);
+    if (iequals(c, s)) return idx;
+    if (bar == std::string_view::npos) return -1;
+    choices.remove_prefix(bar + 1);
+    ++idx;
+  }
+}
+
+std::string_view choice_at(std::string_view choices, int idx) {
+  for (int i = 0; i < idx; ++i) choices.remove_prefix(choices.find('|') + 1);
+  return choices.substr(0, choices.find('|'));
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t sub = prev[j - 1] + (lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+bool parse_int(std::string_view s, std::int64_t &out) {
+  if (s.empty()) return false;
+  const char *b = s.data(), *e = s.data() + s.size();
+  if (*b == '+') ++b;
+  auto [p, ec] = std::from_chars(b, e, out);
+  return ec == std::errc() && p == e;
+}
+
+}  // namespace
+
+// Typed application of one raw value (outside the anonymous namespace for the macro above).
+namespace detail {
+template <typename T>
+bool apply_value(OptionKind kind, T &dst, std::string_view raw, std::string_view choices,
+                 std::string &why) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!parse_bool(raw, dst)) {
+      why = "expected 1/true/yes/on or 0/false/no/off";
+      return false;
+    }
+    return true;
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    if (!parse_int(raw, dst)) {
+      why = "not a whole number";
+      return false;
+    }
+    return true;
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    if (!parse_size(raw, dst)) {
+      why = "not a size (a number of bytes, optionally with K, M, G or T)";
+      return false;
+    }
+    return true;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    dst.assign(raw);
+    return true;
+  } else {
+    int idx = choice_index(choices, raw);
+    if (idx < 0) {
+      why = "expected one of ";
+      why.append(choices);
+      return false;
+    }
+    dst = static_cast<T>(idx);
+    return true;
+  }
+  (void)kind;
+}
+}  // namespace detail
+
+namespace {
+
+bool apply_row(Options &o, std::size_t row, std::string_view raw, std::string &why) {
+  std::size_t i = 0;
+#define CMG_OPTION(field, name, kind, type, def, choices, help) \
+  if (i++ == row) return detail::apply_value(OptionKind::kind, o.field, raw, choices, why);
+#include "options.def"
+#undef CMG_OPTION
+  std::size_t c = row - kTableRows;
+  if (c < kFindingClassCount) {
+    int idx = choice_index(kActionChoices, raw);
+    if (idx < 0) {
+      why = "expected one of default|skip|forward|abort";
+      return false;
+    }
+    o.action[c] = static_cast<ActionOverride>(idx);
+    return true;
+  }
+  return false;
+}
+
+// Range checks that the table's types cannot express.
+bool validate(const Options &o, std::size_t row, std::string &why) {
+  std::string_view n = kSpecs[row].name;
+  if (n == "STACKS" && (o.stacks < 0 || o.stacks > 64)) {
+    why = "must be between 0 and 64";
+    return false;
+  }
+  if (n == "STACK_SAMPLE" && o.stack_sample < 1) {
+    why = "must be at least 1";
+    return false;
+  }
+  if (n == "WARN_LIMIT" && o.warn_limit < 0) {
+    why = "must not be negative";
+    return false;
+  }
+  return true;
+}
+
+template <typename T>
+std::string to_text(const T &v, std::string_view choices) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "1" : "0";
+  } else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t>) {
+    return std::to_string(v);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return v;
+  } else {
+    return std::string(choice_at(choices, static_cast<int>(v)));
+  }
+}
+
+std::string printable(const Options &o, std::size_t row) {
+  std::size_t i = 0;
+#define CMG_OPTION(field, name, kind, type, def, choices, help) \
+  if (i++ == row) return to_text(o.field, choices);
+#include "options.def"
+#undef CMG_OPTION
+  std::size_t c = row - kTableRows;
+  return std::string(choice_at(kActionChoices, static_cast<int>(o.action[c])));
+}
+
+}  // namespace
+
+Action Options::action_for(FindingClass c) const {
+  if (c == FindingClass::Leak) return Action::Forward;
+  switch (action[static_cast<std::size_t>(c)]) {
+    case ActionOverride::Skip: return Action::Skip;
+    case ActionOverride::Forward: return Action::Forward;
+    case ActionOverride::Abort: return Action::Abort;
+    case ActionOverride::Default: break;
+  }
+  const Action def = finding_info(c).guard_action;
+  switch (mode) {
+    case Mode::Guard: return def;
+    case Mode::Report: return def == Action::Defer ? Action::Defer : Action::Forward;
+    case Mode::Strict:
+      if (c == FindingClass::Config && !strict_config) return Action::Forward;
+      return Action::Abort;
+  }
+  return Action::Forward;
+}
+
+std::span<const OptionSpec> option_specs() { return kSpecs; }
+
+std::string_view option_kind_name(OptionKind k) {
+  switch (k) {
+    case OptionKind::Bool: return "bool";
+    case OptionKind::Int: return "int";
+    case OptionKind::Size: return "size";
+    case OptionKind::String: return "string";
+    case OptionKind::Enum: return "enum";
+  }
+  return "?";
+}
+
+bool parse_bool(std::string_view s, bool &out) {
+  for (std::string_view t : {"1", "true", "yes", "on"})
+    if (iequals(s, t)) return out = true, true;
+  for (std::string_view f : {"0", "false", "no", "off"})
+    if (iequals(s, f)) return out = false, true;
+  return false;
+}
+
+bool parse_size(std::string_view s, std::uint64_t &out) {
+  if (s.empty()) return false;
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p == s.data()) return false;
+  std::string_view suf = s.substr(static_cast<std::size_t>(p - s.data()));
+  unsigned shift = 0;
+  if (!suf.empty()) {
+    switch (lower(suf[0])) {
+      case 'k': shift = 10; break;
+      case 'm': shift = 20; break;
+      case 'g': shift = 30; break;
+      case 't': shift = 40; break;
+      case 'b':
+        if (suf.size() == 1) return out = v, true;
+        return false;
+      default: return false;
+    }
+    suf.remove_prefix(1);
+    if (!(suf.empty() || iequals(suf, "b") || iequals(suf, "ib"))) return false;
+  }
+  if (shift && v > (UINT64_MAX >> shift)) return false;
+  out = v << shift;
+  return true;
+}
+
+ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::string_view>> env) {
+  ParsedOptions r;
+  // Defaults first, from the table's own strings (so the table is the only place they live).
+  for (std::size_t row = 0; row < kSpecs.size(); ++row) {
+    std::string why;
+    apply_row(r.options, row, kSpecs[row].default_value, why);
+  }
+  std::vector<std::pair<std::size_t, std::string_view>> found;
+  for (const auto &[name, value] : env) {
+    if (name.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
+    std::string_view key = name.substr(kOptionPrefix.size());
+    std::size_t row = kSpecs.size();
+    for (std::size_t i = 0; i < kSpecs.size(); ++i)
+      if (kSpecs[i].name == key) row = i;
+    if (row == kSpecs.size()) {
+      std::string msg = "unknown option ";
+      msg.append(name);
+      std::size_t best = 4, best_row = kSpecs.size();
+      for (std::size_t i = 0; i < kSpecs.size(); ++i) {
+        std::size_t d = edit_distance(key, kSpecs[i].name);
+        if (d < best) best = d, best_row = i;
+      }
+      if (best_row < kSpecs.size()) {
+        msg += " (did you mean CUMEMGUARD_";
+        msg.append(kSpecs[best_row].name);
+        msg += "?)";
+      }
+      msg += "; ignored";
+      r.problems.push_back(std::move(msg));
+      continue;
+    }
+    found.emplace_back(row, value);
+  }
+  std::vector<std::string> raw(kSpecs.size());
+  std::vector<bool> set(kSpecs.size(), false);
+  for (const auto &[row, value] : found) {
+    Options trial = r.options;
+    std::string why;
+    if (!apply_row(trial, row, value, why) || !validate(trial, row, why)) {
+      std::string msg = "CUMEMGUARD_";
+      msg.append(kSpecs[row].name);
+      msg += ": '";
+      msg.append(value);
+      msg += "' ";
+      msg += why.empty() ? std::string("is not valid") : "is not valid: " + why;
+      msg += "; keeping ";
+      msg += printable(r.options, row).empty() ? std::string("the default")
+                                                : "'" + printable(r.options, row) + "'";
+      r.problems.push_back(std::move(msg));
+      continue;
+    }
+    r.options = std::move(trial);
+    raw[row].assign(value);
+    set[row] = true;
+  }
+  for (std::size_t row = 0; row < kSpecs.size(); ++row)
+    r.values.push_back(OptionValue{&kSpecs[row],
+                                   set[row] ? OptionSource::Environment : OptionSource::Default,
+                                   raw[row], printable(r.options, row)});
+  r.fatal = r.options.strict_config && !r.problems.empty();
+  return r;
+}
+
+ParsedOptions parse_options(char *const *envp) {
+  std::vector<std::pair<std::string_view, std::string_view>> env;
+  for (char *const *e = envp; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (kv.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
+    std::size_t eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return parse_options(env);
+}
+
+}  // namespace cmg
