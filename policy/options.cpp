@@ -36,7 +36,12 @@ std::array<OptionSpec, kTableRows + kFindingClassCount> build_specs() {
   return specs;
 }
 
-const std::array<OptionSpec, kTableRows + kFindingClassCount> kSpecs = build_specs();
+// A function-local static, not a global: the shim parses options from its load-time constructor,
+// which may run before this file's dynamic initializers.
+const std::array<OptionSpec, kTableRows + kFindingClassCount> &specs() {
+  static const auto s = build_specs();
+  return s;
+}
 
 char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
 
@@ -152,7 +157,7 @@ bool apply_row(Options &o, std::size_t row, std::string_view raw, std::string &w
 
 // Range checks that the table's types cannot express.
 bool validate(const Options &o, std::size_t row, std::string &why) {
-  std::string_view n = kSpecs[row].name;
+  std::string_view n = specs()[row].name;
   if (n == "STACKS" && (o.stacks < 0 || o.stacks > 64)) {
     why = "must be between 0 and 64";
     return false;
@@ -212,7 +217,7 @@ Action Options::action_for(FindingClass c) const {
   return Action::Forward;
 }
 
-std::span<const OptionSpec> option_specs() { return kSpecs; }
+std::span<const OptionSpec> option_specs() { return specs(); }
 
 std::string_view option_kind_name(OptionKind k) {
   switch (k) {
@@ -262,28 +267,29 @@ bool parse_size(std::string_view s, std::uint64_t &out) {
 ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::string_view>> env) {
   ParsedOptions r;
   // Defaults first, from the table's own strings (so the table is the only place they live).
-  for (std::size_t row = 0; row < kSpecs.size(); ++row) {
+  for (std::size_t row = 0; row < specs().size(); ++row) {
     std::string why;
-    apply_row(r.options, row, kSpecs[row].default_value, why);
+    apply_row(r.options, row, specs()[row].default_value, why);
   }
   std::vector<std::pair<std::size_t, std::string_view>> found;
   for (const auto &[name, value] : env) {
     if (name.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
     std::string_view key = name.substr(kOptionPrefix.size());
-    std::size_t row = kSpecs.size();
-    for (std::size_t i = 0; i < kSpecs.size(); ++i)
-      if (kSpecs[i].name == key) row = i;
-    if (row == kSpecs.size()) {
+    std::size_t row = specs().size();
+    for (std::size_t i = 0; i < specs().size(); ++i)
+      if (specs()[i].name == key) row = i;
+    if (row == specs().size()) {
       std::string msg = "unknown option ";
       msg.append(name);
-      std::size_t best = 4, best_row = kSpecs.size();
-      for (std::size_t i = 0; i < kSpecs.size(); ++i) {
-        std::size_t d = edit_distance(key, kSpecs[i].name);
+      // Suggest only close names: a third of the name's letters may differ (typos, not guesses).
+      std::size_t best = std::max<std::size_t>(2, key.size() / 3 + 1), best_row = specs().size();
+      for (std::size_t i = 0; i < specs().size(); ++i) {
+        std::size_t d = edit_distance(key, specs()[i].name);
         if (d < best) best = d, best_row = i;
       }
-      if (best_row < kSpecs.size()) {
+      if (best_row < specs().size()) {
         msg += " (did you mean CUMEMGUARD_";
-        msg.append(kSpecs[best_row].name);
+        msg.append(specs()[best_row].name);
         msg += "?)";
       }
       msg += "; ignored";
@@ -292,14 +298,14 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     }
     found.emplace_back(row, value);
   }
-  std::vector<std::string> raw(kSpecs.size());
-  std::vector<bool> set(kSpecs.size(), false);
+  std::vector<std::string> raw(specs().size());
+  std::vector<bool> set(specs().size(), false);
   for (const auto &[row, value] : found) {
     Options trial = r.options;
     std::string why;
     if (!apply_row(trial, row, value, why) || !validate(trial, row, why)) {
       std::string msg = "CUMEMGUARD_";
-      msg.append(kSpecs[row].name);
+      msg.append(specs()[row].name);
       msg += ": '";
       msg.append(value);
       msg += "' ";
@@ -314,8 +320,8 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     raw[row].assign(value);
     set[row] = true;
   }
-  for (std::size_t row = 0; row < kSpecs.size(); ++row)
-    r.values.push_back(OptionValue{&kSpecs[row],
+  for (std::size_t row = 0; row < specs().size(); ++row)
+    r.values.push_back(OptionValue{&specs()[row],
                                    set[row] ? OptionSource::Environment : OptionSource::Default,
                                    raw[row], printable(r.options, row)});
   r.fatal = r.options.strict_config && !r.problems.empty();

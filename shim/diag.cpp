@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// Diagnostics on stderr: spdlog made once and deliberately leaked, raw write(2) after exit began.
+#include "diag.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "state.h"
+
+namespace cmg::shim {
+namespace {
+
+std::atomic<bool> g_exit_begun{false};
+std::mutex g_pending_mu;
+std::vector<std::pair<LogLevel, std::string>> *g_pending = nullptr;
+
+spdlog::logger *logger() {
+  static spdlog::logger *l = [] {
+    // Not registered and never destroyed: it must outlive every static destructor.
+    auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    auto *lg = new spdlog::logger("cumemguard", sink);
+    lg->set_pattern("cumemguard: %v");
+    lg->set_level(spdlog::level::trace);
+    lg->flush_on(spdlog::level::trace);
+    return lg;
+  }();
+  return l;
+}
+
+const char *level_word(LogLevel l) {
+  switch (l) {
+    case LogLevel::Error: return "error";
+    case LogLevel::Warn: return "warning";
+    case LogLevel::Info: return "info";
+    case LogLevel::Debug: return "debug";
+  }
+  return "";
+}
+
+bool enabled(LogLevel l) {
+  if (!options_ready()) return l <= LogLevel::Warn;
+  return static_cast<int>(l) <= static_cast<int>(state().opts.log_level);
+}
+
+void write_note_record(LogLevel level, std::string_view msg) {
+  char buf[4096];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "note").unum("ts", now_ns()).str("level", level_word(level)).str("msg", msg);
+  state().log.write(j.finish(), now_ns());
+}
+
+}  // namespace
+
+void diag_line(LogLevel level, std::string_view msg) {
+  if (!enabled(level)) return;
+  std::string line = std::string(level_word(level)) + ": " + std::string(msg);
+  if (g_exit_begun.load(std::memory_order_acquire)) {
+    std::string raw = "cumemguard: " + line + "\n";
+    ssize_t n = ::write(2, raw.data(), raw.size());
+    (void)n;
+    return;
+  }
+  try {
+    logger()->info(line);
+  } catch (...) {
+    // Never let a diagnostic take the host down.
+  }
+}
+
+void note(LogLevel level, std::string_view msg) {
+  diag_line(level, msg);
+  if (state().log.is_open()) {
+    write_note_record(level, msg);
+    return;
+  }
+  if (active()) return;  // active without a log: nothing to keep
+  std::lock_guard lk(g_pending_mu);
+  if (!g_pending) g_pending = new std::vector<std::pair<LogLevel, std::string>>;
+  if (g_pending->size() < 64) g_pending->emplace_back(level, std::string(msg));
+}
+
+void flush_pending_notes() {
+  std::lock_guard lk(g_pending_mu);
+  if (!g_pending) return;
+  if (state().log.is_open())
+    for (const auto &[l, m] : *g_pending) write_note_record(l, m);
+  g_pending->clear();
+}
+
+void print_finding(const Finding &f, Action action, int res, const char *api) {
+  State &s = state();
+  if (!enabled(LogLevel::Warn)) return;
+  std::int64_t n = s.warned.fetch_add(1, std::memory_order_relaxed);
+  if (n > s.opts.warn_limit) return;
+  if (n == s.opts.warn_limit) {
+    diag_line(LogLevel::Warn, "further findings go only to the log and the exit summary "
+                              "(CUMEMGUARD_WARN_LIMIT)");
+    return;
+  }
+  std::string what;
+  switch (action) {
+    case Action::Skip: what = "skipped: returned " + std::to_string(res) + " without calling the driver"; break;
+    case Action::Forward: what = "forwarded: the driver returned " + std::to_string(res); break;
+    case Action::Defer: what = "deferred"; break;
+    case Action::Abort: what = "strict mode"; break;
+  }
+  diag_line(LogLevel::Warn, std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg + " [" +
+                                what + "]");
+}
+
+void diag_exit_begun() { g_exit_begun.store(true, std::memory_order_release); }
+
+}  // namespace cmg::shim

@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: Apache-2.0
+// One-line diagnostics on stderr ("cumemguard: warning: …") through spdlog while the process runs,
+// raw write(2) once exit has begun (spdlog's statics may be gone by then).
+#pragma once
+
+#include <string_view>
+
+#include "event.h"
+#include "options.h"
+
+namespace cmg::shim {
+
+void diag_line(LogLevel level, std::string_view msg);
+// Notes that arrive before the log is open are kept and written once it is.
+void flush_pending_notes();
+// Prints a finding (rate-limited by CUMEMGUARD_WARN_LIMIT).
+void print_finding(const Finding &f, Action action, int res, const char *api);
+// From now on diagnostics bypass spdlog.
+void diag_exit_begun();
+
+}  // namespace cmg::shim

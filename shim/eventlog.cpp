@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// Event log writer and JSON-line builder (see eventlog.h).
+#include "eventlog.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <new>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace cmg::shim {
+
+JsonLine::JsonLine(char *buf, std::size_t cap) : buf_(buf), cap_(cap) { buf_[len_++] = '{'; }
+
+// Room kept back so the closing brackets, a "cut" marker and the newline always fit.
+static constexpr std::size_t kReserve = 48;
+
+bool JsonLine::room(std::size_t n) {
+  if (!cut_ && len_ + n + kReserve < cap_) return true;
+  cut_ = true;
+  return false;
+}
+
+void JsonLine::put(std::string_view s) {
+  std::memcpy(buf_ + len_, s.data(), s.size());
+  len_ += s.size();
+}
+
+void JsonLine::put_escaped(std::string_view s) {
+  for (char c : s) {
+    if (len_ + 8 + kReserve >= cap_) {
+      cut_ = true;
+      return;
+    }
+    switch (c) {
+      case '"': put("\\\""); break;
+      case '\\': put("\\\\"); break;
+      case '\n': put("\\n"); break;
+      case '\t': put("\\t"); break;
+      case '\r': put("\\r"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          len_ += static_cast<std::size_t>(
+              std::snprintf(buf_ + len_, 8, "\\u%04x", static_cast<unsigned>(c)));
+        } else {
+          buf_[len_++] = c;
+        }
+    }
+  }
+}
+
+// Writes `,"key":` only when the key and `extra` more bytes fit; once a value is left out, every
+// later one is too, so the line never holds a half-written member.
+bool JsonLine::key(std::string_view k, std::size_t extra) {
+  if (skip_ || !room(k.size() + 4 + extra)) return false;
+  if (!first_) buf_[len_++] = ',';
+  first_ = false;
+  buf_[len_++] = '"';
+  put(k);
+  put("\":");
+  return true;
+}
+
+JsonLine &JsonLine::str(std::string_view k, std::string_view v) {
+  if (!key(k, 2)) return *this;
+  buf_[len_++] = '"';
+  put_escaped(v);  // may cut the text short, never the closing quote (kReserve)
+  buf_[len_++] = '"';
+  return *this;
+}
+
+JsonLine &JsonLine::hex(std::string_view k, std::uint64_t v) {
+  char tmp[24];
+  int n = std::snprintf(tmp, sizeof tmp, "\"0x%" PRIx64 "\"", v);
+  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::num(std::string_view k, std::int64_t v) {
+  char tmp[24];
+  int n = std::snprintf(tmp, sizeof tmp, "%" PRId64, v);
+  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::unum(std::string_view k, std::uint64_t v) {
+  char tmp[24];
+  int n = std::snprintf(tmp, sizeof tmp, "%" PRIu64, v);
+  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::boolean(std::string_view k, bool v) {
+  if (key(k, 5)) put(v ? "true" : "false");
+  return *this;
+}
+
+JsonLine &JsonLine::raw(std::string_view k, std::string_view json) {
+  if (key(k, json.size())) put(json);
+  return *this;
+}
+
+JsonLine &JsonLine::begin_object(std::string_view k) {
+  if (!key(k, 2)) {
+    ++skip_;
+    return *this;
+  }
+  buf_[len_++] = '{';
+  first_ = true;
+  return *this;
+}
+
+JsonLine &JsonLine::end_object() {
+  if (skip_) {
+    --skip_;
+    return *this;
+  }
+  buf_[len_++] = '}';
+  first_ = false;
+  return *this;
+}
+
+JsonLine &JsonLine::begin_array(std::string_view k) {
+  if (!key(k, 2)) {
+    ++skip_;
+    return *this;
+  }
+  buf_[len_++] = '[';
+  first_ = true;
+  return *this;
+}
+
+JsonLine &JsonLine::end_array() {
+  if (skip_) {
+    --skip_;
+    return *this;
+  }
+  buf_[len_++] = ']';
+  first_ = false;
+  return *this;
+}
+
+bool JsonLine::elem(std::size_t n) {
+  if (skip_ || !room(n + 1)) return false;
+  if (!first_) buf_[len_++] = ',';
+  first_ = false;
+  return true;
+}
+
+JsonLine &JsonLine::elem_str(std::string_view v) {
+  if (!elem(2)) return *this;
+  buf_[len_++] = '"';
+  put_escaped(v);
+  buf_[len_++] = '"';
+  return *this;
+}
+
+JsonLine &JsonLine::elem_hex(std::uint64_t v) {
+  char tmp[24];
+  int n = std::snprintf(tmp, sizeof tmp, "\"0x%" PRIx64 "\"", v);
+  if (elem(static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::elem_raw(std::string_view json) {
+  if (elem(json.size())) put(json);
+  return *this;
+}
+
+std::string_view JsonLine::finish() {
+  if (cut_) {
+    if (!first_) buf_[len_++] = ',';
+    put("\"cut\":true");
+  }
+  buf_[len_++] = '}';
+  buf_[len_++] = '\n';
+  return std::string_view(buf_, len_);
+}
+
+// ---------------------------------------------------------------------------------------------
+std::string EventLog::open(const std::string &path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    int e = errno;
+    std::string why = std::strerror(e);
+    if (e == ELOOP) why = "it is a symbolic link (refused: a planted link could redirect the log)";
+    return "cannot open event log " + path + ": " + why;
+  }
+  std::lock_guard lk(mu_);
+  fd_ = fd;
+  path_ = path;
+  used_ = 0;
+  write_failed_ = false;
+  return {};
+}
+
+void EventLog::flush_locked() {
+  std::size_t off = 0;
+  while (off < used_ && fd_ >= 0) {
+    ssize_t n = ::write(fd_, buf_ + off, used_ - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // A full disk or a revoked file: drop the log, never the program.
+      if (!write_failed_) {
+        static const char msg[] = "cumemguard: warning: event log write failed; further events "
+                                  "are not logged\n";
+        ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+        (void)ignored;
+      }
+      write_failed_ = true;
+      break;
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  used_ = 0;
+}
+
+void EventLog::write(std::string_view line, std::uint64_t now_ns) {
+  if (fd_ < 0 || write_failed_) return;
+  std::lock_guard lk(mu_);
+  if (unbuffered_ || line.size() > kBuf) {
+    flush_locked();
+    std::memcpy(buf_, line.data(), std::min(line.size(), kBuf));
+    used_ = std::min(line.size(), kBuf);
+    flush_locked();
+    return;
+  }
+  if (used_ + line.size() > kBuf) flush_locked();
+  std::memcpy(buf_ + used_, line.data(), line.size());
+  used_ += line.size();
+  if (now_ns - last_flush_ns_ > 1000000000ull) {
+    flush_locked();
+    last_flush_ns_ = now_ns;
+  }
+}
+
+void EventLog::flush() {
+  std::lock_guard lk(mu_);
+  flush_locked();
+}
+
+void EventLog::fork_child() {
+  mu_.unlock();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  used_ = 0;
+  path_.clear();
+}
+
+void EventLog::flush_and_go_unbuffered() {
+  std::lock_guard lk(mu_);
+  flush_locked();
+  unbuffered_ = true;
+}
+
+std::string expand_log_path(std::string_view pattern, long pid, int rank) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    char c = pattern[i];
+    if (c == '%' && i + 1 < pattern.size()) {
+      char n = pattern[i + 1];
+      if (n == 'p') {
+        out += std::to_string(pid);
+        ++i;
+        continue;
+      }
+      if (n == 'r') {
+        out += rank >= 0 ? std::to_string(rank) : std::string("na");
+        ++i;
+        continue;
+      }
+      if (n == '%') {
+        out += '%';
+        ++i;
+        continue;
+      }
+    }
+    out += c;
+  }
+  return out;
+}
+
+int rank_from_env() {
+  for (const char *v : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    const char *s = std::getenv(v);
+    if (!s || !*s) continue;
+    char *end = nullptr;
+    long r = std::strtol(s, &end, 10);
+    if (end && *end == '\0' && r >= 0 && r < (1L << 30)) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+}  // namespace cmg::shim

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// Exported NCCL communicator-lifecycle entry points (PyTorch calls them through the PLT; ctypes
+// users such as vLLM's pynccl reach them through the dlsym hook). Each forwards to the strong
+// pnccl* definition.
+#include "handlers.h"
+// After handlers.h: nccl.h brings cuda_runtime.h, whose overloads must come after our declarations.
+#include <nccl.h>
+
+#define CMG_NCCL(n, e) extern "C" std::remove_pointer_t<decltype(&::n)> n;
+#include "api_nccl.def"
+#undef CMG_NCCL
+
+using namespace cmg::shim;
+
+namespace {
+std::uint64_t id(ncclComm_t c) { return reinterpret_cast<std::uintptr_t>(c); }
+}  // namespace
+
+CMG_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId uid, int rank) {
+  return static_cast<ncclResult_t>(nccl_call(
+      Api::ncclCommInitRank, CommEvent::Create,
+      [&] { return static_cast<int>(CMG_REAL(ncclCommInitRank)(comm, nranks, uid, rank)); },
+      [&](Args &a, int &n, std::uint64_t &c) {
+        a.i("nranks", nranks).i("rank", rank);
+        n = comm ? 1 : 0;
+        c = comm ? id(*comm) : 0;
+        a.hex("comm", c);
+      }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId uid,
+                                               int rank, ncclConfig_t *config) {
+  return static_cast<ncclResult_t>(nccl_call(
+      Api::ncclCommInitRankConfig, CommEvent::Create,
+      [&] { return static_cast<int>(CMG_REAL(ncclCommInitRankConfig)(comm, nranks, uid, rank, config)); },
+      [&](Args &a, int &n, std::uint64_t &c) {
+        a.i("nranks", nranks).i("rank", rank);
+        n = comm ? 1 : 0;
+        c = comm ? id(*comm) : 0;
+        a.hex("comm", c);
+      }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+  return static_cast<ncclResult_t>(nccl_call(
+      Api::ncclCommInitAll, CommEvent::Create,
+      [&] { return static_cast<int>(CMG_REAL(ncclCommInitAll)(comms, ndev, devlist)); },
+      [&](Args &a, int &n, std::uint64_t &c) {
+        a.i("ndev", ndev);
+        n = comms ? ndev : 0;
+        c = (comms && ndev > 0) ? id(comms[0]) : 0;
+      }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank, int nid,
+                                                 ncclUniqueId *ids, ncclConfig_t *config) {
+  return static_cast<ncclResult_t>(nccl_call(
+      Api::ncclCommInitRankScalable, CommEvent::Create,
+      [&] { return static_cast<int>(CMG_REAL(ncclCommInitRankScalable)(comm, nranks, rank, nid, ids, config)); },
+      [&](Args &a, int &n, std::uint64_t &c) {
+        a.i("nranks", nranks).i("rank", rank).i("nids", nid);
+        n = comm ? 1 : 0;
+        c = comm ? id(*comm) : 0;
+        a.hex("comm", c);
+      }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                                      ncclConfig_t *config) {
+  return static_cast<ncclResult_t>(nccl_call(
+      Api::ncclCommSplit, CommEvent::Create,
+      [&] { return static_cast<int>(CMG_REAL(ncclCommSplit)(comm, color, key, newcomm, config)); },
+      [&](Args &a, int &n, std::uint64_t &c) {
+        a.hex("parent", id(comm)).i("color", color).i("key", key);
+        // NCCL_SPLIT_NOCOLOR gives no new communicator.
+        n = (newcomm && *newcomm) ? 1 : 0;
+        c = n ? id(*newcomm) : 0;
+        a.hex("comm", c);
+      }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclude,
+                                       ncclComm_t *newcomm, ncclConfig_t *config, int flags) {
+  return static_cast<ncclResult_t>(nccl_call(
+      Api::ncclCommShrink, CommEvent::Create,
+      [&] { return static_cast<int>(CMG_REAL(ncclCommShrink)(comm, exclude, nexclude, newcomm, config, flags)); },
+      [&](Args &a, int &n, std::uint64_t &c) {
+        a.hex("parent", id(comm)).i("excluded", nexclude).i("flags", flags);
+        n = (newcomm && *newcomm) ? 1 : 0;
+        c = n ? id(*newcomm) : 0;
+        a.hex("comm", c);
+      }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return static_cast<ncclResult_t>(nccl_call(Api::ncclCommFinalize, CommEvent::Finalize,
+                   [&] { return static_cast<int>(CMG_REAL(ncclCommFinalize)(comm)); },
+                   [&](Args &a, int &, std::uint64_t &c) { a.hex("comm", c = id(comm)); }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return static_cast<ncclResult_t>(nccl_call(Api::ncclCommDestroy, CommEvent::Destroy,
+                   [&] { return static_cast<int>(CMG_REAL(ncclCommDestroy)(comm)); },
+                   [&](Args &a, int &, std::uint64_t &c) { a.hex("comm", c = id(comm)); }));
+}
+
+CMG_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return static_cast<ncclResult_t>(nccl_call(Api::ncclCommAbort, CommEvent::Destroy,
+                   [&] { return static_cast<int>(CMG_REAL(ncclCommAbort)(comm)); },
+                   [&](Args &a, int &, std::uint64_t &c) { a.hex("comm", c = id(comm)); }));
+}
+
+namespace cmg::shim {
+void *const kNcclWrappers[] = {
+#define CMG_NCCL(n, e) reinterpret_cast<void *>(&::n),
+#include "api_nccl.def"
+#undef CMG_NCCL
+};
+}  // namespace cmg::shim

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+// Exported runtime entry points (unversioned: they interpose cudaMalloc@@libcudart.so.13 of a
+// dynamic cudart, interposers.md 9.1). The driver calls cudart makes underneath are not recorded
+// again: the re-entry guard is held for the whole runtime call.
+#include "handlers.h"
+
+using namespace cmg::shim;
+using cmg::MemKind;
+
+namespace {
+std::uintptr_t addr(void *p) { return reinterpret_cast<std::uintptr_t>(p); }
+}  // namespace
+
+CMG_EXPORT cudaError_t cudaMalloc(void **p, size_t n) {
+  return linear_alloc<cudaError_t>(Api::cudaMalloc, MemKind::Linear, n,
+                                   [&] { return CMG_REAL(cudaMalloc)(p, n); }, [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaFree(void *p) {
+  return linear_free<cudaError_t>(Api::cudaFree, kDeviceFrees, addr(p),
+                                  [&] { return CMG_REAL(cudaFree)(p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocHost(void **p, size_t n) {
+  return linear_alloc<cudaError_t>(Api::cudaMallocHost, MemKind::Host, n,
+                                   [&] { return CMG_REAL(cudaMallocHost)(p, n); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  return linear_alloc<cudaError_t>(Api::cudaHostAlloc, MemKind::Host, n,
+                                   [&] { return CMG_REAL(cudaHostAlloc)(p, n, flags); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaFreeHost(void *p) {
+  return linear_free<cudaError_t>(Api::cudaFreeHost, kHostFrees, addr(p),
+                                  [&] { return CMG_REAL(cudaFreeHost)(p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags) {
+  return linear_alloc<cudaError_t>(Api::cudaMallocManaged, MemKind::Managed, n,
+                                   [&] { return CMG_REAL(cudaMallocManaged)(p, n, flags); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t w, size_t h) {
+  return linear_alloc<cudaError_t>(Api::cudaMallocPitch, MemKind::Linear,
+                                   [&] { return std::uint64_t(*pitch) * h; },
+                                   [&] { return CMG_REAL(cudaMallocPitch)(p, pitch, w, h); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+  return linear_alloc<cudaError_t>(Api::cudaMallocAsync, MemKind::Async, n,
+                                   [&] { return CMG_REAL(cudaMallocAsync)(p, n, s); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s) {
+  return linear_alloc<cudaError_t>(Api::cudaMallocAsync_ptsz, MemKind::Async, n,
+                                   [&] { return CMG_REAL(cudaMallocAsync_ptsz)(p, n, s); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool,
+                                               cudaStream_t s) {
+  return linear_alloc<cudaError_t>(Api::cudaMallocFromPoolAsync, MemKind::Async, n,
+                                   [&] { return CMG_REAL(cudaMallocFromPoolAsync)(p, n, pool, s); },
+                                   [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t n, cudaMemPool_t pool,
+                                                    cudaStream_t s) {
+  return linear_alloc<cudaError_t>(
+      Api::cudaMallocFromPoolAsync_ptsz, MemKind::Async, n,
+      [&] { return CMG_REAL(cudaMallocFromPoolAsync_ptsz)(p, n, pool, s); }, [&] { return addr(*p); });
+}
+
+CMG_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  return linear_free<cudaError_t>(Api::cudaFreeAsync, kDeviceFrees, addr(p),
+                                  [&] { return CMG_REAL(cudaFreeAsync)(p, s); });
+}
+
+CMG_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s) {
+  return linear_free<cudaError_t>(Api::cudaFreeAsync_ptsz, kDeviceFrees, addr(p),
+                                  [&] { return CMG_REAL(cudaFreeAsync_ptsz)(p, s); });
+}
+
+CMG_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
+  Call c(Api::cudaMemPoolTrimTo, StackWhen::Always);
+  cudaError_t r = CMG_REAL(cudaMemPoolTrimTo)(pool, keep);
+  c.log(r, Args().hex("pool", addr(pool)).u("keep", keep));
+  return r;
+}
+
+CMG_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+  return static_cast<cudaError_t>(
+      ipc_get(Api::cudaIpcGetMemHandle, addr(p), cudaErrorInvalidValue,
+              [&] { return static_cast<int>(CMG_REAL(cudaIpcGetMemHandle)(h, p)); }));
+}
+
+CMG_EXPORT cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags) {
+  return static_cast<cudaError_t>(
+      ipc_open(Api::cudaIpcOpenMemHandle,
+               [&] { return static_cast<int>(CMG_REAL(cudaIpcOpenMemHandle)(p, h, flags)); },
+               [&] { return static_cast<std::uint64_t>(addr(*p)); }));
+}
+
+CMG_EXPORT cudaError_t cudaIpcCloseMemHandle(void *p) {
+  return static_cast<cudaError_t>(
+      ipc_close(Api::cudaIpcCloseMemHandle, addr(p),
+                [&] { return static_cast<int>(CMG_REAL(cudaIpcCloseMemHandle)(p)); }));
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+CMG_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn,
+                                               unsigned long long flags,
+                                               cudaDriverEntryPointQueryResult *status) {
+  return route_after(CMG_REAL(cudaGetDriverEntryPoint)(symbol, fn, flags, status), symbol, fn);
+}
+
+CMG_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **fn,
+                                                    unsigned long long flags,
+                                                    cudaDriverEntryPointQueryResult *status) {
+  return route_after(CMG_REAL(cudaGetDriverEntryPoint_ptsz)(symbol, fn, flags, status), symbol, fn);
+}
+#pragma GCC diagnostic pop
+
+CMG_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
+                                                        unsigned int version,
+                                                        unsigned long long flags,
+                                                        cudaDriverEntryPointQueryResult *status) {
+  return route_after(CMG_REAL(cudaGetDriverEntryPointByVersion)(symbol, fn, version, flags, status),
+                     symbol, fn);
+}
+
+CMG_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char *symbol, void **fn, unsigned int version, unsigned long long flags,
+    cudaDriverEntryPointQueryResult *status) {
+  return route_after(
+      CMG_REAL(cudaGetDriverEntryPointByVersion_ptsz)(symbol, fn, version, flags, status), symbol, fn);
+}

@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: Apache-2.0
+// Finding real functions and handing out wrappers: the dlsym hook's C half, the real-pointer slots,
+// and cuGetProcAddress routing by pointer identity (interposers.md 10.2: call the real lookup, then
+// map the exact export it returned to the wrapper of that exact export).
+#include "loader.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string_view>
+
+#include "options.h"
+
+
+namespace cmg::shim {
+
+const ApiInfo kApis[kApiCount] = {
+#define CMG_DRV(n, b, t) {#n, #b, Family::Driver},
+#include "api_driver.def"
+#undef CMG_DRV
+#define CMG_RT(n, d) {#n, #d, Family::Runtime},
+#include "api_runtime.def"
+#undef CMG_RT
+#define CMG_NCCL(n, e) {#n, #e, Family::Nccl},
+#include "api_nccl.def"
+#undef CMG_NCCL
+};
+
+namespace {
+
+// Each row's wrapper must have exactly the type of the variant it stands for.
+#define CMG_DRV(n, b, t) static_assert(std::is_same_v<decltype(&::n), t>, #n " has the wrong ABI");
+#include "api_driver.def"
+#undef CMG_DRV
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+void *const kWrappers[] = {
+#define CMG_DRV(n, b, t) reinterpret_cast<void *>(&::n),
+#include "api_driver.def"
+#undef CMG_DRV
+#define CMG_RT(n, d) reinterpret_cast<void *>(&::n),
+#include "api_runtime.def"
+#undef CMG_RT
+};
+#pragma GCC diagnostic pop
+constexpr std::size_t kFirstNccl = sizeof(kWrappers) / sizeof(kWrappers[0]);
+
+std::atomic<void *> g_real[kApiCount];
+
+// Names the dlsym hook answers itself, sorted at compile time for a binary search.
+struct NameEntry {
+  std::string_view name;
+  Api api;
+};
+constexpr auto kSortedNames = [] {
+  std::array<NameEntry, kApiCount> a{};
+  std::size_t i = 0;
+#define CMG_DRV(n, b, t) a[i++] = {#n, Api::n};
+#include "api_driver.def"
+#undef CMG_DRV
+#define CMG_RT(n, d) a[i++] = {#n, Api::n};
+#include "api_runtime.def"
+#undef CMG_RT
+#define CMG_NCCL(n, e) a[i++] = {#n, Api::n};
+#include "api_nccl.def"
+#undef CMG_NCCL
+  std::sort(a.begin(), a.end(), [](const NameEntry &x, const NameEntry &y) { return x.name < y.name; });
+  return a;
+}();
+
+const NameEntry *find_name(const char *name) {
+  if (!name) return nullptr;
+  std::string_view n(name);
+  auto it = std::lower_bound(kSortedNames.begin(), kSortedNames.end(), n,
+                             [](const NameEntry &e, std::string_view k) { return e.name < k; });
+  return (it != kSortedNames.end() && it->name == n) ? &*it : nullptr;
+}
+
+// --- the shim's own address range ------------------------------------------------------------
+extern "C" char __ehdr_start;  // start of our own ELF image (provided by the linker)
+std::atomic<std::uintptr_t> g_self_lo{0}, g_self_hi{0};
+
+void find_self() {
+  struct Ctx {
+    std::uintptr_t want, lo, hi;
+  } ctx{reinterpret_cast<std::uintptr_t>(&__ehdr_start), 0, 0};
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, size_t, void *data) -> int {
+        auto *c = static_cast<Ctx *>(data);
+        std::uintptr_t lo = UINTPTR_MAX, hi = 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto &ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          lo = std::min<std::uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
+          hi = std::max<std::uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
+        }
+        if (c->want >= lo && c->want < hi) {
+          c->lo = lo;
+          c->hi = hi;
+          return 1;
+        }
+        return 0;
+      },
+      &ctx);
+  g_self_hi.store(ctx.hi);
+  g_self_lo.store(ctx.lo);
+}
+
+// --- real dlsym ---------------------------------------------------------------------------
+using dlsym_fn = void *(*)(void *, const char *);
+
+}  // namespace
+}  // namespace cmg::shim
+
+// Used by the assembly trampoline (dlsym_x86_64.S): hidden, so it is reached without the GOT.
+extern "C" {
+__attribute__((visibility("hidden"))) cmg::shim::dlsym_fn cmg_real_dlsym_ptr = nullptr;
+}
+
+namespace cmg::shim {
+
+namespace {
+dlsym_fn ensure_real_dlsym() {
+  dlsym_fn f = __atomic_load_n(&cmg_real_dlsym_ptr, __ATOMIC_ACQUIRE);
+  if (!f) {
+    // Newest version first: a program linked against dlsym@GLIBC_2.34 must not get the compat
+    // symbol (vgpu-manager loader.c notes their RTLD_NEXT walks differ).
+    f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
+    if (!f) f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
+    if (!f) f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"));
+    __atomic_store_n(&cmg_real_dlsym_ptr, f, __ATOMIC_RELEASE);
+  }
+  return f;
+}
+}  // namespace
+
+void *real_dlsym(void *handle, const char *name) {
+  dlsym_fn f = ensure_real_dlsym();
+  return f ? f(handle, name) : nullptr;
+}
+
+void ensure_dlsym_ready() { (void)ensure_real_dlsym(); }
+
+bool in_self(const void *p) {
+  if (!g_self_lo.load(std::memory_order_relaxed)) find_self();
+  auto a = reinterpret_cast<std::uintptr_t>(p);
+  return a >= g_self_lo.load(std::memory_order_relaxed) &&
+         a < g_self_hi.load(std::memory_order_relaxed);
+}
+
+bool disabled() {
+  static std::atomic<int> cached{-1};
+  int v = cached.load(std::memory_order_relaxed);
+  if (v < 0) {
+    bool b = false;
+    const char *e = std::getenv("CUMEMGUARD_DISABLE");
+    if (e) parse_bool(e, b);
+    v = b ? 1 : 0;
+    cached.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void *libcuda_handle() {
+  static std::atomic<void *> h{nullptr};
+  void *v = h.load(std::memory_order_acquire);
+  if (!v) {
+    v = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
+    if (v) h.store(v, std::memory_order_release);
+  }
+  return v;
+}
+
+namespace {
+
+void *next_definition(const char *name) {
+  void *p = real_dlsym(RTLD_NEXT, name);
+  return (p && !in_self(p)) ? p : nullptr;
+}
+
+void *in_library(const char *soname, const char *name) {
+  void *h = dlopen(soname, RTLD_NOLOAD | RTLD_LAZY);
+  if (!h) return nullptr;
+  void *p = real_dlsym(h, name);
+  dlclose(h);  // only drops the reference NOLOAD added
+  return (p && !in_self(p)) ? p : nullptr;
+}
+
+void *resolve(Api a) {
+  const ApiInfo &info = kApis[static_cast<std::size_t>(a)];
+  void *p = nullptr;
+  switch (info.family) {
+    case Family::Driver:
+      p = next_definition(info.name);
+      if (!p) p = in_library("libcuda.so.1", info.name);
+      break;
+    case Family::Runtime:
+      p = next_definition(info.name);
+      if (!p) p = in_library("libcudart.so.13", info.name);
+      if (!p) p = in_library("libcudart.so.12", info.name);
+      break;
+    case Family::Nccl: {
+      char strong[64] = "p";
+      std::strncat(strong, info.name, sizeof strong - 2);
+      p = next_definition(strong);
+      if (!p) p = next_definition(info.name);
+      if (!p) p = in_library("libnccl.so.2", strong);
+      break;
+    }
+  }
+  return p;
+}
+
+// cuGetProcAddress routing table: real export address -> row, built from the object that answered.
+struct RouteEntry {
+  std::uintptr_t addr;
+  Api api;
+};
+std::mutex g_route_mu;
+std::atomic<bool> g_route_ready{false};
+std::array<RouteEntry, kApiCount> g_route{};
+std::size_t g_route_n = 0;
+
+void build_routes(void *from) {
+  std::lock_guard lk(g_route_mu);
+  if (g_route_ready.load()) return;
+  Dl_info info;
+  link_map *lm = nullptr;
+  void *h = nullptr;
+  if (dladdr1(from, &info, reinterpret_cast<void **>(&lm), RTLD_DL_LINKMAP) && lm) h = lm;
+  if (!h) h = libcuda_handle();
+  if (!h) return;
+  std::size_t n = 0;
+#define CMG_DRV(nm, b, t)                                              \
+  if (void *p = real_dlsym(h, #nm); p && !in_self(p))                  \
+    g_route[n++] = RouteEntry{reinterpret_cast<std::uintptr_t>(p), Api::nm};
+#include "api_driver.def"
+#undef CMG_DRV
+  // Aliases that share one address keep the first row: they share one ABI.
+  std::stable_sort(g_route.begin(), g_route.begin() + static_cast<long>(n),
+                   [](const RouteEntry &x, const RouteEntry &y) { return x.addr < y.addr; });
+  g_route_n = n;
+  g_route_ready.store(true, std::memory_order_release);
+}
+
+// Base names that have a single ABI variant: a pointer the table does not know (an internal
+// driver entry) can still be adopted for them without risk of a wrong signature.
+bool single_variant(std::string_view base, Api &out) {
+  int hits = 0;
+#define CMG_DRV(n, b, t) \
+  if (base == #b) {      \
+    out = Api::n;        \
+    ++hits;              \
+  }
+#include "api_driver.def"
+#undef CMG_DRV
+  return hits == 1;
+}
+
+}  // namespace
+
+void *real_ptr(Api a) {
+  auto &slot = g_real[static_cast<std::size_t>(a)];
+  void *p = slot.load(std::memory_order_acquire);
+  if (p) return p;
+  p = resolve(a);
+  if (!p) return nullptr;
+  void *expected = nullptr;
+  if (!slot.compare_exchange_strong(expected, p)) return expected;
+  return p;
+}
+
+bool adopt_real(Api a, void *p) {
+  if (!p || in_self(p)) return false;
+  auto &slot = g_real[static_cast<std::size_t>(a)];
+  void *expected = nullptr;
+  if (slot.compare_exchange_strong(expected, p)) return true;
+  return expected == p;
+}
+
+void *wrapper_ptr(Api a) {
+  auto i = static_cast<std::size_t>(a);
+  return i < kFirstNccl ? kWrappers[i] : kNcclWrappers[i - kFirstNccl];
+}
+
+void *route_proc(void *p, const char *symbol) {
+  if (!p || disabled() || in_self(p)) return p;
+  if (!g_route_ready.load(std::memory_order_acquire)) build_routes(p);
+  auto addr = reinterpret_cast<std::uintptr_t>(p);
+  auto *end = g_route.begin() + static_cast<long>(g_route_n);
+  auto it = std::lower_bound(g_route.begin(), end, addr,
+                             [](const RouteEntry &e, std::uintptr_t k) { return e.addr < k; });
+  if (it != end && it->addr == addr) return adopt_real(it->api, p) ? wrapper_ptr(it->api) : p;
+  Api a;
+  if (symbol && single_variant(symbol, a) && adopt_real(a, p)) return wrapper_ptr(a);
+  return p;
+}
+
+}  // namespace cmg::shim
+
+// ---------------------------------------------------------------------------------------------
+// The dlsym hook. The exported `dlsym` is an assembly trampoline (dlsym_x86_64.S): it asks
+// cmg_dlsym_wanted(name) and, for every name we do not answer, *jumps* to the real dlsym so glibc
+// still sees the caller's return address (RTLD_NEXT and RTLD_DEFAULT are resolved relative to the
+// caller; a forwarding call would make them relative to the shim: the OpenMP ompt_start_tool loop
+// seen under another interposer, interposers.md 10.3).
+using cmg::shim::Api;
+
+extern "C" __attribute__((visibility("hidden"))) int cmg_dlsym_wanted(const char *name) {
+  cmg::shim::ensure_dlsym_ready();  // the trampoline jumps through the pointer this sets
+  if (!name || (name[0] != 'c' && name[0] != 'n')) return 0;
+  if (cmg::shim::disabled()) return 0;
+  return cmg::shim::find_name(name) ? 1 : 0;
+}
+
+// Only reached when the real dlsym could not be found at all (no dlvsym answer).
+extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_slow(void *handle,
+                                                                       const char *name, void *) {
+  return cmg::shim::real_dlsym(handle, name);
+}
+
+extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *handle,
+                                                                         const char *name,
+                                                                         void *caller) {
+  using namespace cmg::shim;
+  const NameEntry *e = find_name(name);
+  void *p = nullptr;
+  if (handle == RTLD_NEXT) {
+    // Next after the shim: for the names we answer, the shim is the caller's next definition or
+    // comes before it, so this is what the caller would get (or our wrapper of it).
+    p = real_dlsym(RTLD_NEXT, name);
+  } else {
+    p = real_dlsym(handle, name);
+    if (p && in_self(p)) p = real_dlsym(RTLD_NEXT, name);  // global scope found our own export
+    if (!p && handle == RTLD_DEFAULT && caller) {
+      // The caller's own local scope (a library dlopen()ed RTLD_LOCAL with libcuda as a
+      // dependency) is part of what RTLD_DEFAULT searches for it.
+      Dl_info info;
+      link_map *lm = nullptr;
+      if (dladdr1(caller, &info, reinterpret_cast<void **>(&lm), RTLD_DL_LINKMAP) && lm)
+        p = real_dlsym(lm, name);
+    }
+  }
+  if (!p || !e || in_self(p)) return p;
+  return adopt_real(e->api, p) ? wrapper_ptr(e->api) : p;
+}
+
+#if !defined(__x86_64__)
+// Without the trampoline a plain tail call is the best available: exact for handle-scoped lookups,
+// which is what cudart, NCCL and ctypes do.
+extern "C" __attribute__((visibility("default"))) void *dlsym(void *handle, const char *name) {
+  if (cmg_dlsym_wanted(name)) return cmg_dlsym_answer(handle, name, __builtin_return_address(0));
+  return cmg::shim::real_dlsym(handle, name);
+}
+#endif

@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+// Stack capture with the libgcc unwinder linked into the shim (no libunwind/libgcc_s needed in the
+// host), deduplicated by content, and the module records the report needs to symbolize later.
+#include "stacks.h"
+
+#include <elf.h>
+#include <link.h>
+#include <unistd.h>
+#include <unwind.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "loader.h"
+#include "state.h"
+
+namespace cmg::shim {
+namespace {
+
+struct Frames {
+  std::uintptr_t pc[64];
+  int n = 0, max = 0;
+  bool skipping = true;
+};
+
+_Unwind_Reason_Code on_frame(_Unwind_Context *uc, void *arg) {
+  auto *f = static_cast<Frames *>(arg);
+  std::uintptr_t pc = _Unwind_GetIP(uc);
+  if (!pc) return _URC_END_OF_STACK;
+  if (f->skipping && in_self(reinterpret_cast<void *>(pc))) return _URC_NO_REASON;
+  f->skipping = false;
+  f->pc[f->n++] = pc;
+  return f->n >= f->max ? _URC_END_OF_STACK : _URC_NO_REASON;
+}
+
+struct Module {
+  std::uintptr_t lo, hi;
+};
+
+struct Table {
+  std::mutex mu;
+  std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> by_hash;
+  std::vector<std::vector<std::uintptr_t>> stacks;  // id-1 -> pcs
+  std::vector<Module> modules;                      // sorted by lo
+};
+
+Table &table() {
+  static Table *t = new Table;  // leaked on purpose: used until the last event at exit
+  return *t;
+}
+
+std::uint64_t hash_pcs(const std::uintptr_t *pc, int n) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < n; ++i) {
+    h ^= pc[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string build_id_of(const dl_phdr_info *info) {
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const auto &ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const char *p = reinterpret_cast<const char *>(info->dlpi_addr + ph.p_vaddr);
+    const char *end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      const auto *nh = reinterpret_cast<const ElfW(Nhdr) *>(p);
+      const char *name = p + sizeof(ElfW(Nhdr));
+      const char *desc = name + ((nh->n_namesz + 3) & ~3u);
+      if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        static const char digits[] = "0123456789abcdef";
+        std::string out;
+        for (unsigned j = 0; j < nh->n_descsz; ++j) {
+          auto b = static_cast<unsigned char>(desc[j]);
+          out += digits[b >> 4];
+          out += digits[b & 15];
+        }
+        return out;
+      }
+      p = desc + ((nh->n_descsz + 3) & ~3u);
+    }
+  }
+  return {};
+}
+
+// Writes the module record of the object containing pc (if not yet written). Table lock held.
+void ensure_module_locked(Table &t, std::uintptr_t pc) {
+  auto it = std::upper_bound(t.modules.begin(), t.modules.end(), pc,
+                             [](std::uintptr_t v, const Module &m) { return v < m.lo; });
+  if (it != t.modules.begin() && pc < std::prev(it)->hi) return;
+  struct Ctx {
+    std::uintptr_t pc;
+    bool found = false;
+    std::uintptr_t lo = 0, hi = 0, base = 0;
+    std::string path, build_id;
+  } ctx{pc};
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, size_t, void *data) -> int {
+        auto *c = static_cast<Ctx *>(data);
+        std::uintptr_t lo = UINTPTR_MAX, hi = 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto &ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          lo = std::min<std::uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
+          hi = std::max<std::uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
+        }
+        if (c->pc < lo || c->pc >= hi) return 0;
+        c->found = true;
+        c->lo = lo;
+        c->hi = hi;
+        c->base = info->dlpi_addr;
+        c->path = info->dlpi_name ? info->dlpi_name : "";
+        c->build_id = build_id_of(info);
+        return 1;
+      },
+      &ctx);
+  if (!ctx.found) return;
+  if (ctx.path.empty()) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) ctx.path.assign(exe, static_cast<std::size_t>(n));
+  }
+  t.modules.insert(std::upper_bound(t.modules.begin(), t.modules.end(), ctx.lo,
+                                    [](std::uintptr_t v, const Module &m) { return v < m.lo; }),
+                   Module{ctx.lo, ctx.hi});
+  char buf[4096 + 256];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "module").str("path", ctx.path).hex("base", ctx.base).unum("size", ctx.hi - ctx.lo);
+  if (!ctx.build_id.empty()) j.str("build_id", ctx.build_id);
+  state().log.write(j.finish(), now_ns());
+}
+
+}  // namespace
+
+std::uint32_t capture_stack(int max_frames) {
+  Frames f;
+  f.max = std::clamp(max_frames, 1, 64);
+  _Unwind_Backtrace(on_frame, &f);
+  if (f.n == 0) return 0;
+  Table &t = table();
+  std::uint64_t h = hash_pcs(f.pc, f.n);
+  std::lock_guard lk(t.mu);
+  auto &ids = t.by_hash[h];
+  for (std::uint32_t id : ids) {
+    const auto &s = t.stacks[id - 1];
+    if (s.size() == static_cast<std::size_t>(f.n) &&
+        std::equal(s.begin(), s.end(), f.pc))
+      return id;
+  }
+  t.stacks.emplace_back(f.pc, f.pc + f.n);
+  auto id = static_cast<std::uint32_t>(t.stacks.size());
+  ids.push_back(id);
+  if (state().log.is_open()) {
+    for (int i = 0; i < f.n; ++i) ensure_module_locked(t, f.pc[i]);
+    char buf[64 * 24 + 64];
+    JsonLine j(buf, sizeof buf);
+    j.str("k", "stack").unum("id", id).begin_array("pcs");
+    for (int i = 0; i < f.n; ++i) j.elem_hex(f.pc[i]);
+    j.end_array();
+    state().log.write(j.finish(), now_ns());
+  }
+  return id;
+}
+
+void stacks_warm_up() {
+  Frames f;
+  f.max = 2;
+  _Unwind_Backtrace(on_frame, &f);
+}
+
+void stacks_fork_prepare() { table().mu.lock(); }
+void stacks_fork_parent() { table().mu.unlock(); }
+
+void stacks_fork_child() {
+  Table &t = table();
+  t.mu.unlock();
+  t.by_hash.clear();
+  t.stacks.clear();
+  t.modules.clear();
+}
+
+}  // namespace cmg::shim

@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: Apache-2.0
+// Process-wide state of the shim: two-stage init, activation, call records, findings, fork and
+// exit handling. Nothing here throws across the C ABI and nothing exits except strict mode.
+#include "state.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "diag.h"
+#include "loader.h"
+#include "stacks.h"
+#include "summary.h"
+#include "cmg_config.h"
+
+extern char **environ;
+
+namespace cmg::shim {
+
+thread_local int ReentryGuard::depth_ = 0;
+
+namespace {
+
+std::atomic<int> g_options_state{0};  // 0 none, 1 parsing, 2 ready
+std::atomic<bool> g_active{false};
+std::mutex g_activate_mu;
+std::atomic<bool> g_exiting{false};
+
+std::uint64_t mono_raw() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+std::uint64_t unix_raw() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+std::vector<std::string> read_argv() {
+  std::vector<std::string> out;
+  int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  std::string all;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0 && all.size() < (1u << 16))
+    all.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  std::size_t pos = 0;
+  while (pos < all.size()) {
+    std::size_t z = all.find('\0', pos);
+    if (z == std::string::npos) z = all.size();
+    out.emplace_back(all, pos, z - pos);
+    pos = z + 1;
+  }
+  return out;
+}
+
+void write_header() {
+  State &s = state();
+  std::vector<std::string> argv = read_argv();
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  std::string buf(16384 + 64 * argv.size(), '\0');
+  JsonLine j(buf.data(), buf.size());
+  j.num("cumemguard_log", 1).str("tool", CMG_VERSION).num("pid", getpid())
+      .num("ppid", getppid()).num("rank", s.rank).str("host", host)
+      .unum("start_unix_ns", s.start_unix_ns).begin_array("argv");
+  for (const auto &a : argv) j.elem_str(a);
+  j.end_array();
+  // The mode and every option set in the environment, as given.
+  ParsedOptions p = parse_options(environ);
+  for (const auto &v : p.values)
+    if (v.spec->name == "MODE") j.str("mode", v.effective);
+  j.begin_object("options");
+  for (const auto &v : p.values)
+    if (v.source == OptionSource::Environment)
+      j.str(std::string("CUMEMGUARD_") + std::string(v.spec->name), v.raw);
+  j.end_object();
+  s.log.write(j.finish(), 0);
+}
+
+void fork_prepare() {
+  State &s = state();
+  s.log.fork_prepare();
+  stacks_fork_prepare();
+  s.vmm.fork_prepare();
+  s.linear.fork_prepare();
+}
+
+void fork_parent() {
+  State &s = state();
+  s.linear.fork_parent();
+  s.vmm.fork_parent();
+  stacks_fork_parent();
+  s.log.fork_parent();
+}
+
+void fork_child() {
+  State &s = state();
+  s.linear.fork_child();
+  s.vmm.fork_child();
+  stacks_fork_child();
+  s.log.fork_child();
+  s.transport.reset();
+  s.counters.reset();
+  for (auto &c : s.calls) c.store(0);
+  for (auto &f : s.findings) f.store(0);
+  s.warned.store(0);
+  s.summary_printed = false;
+  new (&g_activate_mu) std::mutex();
+  // The child activates (and opens its own log) at its own first CUDA call.
+  g_active.store(false);
+}
+
+}  // namespace
+
+State &state() {
+  // Never destroyed: static destructors of other libraries free CUDA memory after main() returns.
+  static State *s = new State;
+  return *s;
+}
+
+std::uint64_t now_ns() { return mono_raw() - state().start_mono_ns; }
+
+std::uint32_t thread_id() {
+  static thread_local std::uint32_t tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+bool options_ready() {
+  int st = g_options_state.load(std::memory_order_acquire);
+  if (st == 2) return true;
+  int expected = 0;
+  if (!g_options_state.compare_exchange_strong(expected, 1)) {
+    // Another thread is parsing: the defaults are safe to use meanwhile.
+    return g_options_state.load(std::memory_order_acquire) == 2;
+  }
+  State &s = state();
+  s.start_mono_ns = mono_raw();
+  s.start_unix_ns = unix_raw();
+  s.rank = rank_from_env();
+  ParsedOptions p = parse_options(environ);
+  s.opts = p.options;
+  g_options_state.store(2, std::memory_order_release);
+  if (s.opts.disable) return true;
+  for (const auto &msg : p.problems) note(LogLevel::Warn, msg);
+  if (p.fatal) {
+    note(LogLevel::Error, "CUMEMGUARD_STRICT_CONFIG is set and the options above are invalid; "
+                          "aborting");
+    std::abort();
+  }
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  return true;
+}
+
+bool active() { return g_active.load(std::memory_order_acquire); }
+
+void activate() {
+  if (g_active.load(std::memory_order_acquire)) return;
+  options_ready();
+  std::lock_guard lk(g_activate_mu);
+  if (g_active.load(std::memory_order_relaxed)) return;
+  State &s = state();
+  if (!s.opts.log.empty()) {
+    std::string path = expand_log_path(s.opts.log, getpid(), s.rank);
+    std::string err = s.log.open(path);
+    if (!err.empty()) {
+      note(LogLevel::Warn, err + "; continuing without an event log");
+    } else {
+      write_header();
+    }
+  }
+  if (s.opts.stacks > 0) stacks_warm_up();
+  g_active.store(true, std::memory_order_release);
+  flush_pending_notes();
+}
+
+int current_device() {
+  static std::atomic<void *> fn{nullptr};
+  void *f = fn.load(std::memory_order_relaxed);
+  if (!f) {
+    void *h = libcuda_handle();
+    if (!h) return -1;
+    f = real_dlsym(h, "cuCtxGetDevice");  // the 2000 ABI: (CUdevice *)
+    if (!f) return -1;
+    fn.store(f, std::memory_order_relaxed);
+  }
+  CUdevice d = -1;
+  if (reinterpret_cast<PFN_cuCtxGetDevice_v2000>(f)(&d) != CUDA_SUCCESS) return -1;
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+Call::Call(Api api, StackWhen stack) : api_(api) {
+  if (!guard_.outermost() || disabled()) return;
+  activate();
+  State &s = state();
+  if (s.opts.disable) return;
+  tracked_ = true;
+  s.calls[static_cast<std::size_t>(api)].fetch_add(1, std::memory_order_relaxed);
+  ev_.seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  t0_ = now_ns();
+  ev_.ts = t0_;
+  ev_.tid = thread_id();
+  ev_.api = api_name(api);
+  if (s.opts.stacks > 0 && stack != StackWhen::Never) {
+    bool take = stack == StackWhen::Always || s.opts.stack_sample <= 1 ||
+                ev_.seq % static_cast<std::uint64_t>(s.opts.stack_sample) == 0;
+    if (take) ev_.stack = capture_stack(static_cast<int>(s.opts.stacks));
+  }
+}
+
+Call::~Call() = default;
+
+void Call::log(int res, const Args &args, const Extra &x) {
+  State &s = state();
+  if (!tracked_ || !s.log.is_open()) return;
+  std::uint64_t end = now_ns();
+  char buf[2048];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "call").unum("seq", ev_.seq).unum("ts", ev_.ts).unum("tid", ev_.tid)
+      .str("api", api_name(api_)).num("res", res).unum("dur", end - t0_).begin_object("args");
+  for (int i = 0; i < args.n; ++i) {
+    const Args::A &a = args.a[i];
+    switch (a.t) {
+      case Args::T::Hex: j.hex(a.k, a.v); break;
+      case Args::T::U: j.unum(a.k, a.v); break;
+      case Args::T::I: j.num(a.k, static_cast<std::int64_t>(a.v)); break;
+      case Args::T::S: j.str(a.k, a.s ? a.s : ""); break;
+    }
+  }
+  j.end_object();
+  if (x.mem) {
+    j.num("dev", x.dev).str("mem", mem_kind_name(*x.mem));
+    if (x.delta) j.num("delta", x.delta);
+  }
+  if (x.skipped) j.boolean("skipped", true);
+  if (x.deferred) j.boolean("deferred", true);
+  if (ev_.stack) j.unum("stack", ev_.stack);
+  s.log.write(j.finish(), end);
+}
+
+// ---------------------------------------------------------------------------------------------
+bool needs_driver_refusal(FindingClass c) {
+  switch (c) {
+    case FindingClass::InvalidFree:
+    case FindingClass::ReleaseUnknown:
+    case FindingClass::MapOverMapped:
+    case FindingClass::PartialUnmap:
+    case FindingClass::FreeMappedVa:
+    case FindingClass::DoubleAddressFree:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Action decide(const Finding &f, bool skippable) {
+  Action a = state().opts.action_for(f.cls);
+  if (a == Action::Skip && !skippable) return Action::Forward;
+  return a;
+}
+
+void report_finding(const Call &c, Finding f, Action action, int res, const Args &args) {
+  State &s = state();
+  s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
+  std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::uint64_t ts = now_ns();
+  if (s.log.is_open()) {
+    std::string buf(16384 + f.msg.size() + f.state_json.size(), '\0');
+    JsonLine j(buf.data(), buf.size());
+    j.str("k", "finding").unum("seq", seq).unum("ts", ts).unum("tid", thread_id())
+        .str("class", finding_id(f.cls)).str("api", api_name(c.api()))
+        .str("action", action_name(action)).num("res", res).begin_object("args");
+    for (int i = 0; i < args.n; ++i) {
+      const Args::A &a = args.a[i];
+      switch (a.t) {
+        case Args::T::Hex: j.hex(a.k, a.v); break;
+        case Args::T::U: j.unum(a.k, a.v); break;
+        case Args::T::I: j.num(a.k, static_cast<std::int64_t>(a.v)); break;
+        case Args::T::S: j.str(a.k, a.s ? a.s : ""); break;
+      }
+    }
+    j.end_object().str("msg", f.msg);
+    if (c.ev().stack) j.unum("stack", c.ev().stack);
+    j.unum("call_seq", c.ev().seq);
+    if (!f.related.empty()) {
+      j.begin_array("related");
+      for (const Related &r : f.related) {
+        std::string one = "{\"what\":\"" + json_escape(r.what) + "\"";
+        if (r.ev.known()) {
+          one += ",\"seq\":" + std::to_string(r.ev.seq) + ",\"ts\":" + std::to_string(r.ev.ts) +
+                 ",\"tid\":" + std::to_string(r.ev.tid);
+          if (r.ev.api) one += std::string(",\"api\":\"") + r.ev.api + "\"";
+          if (r.ev.stack) one += ",\"stack\":" + std::to_string(r.ev.stack);
+        }
+        one += "}";
+        j.elem_raw(one);
+      }
+      j.end_array();
+    }
+    if (!f.state_json.empty()) j.raw("state", f.state_json);
+    if (f.bytes) j.unum("bytes", f.bytes);
+    if (f.blocked_ns) j.unum("blocked_ns", f.blocked_ns);
+    s.log.write(j.finish(), ts);
+    s.log.flush();  // a finding must survive a crash that may follow it
+  }
+  print_finding(f, action, res, api_name(c.api()));
+  if (action == Action::Abort) {
+    diag_line(LogLevel::Error, "strict mode: aborting at the first finding (CUMEMGUARD_MODE=strict)");
+    exit_summary(/*from_abort=*/true);
+    std::abort();
+  }
+}
+
+}  // namespace cmg::shim
+
+// Stage 1 at load: parse the options early (cheap, no files), so that a bad value is reported
+// once even if the program never calls CUDA, and policies that act on the environment at load
+// (the PyTorch allocator variable) run before any library reads it.
+__attribute__((constructor)) static void cmg_load() {
+  if (cmg::shim::disabled()) return;
+  cmg::shim::options_ready();
+  cmg::shim::on_load();
+}
+
+// Runs after every other library's destructors (the preloaded shim is finalized last).
+__attribute__((destructor)) static void cmg_unload() {
+  if (cmg::shim::disabled()) return;
+  cmg::shim::exit_summary(/*from_abort=*/false);
+}

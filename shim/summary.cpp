@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+// Exit summary and leak records (see summary.h).
+#include "summary.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "diag.h"
+#include "loader.h"
+#include "state.h"
+
+namespace cmg::shim {
+namespace {
+
+std::string human(std::int64_t b) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b < 0 ? -b : b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  return fmt::format("{}{:.{}f} {}", b < 0 ? "-" : "", v, u ? 1 : 0, unit[u]);
+}
+
+void write_leaks(State &s) {
+  char buf[1024];
+  auto emit = [&](JsonLine &j) { s.log.write(j.finish(), now_ns()); };
+  s.linear.for_each_live([&](const LinearRec &r) {
+    JsonLine j(buf, sizeof buf);
+    j.str("k", "leak").str("what", mem_kind_name(r.kind)).str("api", r.alloc.api ? r.alloc.api : "")
+        .hex("ptr", r.ptr).unum("size", r.size).num("dev", r.dev).unum("seq", r.alloc.seq);
+    if (r.alloc.stack) j.unum("stack", r.alloc.stack);
+    emit(j);
+  });
+  s.vmm.for_each_alloc([&](const PhysAlloc &a) {
+    JsonLine j(buf, sizeof buf);
+    j.str("k", "leak").str("what", "vmm").str("api", a.created.api ? a.created.api : "")
+        .unum("size", a.size).num("dev", a.dev()).unum("seq", a.created.seq)
+        .unum("handle_refs", a.handle_refs).unum("mappings", a.map_count);
+    if (a.created.stack) j.unum("stack", a.created.stack);
+    emit(j);
+  });
+  s.vmm.for_each_reservation([&](const Reservation &r) {
+    JsonLine j(buf, sizeof buf);
+    j.str("k", "leak").str("what", "va").str("api", r.reserved.api ? r.reserved.api : "")
+        .hex("ptr", r.base).unum("size", r.size).num("dev", -1).unum("seq", r.reserved.seq);
+    if (r.reserved.stack) j.unum("stack", r.reserved.stack);
+    emit(j);
+  });
+}
+
+void write_summary_record(State &s) {
+  std::string buf(1 << 16, '\0');
+  JsonLine j(buf.data(), buf.size());
+  j.str("k", "summary").unum("ts", now_ns()).begin_object("calls");
+  for (std::size_t i = 0; i < kApiCount; ++i)
+    if (auto n = s.calls[i].load()) j.unum(kApis[i].name, n);
+  j.end_object().begin_array("bytes");
+  for (const auto &r : s.counters.snapshot())
+    j.elem_raw(fmt::format(R"({{"dev":{},"mem":"{}","current":{},"peak":{},"total":{}}})", r.dev,
+                           mem_kind_name(r.kind), r.current, r.peak, r.total));
+  j.end_array();
+  std::map<std::string, std::size_t> live;
+  s.linear.for_each_live([&](const LinearRec &r) { ++live[std::string(mem_kind_name(r.kind))]; });
+  VmmCounts vc = s.vmm.counts();
+  j.begin_object("live");
+  for (const auto &[k, n] : live) j.unum(k, n);
+  j.unum("vmm", vc.phys).unum("va", vc.reservations).unum("handles", vc.handles).end_object();
+  j.begin_object("findings");
+  for (std::size_t i = 0; i < kFindingClassCount; ++i)
+    if (auto n = s.findings[i].load()) j.unum(finding_id(static_cast<FindingClass>(i)), n);
+  j.end_object();
+  s.log.write(j.finish(), now_ns());
+}
+
+void print_summary(State &s) {
+  std::string out = fmt::format("cumemguard: summary for pid {} (mode {})\n", getpid(),
+                                s.opts.mode == Mode::Guard    ? "guard"
+                                : s.opts.mode == Mode::Report ? "report"
+                                                              : "strict");
+  std::vector<std::pair<std::string, std::uint64_t>> calls;
+  for (std::size_t i = 0; i < kApiCount; ++i)
+    if (auto n = s.calls[i].load()) calls.emplace_back(kApis[i].name, n);
+  std::sort(calls.begin(), calls.end(), [](auto &a, auto &b) { return a.second > b.second; });
+  out += "  calls:";
+  if (calls.empty()) out += " none";
+  std::size_t col = 9;
+  for (const auto &[n, c] : calls) {
+    std::string item = fmt::format(" {} {}", n, c);
+    if (col + item.size() > 100) {
+      out += "\n        ";
+      col = 8;
+    }
+    out += item;
+    col += item.size();
+  }
+  out += "\n";
+  auto rows = s.counters.snapshot();
+  if (!rows.empty()) {
+    out += fmt::format("  {:<6} {:<8} {:>12} {:>12} {:>12}\n", "device", "memory", "current",
+                       "peak", "total");
+    for (const auto &r : rows)
+      out += fmt::format("  {:<6} {:<8} {:>12} {:>12} {:>12}\n",
+                         r.dev < 0 ? std::string("host") : std::to_string(r.dev),
+                         mem_kind_name(r.kind), human(r.current), human(r.peak), human(r.total));
+  }
+  std::map<std::string, std::pair<std::size_t, std::uint64_t>> live;
+  s.linear.for_each_live([&](const LinearRec &r) {
+    auto &e = live[std::string(mem_kind_name(r.kind))];
+    ++e.first;
+    e.second += r.size;
+  });
+  VmmCounts vc = s.vmm.counts();
+  out += "  live at exit:";
+  for (const auto &[k, e] : live) out += fmt::format(" {} {} ({})", k, e.first, human(e.second));
+  out += fmt::format(" vmm {} ({}), reservations {} ({}), handles {}\n", vc.phys,
+                     human(static_cast<std::int64_t>(vc.phys_bytes)), vc.reservations,
+                     human(static_cast<std::int64_t>(vc.va_bytes)), vc.handles);
+  out += "  findings:";
+  bool any = false;
+  for (std::size_t i = 0; i < kFindingClassCount; ++i)
+    if (auto n = s.findings[i].load()) {
+      out += fmt::format(" {} {}", finding_id(static_cast<FindingClass>(i)), n);
+      any = true;
+    }
+  out += any ? "\n" : " none\n";
+  if (s.log.is_open())
+    out += fmt::format("  log: {} (cumemguard report {})\n", s.log.path(), s.log.path());
+  ssize_t n = ::write(2, out.data(), out.size());
+  (void)n;
+}
+
+}  // namespace
+
+void exit_summary(bool from_abort) {
+  State &s = state();
+  if (!active() || s.summary_printed) return;
+  s.summary_printed = true;
+  diag_exit_begun();
+  ReentryGuard guard;  // nothing below calls CUDA, but be sure nothing is recorded twice
+  if (s.log.is_open()) {
+    write_leaks(s);
+    write_summary_record(s);
+    char buf[128];
+    JsonLine j(buf, sizeof buf);
+    j.str("k", "end").unum("ts", now_ns());
+    if (from_abort) j.boolean("aborted", true);
+    s.log.write(j.finish(), now_ns());
+    s.log.flush_and_go_unbuffered();
+  }
+  if (s.opts.summary) print_summary(s);
+}
+
+}  // namespace cmg::shim

@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// The exit summary (stderr, when CUMEMGUARD_SUMMARY is set) and the last log records: leaks from
+// the model (no CUDA call is made at exit: the driver may already be torn down), counters, `end`.
+#pragma once
+
+namespace cmg::shim {
+
+void exit_summary(bool from_abort);
+// Policies applied once at load, before any library reads the environment.
+void on_load();
+
+}  // namespace cmg::shim
