@@ -698,6 +698,22 @@ std::optional<std::pair<PhysAlloc, std::uint64_t>> VmmModel::mapped_at(std::uint
   return std::make_pair(a->second, it->second.alloc_off + (off - it->second.off));
 }
 
+const char *VmmModel::range_state(std::uint64_t va, std::uint64_t size) const {
+  std::lock_guard lk(mu_);
+  const Reservation *r = res_containing_locked(va);
+  if (!r) return "not reserved";
+  const std::uint64_t off = va - r->base, end = off + (size ? size : 1);
+  std::uint64_t mapped = 0;
+  for (const auto &[o, m] : r->maps)
+    if (m.off < end && off < m.off + m.size)
+      mapped += std::min(end, m.off + m.size) - std::max(off, m.off);
+  if (mapped && mapped >= end - off) return "mapped";
+  if (mapped) return "partly mapped";
+  for (const auto &[o, s] : r->asleep)
+    if (s.off < end && off < s.off + s.size) return "asleep";
+  return r->ever_mapped ? "unmapped" : "reserved, never mapped";
+}
+
 VmmCounts VmmModel::counts() const {
   std::lock_guard lk(mu_);
   VmmCounts c;

@@ -251,6 +251,9 @@ class VmmModel {
   // The physical allocation mapped at va, with the offset into it.
   std::optional<std::pair<PhysAlloc, std::uint64_t>> mapped_at(std::uint64_t va) const;
   VmmCounts counts() const;
+  // What the model knows of [va, va+size): "not reserved", "reserved, never mapped", "mapped",
+  // "partly mapped", "asleep" (unmapped after being mapped), "unmapped". For failing calls' records.
+  const char *range_state(std::uint64_t va, std::uint64_t size) const;
   void for_each_alloc(const std::function<void(const PhysAlloc &)> &fn) const;
   void for_each_reservation(const std::function<void(const Reservation &)> &fn) const;
   void for_each_live_handle(const std::function<void(const HandleRec &)> &fn) const;

@@ -22,7 +22,7 @@ Location location_of(const CUmemAllocationProp *prop) {
 // then commit or roll back. Returns the status the caller gets.
 template <class Real, class Commit, class Rollback>
 CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&commit,
-                      Rollback &&rollback) {
+                      Rollback &&rollback, const char *va_state = nullptr) {
   if (v.finding) {
     const Action a = decide(*v.finding, v.skippable);
     const FindingClass cls = v.finding->cls;
@@ -40,6 +40,7 @@ CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&
     }
     CUresult r = real();
     Call::Extra x = r == CUDA_SUCCESS ? commit() : (rollback(), Call::Extra{});
+    if (r != CUDA_SUCCESS) x.va_state = va_state;
     if (!needs_driver_refusal(cls) || r != CUDA_SUCCESS)
       report_finding(c, std::move(*v.finding), a, r, args);
     c.log(r, args, x);
@@ -47,6 +48,7 @@ CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&
   }
   CUresult r = real();
   Call::Extra x = r == CUDA_SUCCESS ? commit() : (rollback(), Call::Extra{});
+  if (r != CUDA_SUCCESS) x.va_state = va_state;
   c.log(r, args, x);
   return r;
 }
@@ -158,7 +160,7 @@ CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
         s.vmm.on_map_ok(ptr, size, offset, h, c.ev());
         return Call::Extra{};
       },
-      [] {});
+      [] {}, s.vmm.range_state(ptr, size));
 }
 
 CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
@@ -166,12 +168,13 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   Call c(Api::cuMemUnmap, StackWhen::Always);
   if (!c.tracked()) return real();
   State &s = state();
+  const char *before = s.vmm.range_state(ptr, size);
   VmmVerdict v = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm);
   Args args;
   args.hex("ptr", ptr).u("size", size);
   return with_verdict(
       c, v, args, real, [&] { return freed_extra(s.vmm.commit_unmap(v)); },
-      [&] { s.vmm.rollback_unmap(v); });
+      [&] { s.vmm.rollback_unmap(v); }, before);
 }
 
 CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
@@ -183,8 +186,12 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
   args.hex("ptr", ptr).u("size", size).u("count", count);
   if (desc && count) args.i("loc_type", desc[0].location.type).i("loc_id", desc[0].location.id)
                          .u("access", desc[0].flags);
-  if (r == CUDA_SUCCESS) state().vmm.on_set_access(ptr, size);
-  c.log(r, args);
+  Call::Extra x;
+  if (r == CUDA_SUCCESS)
+    state().vmm.on_set_access(ptr, size);
+  else
+    x.va_state = state().vmm.range_state(ptr, size);
+  c.log(r, args, x);
   return r;
 }
 

@@ -248,6 +248,7 @@ void Call::log(int res, const Args &args, const Extra &x) {
   }
   if (x.skipped) j.boolean("skipped", true);
   if (x.deferred) j.boolean("deferred", true);
+  if (x.va_state) j.str("va_state", x.va_state);
   if (ev_.stack) j.unum("stack", ev_.stack);
   s.log.write(j.finish(), end);
 }

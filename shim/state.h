@@ -107,6 +107,7 @@ class Call {
     std::int64_t delta = 0;
     bool skipped = false;
     bool deferred = false;
+    const char *va_state = nullptr;  // VMM calls the driver refused: what the model knows of the range
   };
   void log(int res, const Args &args, const Extra &x);
   void log(int res, const Args &args) { log(res, args, Extra{}); }

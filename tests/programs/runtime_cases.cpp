@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// Linear-memory cases through the CUDA runtime (dynamic or static cudart, and the driver API for
+// comparison): double free (P29), address reuse (P30), invalid frees, host and stream-ordered
+// memory, many threads, fork. Prints one "step STATUS" line per call whose result matters.
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_check.h"
+
+namespace {
+
+void out(const char *step, cudaError_t r) { std::printf("%s %s\n", step, cudaGetErrorName(r)); }
+
+#define CHECK_CUDA(call)                                                                   \
+  do {                                                                                     \
+    cudaError_t r_ = (call);                                                               \
+    if (r_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
+                   cudaGetErrorName(r_));                                                  \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+int basic() {
+  void *p = nullptr, *h = nullptr;
+  out("malloc", cudaMalloc(&p, 1 << 20));
+  out("memset", cudaMemset(p, 0x11, 1 << 20));
+  out("malloc_host", cudaMallocHost(&h, 4096));
+  out("free", cudaFree(p));
+  out("free_host", cudaFreeHost(h));
+  out("free_null", cudaFree(nullptr));
+  return 0;
+}
+
+int p29() {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  out("first_free", cudaFree(p));
+  out("second_free", cudaFree(p));
+  out("last_error", cudaGetLastError());  // a skipped call leaves nothing sticky behind
+  return 0;
+}
+
+int p30() {
+  void *p = nullptr, *q = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaMalloc(&q, 1 << 20));
+  std::printf("reused %d\n", p == q ? 1 : 0);
+  out("stale_free", cudaFree(p));  // stale code frees the old pointer
+  out("owner_free", cudaFree(q));
+  return 0;
+}
+
+int invalid() {
+  char *p = nullptr;
+  void *h = nullptr;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void **>(&p), 1 << 20));
+  CHECK_CUDA(cudaMallocHost(&h, 4096));
+  out("interior", cudaFree(p + 256));
+  out("host_to_cudaFree", cudaFree(h));
+  out("device_to_cudaFreeHost", cudaFreeHost(p));
+  out("never_allocated", cudaFree(reinterpret_cast<void *>(0x12345000)));
+  CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFreeHost(h));
+  return 0;
+}
+
+int host_double() {
+  void *h = nullptr;
+  CHECK_CUDA(cudaHostAlloc(&h, 8192, 0));
+  out("first_free", cudaFreeHost(h));
+  out("second_free", cudaFreeHost(h));
+  return 0;
+}
+
+int async_double() {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  void *p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 1 << 16, s));
+  out("first_free", cudaFreeAsync(p, s));
+  out("second_free", cudaFreeAsync(p, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
+int driver_double() {
+  init_primary();
+  CUdeviceptr p = 0;
+  CHECK_CU(cuMemAlloc(&p, 1 << 20));
+  std::printf("first_free %s\n", cu_name(cuMemFree(p)));
+  std::printf("second_free %s\n", cu_name(cuMemFree(p)));
+  return 0;
+}
+
+int leak() {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 3 << 20));  // never freed: reported at exit
+  out("leaked", cudaSuccess);
+  return 0;
+}
+
+int threads() {
+  constexpr int kThreads = 8, kIters = 500;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  CHECK_CUDA(cudaFree(nullptr));  // initialise the context once
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<void *> mine;
+      for (int i = 0; i < kIters; ++i) {
+        void *p = nullptr;
+        if (cudaMalloc(&p, static_cast<size_t>(4096 * (1 + (i + t) % 7))) != cudaSuccess) ++failures;
+        mine.push_back(p);
+        if (mine.size() > 16) {
+          if (cudaFree(mine.front()) != cudaSuccess) ++failures;
+          mine.erase(mine.begin());
+        }
+      }
+      for (void *p : mine)
+        if (cudaFree(p) != cudaSuccess) ++failures;
+    });
+  for (auto &t : ts) t.join();
+  std::printf("failures %d\n", failures.load());
+  std::printf("calls %d\n", kThreads * kIters * 2);
+  return failures.load() ? 1 : 0;
+}
+
+int forked() {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  // Another thread holds the shim busy while this one forks: the child must not deadlock.
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop) {
+      void *q = nullptr;
+      if (cudaMalloc(&q, 4096) == cudaSuccess) cudaFree(q);
+    }
+  });
+  int children_ok = 0;
+  for (int i = 0; i < 20; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      // The child's CUDA calls are recorded in a log of its own; whatever the driver answers
+      // (the real one refuses a context inherited across fork), the child exits cleanly.
+      void *q = nullptr;
+      (void)cudaMalloc(&q, 4096);
+      std::exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) ++children_ok;
+  }
+  stop = true;
+  busy.join();
+  std::printf("children_ok %d\n", children_ok);
+  out("free", cudaFree(p));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: runtime_cases CASE\n");
+    return 64;
+  }
+  std::string c = argv[1];
+  if (c == "basic") return basic();
+  if (c == "P29") return p29();
+  if (c == "P30") return p30();
+  if (c == "invalid") return invalid();
+  if (c == "host_double") return host_double();
+  if (c == "async_double") return async_double();
+  if (c == "driver_double") return driver_double();
+  if (c == "leak") return leak();
+  if (c == "threads") return threads();
+  if (c == "fork") return forked();
+  std::fprintf(stderr, "unknown case %s\n", argv[1]);
+  return 64;
+}
