@@ -63,7 +63,10 @@ void unmap_and_release(CUdeviceptr v, size_t size, CUmemGenericAllocationHandle 
 // The Python layer reads and clears the error after each call it makes.
 bool take_error(const char *where) {
   if (error_code == CUDA_SUCCESS) return false;
-  std::printf("error_at %s %s\n", where, cu_name(error_code));
+  std::string key = where;
+  for (char &c : key)
+    if (c == ' ') c = '_';
+  std::printf("error.%s %s\n", key.c_str(), cu_name(error_code));
   error_code = CUDA_SUCCESS;
   return true;
 }
