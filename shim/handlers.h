@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "held.h"
 #include "loader.h"
 #include "state.h"
 
@@ -18,14 +19,43 @@ inline constexpr KindMask kDeviceFrees =
     kind_bit(MemKind::Linear) | kind_bit(MemKind::Async) | kind_bit(MemKind::Managed);
 inline constexpr KindMask kHostFrees = kind_bit(MemKind::Host);
 
+// Out of memory is 2 in both the driver (CUDA_ERROR_OUT_OF_MEMORY) and the runtime
+// (cudaErrorMemoryAllocation).
+inline constexpr int kOutOfMemory = 2;
+static_assert(CUDA_ERROR_OUT_OF_MEMORY == kOutOfMemory && cudaErrorMemoryAllocation == kOutOfMemory);
+
+// When an allocation fails for lack of memory and the shim holds frees back, it releases them
+// and retries once: holding memory must never turn a success into an out-of-memory.
+template <class R, class Real>
+R call_with_oom_retry(Real &&real, bool &retried) {
+  R r = real();
+  retried = false;
+  if (static_cast<int>(r) == kOutOfMemory && !held().empty()) {
+    held().release_all();
+    retried = true;
+    r = real();
+  }
+  return r;
+}
+
+// Quarantine applies to synchronous frees of linear, managed and host memory.
+inline bool quarantined(Api api, MemKind kind) {
+  if (state().opts.quarantine == 0) return false;
+  const bool sync_free = api == Api::cudaFree || api == Api::cuMemFree_v2 ||
+                         api == Api::cudaFreeHost || api == Api::cuMemFreeHost;
+  return sync_free && kind != MemKind::Ipc;
+}
+
 // Linear allocation (cudaMalloc, cuMemAlloc_v2, host, managed, async, pitch). `out` reads the new
 // pointer after success; `size_of` is the size, or a callable giving it after success (pitch).
 template <class R, class Size, class Real, class Out>
 R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
   Call c(api, StackWhen::Sampled);
   if (!c.tracked()) return real();
-  R r = real();
+  bool retried = false;
+  R r = call_with_oom_retry<R>(real, retried);
   Args args;
+  if (retried) args.u("retried_after_release", 1);
   if (r != R(0)) {
     if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
     c.log(static_cast<int>(r), args);
@@ -61,6 +91,17 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
   Args args;
   args.hex("ptr", ptr);
   if (v.cls == FreeClass::Live) {
+    if (quarantined(api, v.rec.kind)) {
+      // Answer success now, free later: the address is not re-issued while it is held.
+      held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api,
+                       HoldReason::Quarantine, c.ev()});
+      const auto delta = -static_cast<std::int64_t>(v.rec.size);
+      s.counters.add(v.rec.dev, v.rec.kind, delta);
+      args.u("size", v.rec.size).s("held", "quarantine");
+      c.log(0, args, Call::Extra{v.rec.dev, v.rec.kind, delta});
+      held().release_down_to(HoldReason::Quarantine, s.opts.quarantine);
+      return R(0);
+    }
     R r = real();
     if (r != R(0)) {
       s.linear.rollback(v);

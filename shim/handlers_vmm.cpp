@@ -68,7 +68,8 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
   auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); };
   Call c(Api::cuMemCreate, StackWhen::Always);
   if (!c.tracked() || !prop || !h) return real();
-  CUresult r = real();
+  bool retried = false;
+  CUresult r = call_with_oom_retry<CUresult>(real, retried);
   Args args;
   args.u("size", size).i("loc_type", prop->location.type).i("loc_id", prop->location.id)
       .u("handle_types", static_cast<std::uint64_t>(prop->requestedHandleTypes)).u("flags", flags);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "diag.h"
+#include "held.h"
 #include "loader.h"
 #include "stacks.h"
 #include "summary.h"
@@ -93,6 +94,7 @@ void write_header() {
 
 void fork_prepare() {
   State &s = state();
+  held().fork_prepare();
   s.log.fork_prepare();
   stacks_fork_prepare();
   s.vmm.fork_prepare();
@@ -105,6 +107,7 @@ void fork_parent() {
   s.vmm.fork_parent();
   stacks_fork_parent();
   s.log.fork_parent();
+  held().fork_parent();
 }
 
 void fork_child() {
@@ -113,6 +116,7 @@ void fork_child() {
   s.vmm.fork_child();
   stacks_fork_child();
   s.log.fork_child();
+  held().fork_child();
   s.transport.reset();
   s.counters.reset();
   for (auto &c : s.calls) c.store(0);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "diag.h"
+#include "held.h"
 #include "loader.h"
 #include "state.h"
 
@@ -141,6 +142,8 @@ void exit_summary(bool from_abort) {
   if (!active() || s.summary_printed) return;
   s.summary_printed = true;
   diag_exit_begun();
+  // Held frees go back to the driver now (nothing held is ever dropped).
+  if (!from_abort) held().release_all();
   ReentryGuard guard;  // nothing below calls CUDA, but be sure nothing is recorded twice
   if (s.log.is_open()) {
     write_leaks(s);

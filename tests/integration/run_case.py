@@ -117,6 +117,13 @@ CASES = {
                 base={"reused": "1", "stale_free": RS, "owner_free": RIV},
                 shim={"owner_free": RS},
                 findings=[("double-free", "skip")]),
+    "P30-quarantine": dict(prog="runtime_cases", args=["P30"], real=True,
+                           shim_env={"CUMEMGUARD_QUARANTINE": "16M"},
+                           base={"reused": "1", "stale_free": RS, "owner_free": RIV},
+                           # p is held, so the driver hands out another address and the stale
+                           # free is caught as what it is.
+                           shim={"reused": "0", "owner_free": RS},
+                           findings=[("double-free", "skip")]),
     "invalid": dict(prog="runtime_cases", args=["invalid"], real=True,
                     base={"interior": ANY_ERROR, "host_to_cudaFree": ANY_ERROR,
                           "device_to_cudaFreeHost": ANY_ERROR, "never_allocated": ANY_ERROR},
@@ -301,7 +308,13 @@ def case_specific(name, recs, steps):
         expect(rows[(0, "linear")]["peak"] >= 1 << 20 and rows[(0, "linear")]["current"] == 0,
                f"{name}: bytes {summary['bytes']}")
         expect(rows[(-1, "host")]["total"] >= 4096, f"{name}: host bytes {summary['bytes']}")
-    if name in ("P29", "P29-static", "P30", "host_double", "async_double", "driver_double"):
+    if name == "P30-quarantine":
+        held = [c for c in calls if c["args"].get("held") == "quarantine"]
+        released = [c for c in calls if c.get("released_from") == "quarantine"]
+        expect(len(held) == 2 and len(released) == 2,
+               f"{name}: held {len(held)}, released {len(released)} (expected 2 and 2)")
+    if name in ("P29", "P29-static", "P30", "P30-quarantine", "host_double", "async_double",
+                "driver_double"):
         f = next(f for f in findings if f["class"] == "double-free")
         whats = {r["what"]: r for r in f["related"]}
         expect("allocation" in whats and "first free" in whats, f"{name}: related {whats}")

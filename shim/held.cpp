@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// Held-back frees (see held.h). The real free runs under the re-entry guard, so the driver calls
+// it makes are not recorded again, and a `call` record with "released_from" says when it happened.
+#include "held.h"
+
+#include <vector>
+
+#include "loader.h"
+#include "state.h"
+
+namespace cmg::shim {
+
+HeldFrees &held() {
+  static HeldFrees *h = new HeldFrees;  // leaked: used until the last free at exit
+  return *h;
+}
+
+void HeldFrees::hold(const Held &h) {
+  std::lock_guard lk(mu_);
+  q_.push_back(h);
+  bytes_[static_cast<int>(h.why)] += h.size;
+}
+
+void HeldFrees::really_free(const Held &h) {
+  ReentryGuard guard;  // not a call of the program: nested driver calls stay unrecorded
+  int r = -1;
+  void *p = reinterpret_cast<void *>(h.ptr);
+  switch (h.api) {
+    case Api::cudaFree: r = CMG_REAL(cudaFree)(p); break;
+    case Api::cudaFreeHost: r = CMG_REAL(cudaFreeHost)(p); break;
+    case Api::cuMemFree_v2: r = CMG_REAL(cuMemFree_v2)(h.ptr); break;
+    case Api::cuMemFreeHost: r = CMG_REAL(cuMemFreeHost)(p); break;
+    default: return;  // only synchronous frees are ever held
+  }
+  State &s = state();
+  if (!s.log.is_open()) return;
+  char buf[512];
+  JsonLine j(buf, sizeof buf);
+  std::uint64_t ts = now_ns();
+  j.str("k", "call").unum("seq", s.seq.fetch_add(1) + 1).unum("ts", ts).unum("tid", thread_id())
+      .str("api", api_name(h.api)).num("res", r).unum("dur", 0).begin_object("args")
+      .hex("ptr", h.ptr).unum("size", h.size).end_object()
+      .str("released_from", h.why == HoldReason::Quarantine ? "quarantine" : "deferred")
+      .unum("freed_seq", h.freed.seq);
+  s.log.write(j.finish(), ts);
+}
+
+std::uint64_t HeldFrees::release_down_to(HoldReason why, std::uint64_t keep_bytes) {
+  std::vector<Held> go;
+  {
+    std::lock_guard lk(mu_);
+    auto &b = bytes_[static_cast<int>(why)];
+    for (auto it = q_.begin(); it != q_.end() && b > keep_bytes;) {
+      if (it->why != why) {
+        ++it;
+        continue;
+      }
+      b -= it->size;
+      go.push_back(*it);
+      it = q_.erase(it);
+    }
+  }
+  std::uint64_t n = 0;
+  for (const Held &h : go) {
+    really_free(h);
+    n += h.size;
+  }
+  return n;
+}
+
+std::uint64_t HeldFrees::release_all(HoldReason why) { return release_down_to(why, 0); }
+
+std::uint64_t HeldFrees::release_all() {
+  return release_all(HoldReason::Quarantine) + release_all(HoldReason::Deferred);
+}
+
+std::uint64_t HeldFrees::bytes(HoldReason why) const {
+  std::lock_guard lk(mu_);
+  return bytes_[static_cast<int>(why)];
+}
+
+bool HeldFrees::empty() const {
+  std::lock_guard lk(mu_);
+  return q_.empty();
+}
+
+void HeldFrees::fork_child() {
+  mu_.unlock();
+  q_.clear();
+  bytes_[0] = bytes_[1] = 0;
+}
+
+}  // namespace cmg::shim

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// Frees the shim holds back instead of passing them to the driver at once: the quarantine
+// (CUMEMGUARD_QUARANTINE: freed linear memory kept FIFO so a stale free of an address the driver
+// would have re-issued is still caught, bug-patterns.md P30) and deferred cache flushes
+// (CUMEMGUARD_OPPORTUNISTIC=defer). Nothing held is ever dropped: it is released in FIFO order
+// when over its limit, when an allocation fails with out-of-memory (then the allocation is retried
+// once), on request, and at exit.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+
+#include "cuda_api.h"
+#include "event.h"
+
+namespace cmg::shim {
+
+enum class HoldReason : std::uint8_t { Quarantine, Deferred };
+
+struct Held {
+  std::uint64_t ptr = 0, size = 0;
+  int dev = -1;
+  MemKind kind = MemKind::Linear;
+  Api api{};  // the free the program called; the same one releases it
+  HoldReason why = HoldReason::Quarantine;
+  EventRef freed;
+};
+
+class HeldFrees {
+ public:
+  void hold(const Held &h);
+  // Releases the oldest entries of `why` until at most `keep_bytes` of it remain; returns bytes.
+  std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes);
+  // Releases everything (out-of-memory, explicit request, exit); returns bytes released.
+  std::uint64_t release_all();
+  std::uint64_t release_all(HoldReason why);
+  std::uint64_t bytes(HoldReason why) const;
+  bool empty() const;
+  void fork_prepare() { mu_.lock(); }
+  void fork_parent() { mu_.unlock(); }
+  void fork_child();  // the child owns none of the parent's memory: forget, do not free
+
+ private:
+  void really_free(const Held &h);
+  mutable std::mutex mu_;
+  std::deque<Held> q_;
+  std::uint64_t bytes_[2] = {0, 0};
+};
+
+HeldFrees &held();
+
+}  // namespace cmg::shim

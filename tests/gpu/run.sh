@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The gpu suite: the same test programs against the real driver, with and without the shim, and
+# PyTorch/NCCL workloads under `cumemguard run`. Exits 77 where there is no GPU.
+#   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-build}" && pwd)
+out=${2:-$build/gpu-out}
+mkdir -p "$out"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu suite: no GPU here; skipped"
+  exit 77
+fi
+# The toolkit's and the wheels' runtime libraries (the programs need libcudart.so.13 and
+# libnccl.so.2; the driver comes from the system).
+libs=$(python3 - <<'PY'
+import glob, os
+dirs = []
+for pat in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]:
+    if glob.glob(pat + "/libcudart.so.13*"): dirs.append(pat)
+try:
+    import nvidia, os.path
+    for base in nvidia.__path__:
+        for lib in glob.glob(os.path.join(base, "*", "lib")) + glob.glob(os.path.join(base, "*", "*", "lib")):
+            if glob.glob(lib + "/libcudart.so.13*") or glob.glob(lib + "/libnccl.so.2*"):
+                dirs.append(lib)
+except Exception:
+    pass
+print(":".join(dict.fromkeys(dirs)))
+PY
+)
+export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+status=0
+{
+  echo "# gpu suite $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+} > "$out/environment.txt" 2>&1
+cat "$out/environment.txt"
+
+if [ -x "$build/tests/programs/conformance" ]; then
+  "$build/tests/programs/conformance" > "$out/conformance.real.txt" 2>&1
+  if diff -u "$here/../programs/conformance.expected" "$out/conformance.real.txt" > "$out/conformance.diff"; then
+    echo "conformance: the real driver agrees with the fake's table"
+  else
+    echo "conformance: DIFFERS (see conformance.diff)"; cat "$out/conformance.diff"; status=1
+  fi
+fi
+
+: > "$out/cases.txt"
+for c in $(python3 -c "import sys; sys.path.insert(0,'$here/../integration'); import run_case; print(' '.join(k for k,v in run_case.CASES.items() if v.get('real')))"); do
+  python3 "$here/../integration/run_case.py" --build "$build" --real "$c" >> "$out/cases.txt" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
+done
+cat "$out/cases.txt"
+
+python3 "$here/run_torch.py" "$build" "$out" ${CMG_TORCH_MODES:-} 2>&1 | tee "$out/torch.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit $status
