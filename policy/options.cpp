@@ -70,6 +70,16 @@ std::string_view choice_at(std::string_view choices, int idx) {
   return choices.substr(0, choices.find('|'));
 }
 
+bool parse_int(std::string_view s, std::int64_t &out) {
+  if (s.empty()) return false;
+  const char *b = s.data(), *e = s.data() + s.size();
+  if (*b == '+') ++b;
+  auto [p, ec] = std::from_chars(b, e, out);
+  return ec == std::errc() && p == e;
+}
+
+}  // namespace
+
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -83,16 +93,6 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   }
   return prev[b.size()];
 }
-
-bool parse_int(std::string_view s, std::int64_t &out) {
-  if (s.empty()) return false;
-  const char *b = s.data(), *e = s.data() + s.size();
-  if (*b == '+') ++b;
-  auto [p, ec] = std::from_chars(b, e, out);
-  return ec == std::errc() && p == e;
-}
-
-}  // namespace
 
 // Typed application of one raw value (outside the anonymous namespace for the macro above).
 namespace detail {

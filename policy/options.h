@@ -74,5 +74,7 @@ ParsedOptions parse_options(char *const *envp);
 // "4G" -> 4 GiB. Accepts a plain number or K, M, G, T (optionally followed by B or iB), any case.
 bool parse_size(std::string_view s, std::uint64_t &out);
 bool parse_bool(std::string_view s, bool &out);
+// Case-insensitive Levenshtein distance, for "did you mean" hints on misspelt names.
+std::size_t edit_distance(std::string_view a, std::string_view b);
 
 }  // namespace cmg

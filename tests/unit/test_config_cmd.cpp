@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// tools/config_cmd: arguments, exit status, --env edits, and the JSON listing (config-json.md).
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config_cmd.h"
+#include "options.h"
+
+namespace {
+
+struct Run {
+  int status;
+  std::string out, err;
+  nlohmann::json json() const { return nlohmann::json::parse(out); }
+};
+
+Run run(std::vector<std::string> args, std::vector<std::string> env = {}) {
+  args.insert(args.begin(), "config");
+  std::vector<char *> argv, envp;
+  for (auto &a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto &e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::ostringstream out, err;
+  int st = cmg::config_main(static_cast<int>(args.size()), argv.data(), envp.data(), out, err);
+  return {st, out.str(), err.str()};
+}
+
+const nlohmann::json *find_key(const nlohmann::json &keys, const std::string &name) {
+  for (const auto &k : keys)
+    if (k["key"] == name) return &k;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("config --json lists every option of option_specs()", "[config_cmd]") {
+  Run r = run({"--json"});
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  auto j = r.json();
+  CHECK(j["schema"] == 1);
+  const auto specs = cmg::option_specs();
+  const auto &opts = j["options"];
+  REQUIRE(opts.size() == specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    INFO(specs[i].name);
+    CHECK(opts[i]["name"] == "CUMEMGUARD_" + std::string(specs[i].name));
+    CHECK(opts[i]["type"] == std::string(cmg::option_kind_name(specs[i].kind)));
+    CHECK(opts[i]["default"] == std::string(specs[i].default_value));
+    CHECK(opts[i]["source"] == "default");
+    CHECK(opts[i]["help"] == std::string(specs[i].help));
+  }
+  CHECK(j["torch"]["outcome"] == "ok");
+  CHECK(j["torch"]["keys"].size() == 14);
+  CHECK(j["exit_status"] == 0);
+}
+
+TEST_CASE("config: exit 2 for an [E] environment, with the exception", "[config_cmd]") {
+  Run r = run({"--json"}, {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:true", "HOME=/root"});
+  CHECK(r.status == 2);
+  auto j = r.json();
+  CHECK(j["exit_status"] == 2);
+  CHECK(j["torch"]["outcome"] == "exception");
+  CHECK(j["torch"]["error"]["type"] == "ValueError");
+  CHECK(j["torch"]["error"]["python"] ==
+        "ValueError: Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'");
+  CHECK(j["torch"]["error"]["parser"] == "A");
+  CHECK(j["torch"]["error"]["variable"] == "PYTORCH_CUDA_ALLOC_CONF");
+  CHECK(j["torch"]["error"]["when"] == "first-allocation");
+  CHECK(j["torch"]["snapshot"].is_null());
+  // text mode: same status
+  Run t = run({}, {"PYTORCH_CUDA_ALLOC_CONF=foo:bar"});
+  CHECK(t.status == 2);
+  CHECK(t.out.find("the first CUDA allocation raises ValueError: Unrecognized key 'foo' in CUDA "
+                   "allocator config.") != std::string::npos);
+}
+
+TEST_CASE("config: P20 through --env, named variable, exit 2", "[config_cmd][P20]") {
+  Run r = run({"--env", "PYTORCH_ALLOC_CONF=expandable_segments"});
+  CHECK(r.status == 2);
+  CHECK(r.out.find("import torch aborts") != std::string::npos);
+  CHECK(r.out.find("PYTORCH_ALLOC_CONF='expandable_segments': import torch would abort") !=
+        std::string::npos);
+  auto j = run({"--json", "--env=PYTORCH_ALLOC_CONF=expandable_segments"}).json();
+  CHECK(j["torch"]["outcome"] == "import-abort");
+  CHECK(j["torch"]["error"]["variable"] == "PYTORCH_ALLOC_CONF");
+  CHECK(j["torch"]["problems"][0]["severity"] == "error");
+}
+
+TEST_CASE("config --env sets and unsets without touching the process", "[config_cmd]") {
+  std::vector<std::string> env = {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments",
+                                  "PYTORCH_ALLOC_CONF=max_split_size_mb:512"};
+  CHECK(run({"--json"}, env).status == 2);
+  Run r = run({"--json", "--env", "PYTORCH_CUDA_ALLOC_CONF"}, env);  // unset: ALLOC is read
+  REQUIRE(r.status == 0);
+  auto j = r.json();
+  CHECK(j["torch"]["variables"]["PYTORCH_CUDA_ALLOC_CONF"].is_null());
+  CHECK(j["torch"]["parsers"][2]["variable"] == "PYTORCH_ALLOC_CONF");
+  const auto *ms = find_key(j["torch"]["keys"], "max_split_size_mb");
+  REQUIRE(ms);
+  CHECK((*ms)["effective"] == 536870912);
+  CHECK((*ms)["default"] == -1);
+  CHECK((*ms)["source"] == "PYTORCH_ALLOC_CONF");
+  CHECK(j["torch"]["snapshot"]["max_split_size"] == 536870912);
+  CHECK(j["torch"]["snapshot"]["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512");
+  CHECK(j["torch"]["snapshot"]["roundup_power2_divisions"]["32768"] == 0);
+  // set: the last --env for a name wins; an empty value is present
+  Run e = run({"--json", "--env", "PYTORCH_CUDA_ALLOC_CONF=x", "--env", "PYTORCH_CUDA_ALLOC_CONF="},
+              env);
+  REQUIRE(e.status == 0);
+  auto je = e.json();
+  CHECK(je["torch"]["variables"]["PYTORCH_CUDA_ALLOC_CONF"] == "");
+  CHECK((*find_key(je["torch"]["keys"], "max_split_size_mb"))["effective"] == -1);
+}
+
+TEST_CASE("config: the shim's override is shown", "[config_cmd][P22]") {
+  auto j = run({"--json"},
+               {"PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512,garbage_collection_threshold:0.8,"
+                "expandable_segments:True",
+                "CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:False"})
+               .json();
+  const auto &o = j["torch"]["override"];
+  CHECK(o["value"] == "expandable_segments:False");
+  CHECK(o["action"] == "write");
+  REQUIRE(o["writes"].size() == 1);
+  CHECK(o["writes"][0]["variable"] == "PYTORCH_CUDA_ALLOC_CONF");
+  CHECK(o["writes"][0]["new"] ==
+        "max_split_size_mb:512,garbage_collection_threshold:0.8,expandable_segments:False");
+  CHECK(o["result_outcome"] == "ok");
+  auto refused = run({"--json"}, {"CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:true"}).json();
+  CHECK(refused["torch"]["override"]["action"] == "refuse");
+  CHECK(refused["exit_status"] == 0);  // PyTorch itself is fine: the shim keeps the original
+  CHECK(run({"--json"}).json()["torch"]["override"]["action"] == "none");
+}
+
+TEST_CASE("config: option values, sources and problems", "[config_cmd]") {
+  auto j = run({"--json"}, {"CUMEMGUARD_MODE=report", "CUMEMGUARD_STACKS=99", "CUMEMGUARD_MODD=x"})
+               .json();
+  bool seen_mode = false, seen_stacks = false;
+  for (const auto &o : j["options"]) {
+    if (o["name"] == "CUMEMGUARD_MODE") {
+      seen_mode = true;
+      CHECK(o["effective"] == "report");
+      CHECK(o["source"] == "environment");
+      CHECK(o["raw"] == "report");
+      CHECK(o["choices"] == nlohmann::json({"guard", "report", "strict"}));
+    }
+    if (o["name"] == "CUMEMGUARD_STACKS") {
+      seen_stacks = true;
+      CHECK(o["source"] == "invalid");
+      CHECK(o["effective"] == "0");
+    }
+  }
+  CHECK(seen_mode);
+  CHECK(seen_stacks);
+  CHECK(j["option_problems"].size() == 2);
+  Run t = run({}, {"CUMEMGUARD_MODE=report"});
+  CHECK(t.status == 0);
+  for (const auto &s : cmg::option_specs()) {
+    INFO(s.name);
+    CHECK(t.out.find("# CUMEMGUARD_" + std::string(s.name) + ":") != std::string::npos);
+  }
+  CHECK(t.out.find("CUMEMGUARD_MODE=report  (environment)") != std::string::npos);
+}
+
+TEST_CASE("config: cudaMallocAsync has no snapshot and defers errors", "[config_cmd]") {
+  auto j = run({"--json", "--env", "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"}).json();
+  CHECK(j["torch"]["outcome"] == "ok");
+  CHECK(j["torch"]["deferred"] == true);
+  CHECK(j["torch"]["error"].is_null());
+  CHECK(j["torch"]["load_backend"] == "cudaMallocAsync");
+  CHECK(j["torch"]["snapshot"].is_null());
+  Run r = run({"--json", "--env", "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,foo:1"});
+  CHECK(r.status == 0);  // allocations work; the first settings call raises
+  auto d = r.json();
+  CHECK(d["torch"]["outcome"] == "ok");
+  CHECK(d["torch"]["error"]["when"] == "first-settings-call");
+  CHECK(d["torch"]["error"]["python"] ==
+        "ValueError: Unrecognized key 'foo' in Accelerator allocator config.");
+  CHECK(d["torch"]["problems"][0]["severity"] == "error");
+}
+
+TEST_CASE("config: bad arguments exit 64 with one line", "[config_cmd]") {
+  for (std::vector<std::string> args : {std::vector<std::string>{"--bogus"},
+                                        {"--env"},
+                                        {"--env", "=x"},
+                                        {"--env", "1A=x"},
+                                        {"json"}}) {
+    Run r = run(args);
+    INFO(r.err);
+    CHECK(r.status == 64);
+    CHECK(r.out.empty());
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.rfind("cumemguard config: ", 0) == 0);
+  }
+  Run h = run({"--help"});
+  CHECK(h.status == 0);
+  CHECK(h.out.rfind("usage: cumemguard config", 0) == 0);
+}

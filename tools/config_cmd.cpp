@@ -1,0 +1,441 @@
+// SPDX-License-Identifier: Apache-2.0
+// `cumemguard config`: the environment through policy/torch_conf and policy/options, text or JSON.
+// Options print like libfabric's `fi_info -e`; the JSON schema is docs/config-json.md.
+#include "config_cmd.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "options.h"
+#include "torch_conf.h"
+
+namespace cmg {
+namespace {
+
+namespace tc = torchconf;
+using json = nlohmann::ordered_json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitTorchFails = 2;
+constexpr int kExitUsage = 64;  // EX_USAGE from sysexits.h
+constexpr int kJsonSchema = 1;
+
+constexpr std::string_view kUsage =
+    "usage: cumemguard config [--json] [--env NAME=VALUE | --env NAME]...\n"
+    "  --json             machine-readable output (schema: docs/config-json.md)\n"
+    "  --env NAME=VALUE   evaluate as if NAME were set to VALUE (nothing is exported)\n"
+    "  --env NAME         evaluate as if NAME were unset\n"
+    "Exit status: 0; 2 when PyTorch would fail on this environment; 64 for bad arguments.\n";
+
+struct Args {
+  bool json = false;
+  bool help = false;
+  std::vector<std::pair<std::string, std::optional<std::string>>> env;
+};
+
+bool valid_name(std::string_view n) {
+  if (n.empty() || (n[0] >= '0' && n[0] <= '9')) return false;
+  for (char c : n)
+    if (!(c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')))
+      return false;
+  return true;
+}
+
+bool parse_args(int argc, char **argv, Args &a, std::string &err) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i] ? argv[i] : "";
+    if (arg == "--json") {
+      a.json = true;
+    } else if (arg == "-h" || arg == "--help") {
+      a.help = true;
+    } else if (arg == "--env" || arg.starts_with("--env=")) {
+      std::string_view v;
+      if (arg == "--env") {
+        if (i + 1 >= argc || !argv[i + 1]) {
+          err = "--env needs NAME=VALUE or NAME";
+          return false;
+        }
+        v = argv[++i];
+      } else {
+        v = arg.substr(6);
+      }
+      const std::size_t eq = v.find('=');
+      const std::string_view name = v.substr(0, eq);
+      if (!valid_name(name)) {
+        err = "--env: '" + std::string(name) + "' is not a variable name";
+        return false;
+      }
+      a.env.emplace_back(std::string(name), eq == std::string_view::npos
+                                                ? std::nullopt
+                                                : std::optional<std::string>(v.substr(eq + 1)));
+    } else {
+      err = "unknown argument '" + std::string(arg) + "'";
+      return false;
+    }
+  }
+  return true;
+}
+
+// The environment to evaluate: the process's, edited by --env, in environ order.
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+EnvList build_env(char **envp, const Args &a) {
+  EnvList env;
+  for (char **p = envp; p && *p; ++p) {
+    const std::string_view kv(*p);
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    const std::string_view name = kv.substr(0, eq);
+    bool dup = false;  // getenv() returns the first entry of a name
+    for (const auto &e : env) dup = dup || e.first == name;
+    if (!dup) env.emplace_back(std::string(name), std::string(kv.substr(eq + 1)));
+  }
+  for (const auto &[name, value] : a.env) {
+    std::erase_if(env, [&](const auto &e) { return e.first == name; });
+    if (value) env.emplace_back(name, *value);
+  }
+  return env;
+}
+
+std::optional<std::string> lookup(const EnvList &env, std::string_view name) {
+  for (const auto &e : env)
+    if (e.first == name) return e.second;
+  return std::nullopt;
+}
+
+std::string in_quotes(std::string_view s) {
+  return "'" + std::string(s) + "'";
+}
+
+std::string source_name(const tc::Outcome &o, tc::Key k) {
+  const tc::Var v = o.source[static_cast<std::size_t>(k)];
+  return v == tc::Var::None ? std::string("default") : std::string(tc::var_name(v));
+}
+
+json var_json(tc::Var v) {
+  return v == tc::Var::None ? json(nullptr) : json(std::string(tc::var_name(v)));
+}
+
+json key_value(const tc::Settings &s, tc::Key k) {
+  using tc::Key;
+  switch (k) {
+    case Key::LargeSegmentSizeMb:
+      return s.large_segment_size;
+    case Key::MaxSplitSizeMb:
+      return tc::snapshot_max_split_size(s);
+    case Key::MaxNonSplitRoundingMb:
+      return s.max_non_split_rounding_size;
+    case Key::GarbageCollectionThreshold:
+      return s.garbage_collection_threshold;
+    case Key::RoundupPower2Divisions:
+      return s.roundup_power2_divisions;
+    case Key::ExpandableSegments:
+      return s.expandable_segments;
+    case Key::PinnedUseBackgroundThreads:
+      return s.pinned_use_background_threads;
+    case Key::Backend:
+      return std::string(tc::backend_name(s.backend));
+    case Key::ReleaseLockOnCudamalloc:
+      return s.release_lock_on_cudamalloc;
+    case Key::PinnedUseCudaHostRegister:
+      return s.pinned_use_cuda_host_register;
+    case Key::PinnedNumRegisterThreads:
+      return s.pinned_num_register_threads;
+    case Key::PinnedReserveSegmentSizeMb:
+      return s.pinned_reserve_segment_size_mb;
+    case Key::GraphCaptureRecordStreamReuse:
+      return s.graph_capture_record_stream_reuse;
+    case Key::PerProcessMemoryFraction:
+      return s.per_process_memory_fraction;
+  }
+  return nullptr;
+}
+
+// torch.cuda.memory._snapshot()["allocator_settings"] as 2.11 builds it (reference §5).
+json snapshot_json(const tc::Settings &s) {
+  json d = json::object();
+  for (std::size_t i = 0; i < s.roundup_power2_divisions.size(); ++i)
+    d[std::to_string(1ull << i)] = s.roundup_power2_divisions[i];
+  return json{{"PYTORCH_CUDA_ALLOC_CONF", s.last_allocator_settings},
+              {"max_split_size", tc::snapshot_max_split_size(s)},
+              {"garbage_collection_threshold", s.garbage_collection_threshold},
+              {"expandable_segments", s.expandable_segments},
+              {"pinned_num_register_threads", s.pinned_num_register_threads},
+              {"release_lock_on_cudamalloc", s.release_lock_on_cudamalloc},
+              {"pinned_use_cuda_host_register", s.pinned_use_cuda_host_register},
+              {"graph_capture_record_stream_reuse", s.graph_capture_record_stream_reuse},
+              {"roundup_power2_divisions", d}};
+}
+
+json error_json(const tc::Outcome &o) {
+  if (!o.error) return nullptr;
+  return json{{"type", std::string(tc::error_type_name(o.error->type))},
+              {"message", o.error->message},
+              {"internal_assert", o.error->internal_assert},
+              {"python", o.error->python()},
+              {"parser", std::string(tc::parser_name(o.error_parser))},
+              {"variable", var_json(o.error_var)},
+              {"when", o.cls == tc::OutcomeClass::ImportAbort ? "import"
+                       : o.cls == tc::OutcomeClass::Exception ? "first-allocation"
+                                                              : "first-settings-call"}};
+}
+
+json problems_json(const std::vector<tc::Problem> &ps) {
+  json a = json::array();
+  for (const tc::Problem &p : ps)
+    a.push_back({{"severity", std::string(tc::severity_name(p.severity))}, {"message", p.text}});
+  return a;
+}
+
+std::string option_source(const OptionValue &v, const EnvList &env) {
+  if (v.source == OptionSource::Environment) return "environment";
+  return lookup(env, std::string(kOptionPrefix) + std::string(v.spec->name)) ? "invalid"
+                                                                             : "default";
+}
+
+json torch_json(const tc::Env &env, const tc::Plan &p,
+                const std::optional<std::string> &override_raw) {
+  const tc::Outcome &o = p.before;
+  json vars = json::object();
+  for (tc::Var v : tc::kVars) {
+    const auto &val = env.get(v);
+    vars[std::string(tc::var_name(v))] = val ? json(*val) : json(nullptr);
+  }
+  json parsers = json::array();
+  for (tc::Parser q : {tc::Parser::Load, tc::Parser::Cuda, tc::Parser::Accel}) {
+    const tc::Read &r = o.read(q);
+    parsers.push_back({{"parser", std::string(tc::parser_name(q))},
+                       {"when", q == tc::Parser::Load ? "import" : "first-allocation"},
+                       {"role", std::string(tc::parser_title(q))},
+                       {"variable", var_json(r.var)},
+                       {"reason", r.reason}});
+  }
+  const tc::Settings defaults;
+  json keys = json::array();
+  for (const tc::KeyInfo &k : tc::keys()) {
+    json row{{"key", std::string(k.name)},
+             {"alias", k.alias.empty() ? json(nullptr) : json(std::string(k.alias))},
+             {"parser", std::string(tc::parser_name(k.owner))},
+             {"setting", std::string(k.setting)},
+             {"unit", std::string(k.unit)},
+             {"in_snapshot", k.in_snapshot},
+             {"effective", key_value(o.settings, k.key)},
+             {"default", key_value(defaults, k.key)},
+             {"source", source_name(o, k.key)},
+             {"help", std::string(k.help)}};
+    keys.push_back(std::move(row));
+  }
+  const bool snapshot = o.cls == tc::OutcomeClass::Ok && o.load_backend == tc::Backend::Native;
+  json warnings = json::array();
+  for (const std::string &w : o.warnings) warnings.push_back(w);
+  json writes = json::array();
+  for (const tc::Write &w : p.writes)
+    writes.push_back({{"variable", std::string(tc::var_name(w.var))},
+                      {"create", w.create},
+                      {"old", w.old_value ? json(*w.old_value) : json(nullptr)},
+                      {"new", w.new_value},
+                      {"why", w.why}});
+  json over{{"value", override_raw ? json(*override_raw) : json(nullptr)},
+            {"action", std::string(tc::plan_action_name(p.action))},
+            {"reason", p.reason},
+            {"writes", writes},
+            {"result_outcome",
+             p.after ? json(std::string(tc::outcome_name(p.after->cls))) : json(nullptr)}};
+  return json{{"build", "cuda"},
+              {"torch_versions", "2.10, 2.11"},
+              {"variables", vars},
+              {"parsers", parsers},
+              {"outcome", std::string(tc::outcome_name(o.cls))},
+              {"error", error_json(o)},
+              {"deferred", o.deferred},
+              {"load_backend", std::string(tc::backend_name(o.load_backend))},
+              {"keys", keys},
+              {"snapshot", snapshot ? snapshot_json(o.settings) : json(nullptr)},
+              {"warnings", warnings},
+              {"problems", problems_json(p.problems)},
+              {"override", over}};
+}
+
+json options_json(const ParsedOptions &po, const EnvList &env) {
+  json a = json::array();
+  for (const OptionValue &v : po.values) {
+    json choices = json::array();
+    for (std::string_view c = v.spec->choices; !c.empty();) {
+      const std::size_t bar = c.find('|');
+      choices.push_back(std::string(c.substr(0, bar)));
+      c = bar == std::string_view::npos ? std::string_view() : c.substr(bar + 1);
+    }
+    a.push_back({{"name", std::string(kOptionPrefix) + std::string(v.spec->name)},
+                 {"type", std::string(option_kind_name(v.spec->kind))},
+                 {"choices", choices},
+                 {"default", std::string(v.spec->default_value)},
+                 {"effective", v.effective},
+                 {"source", option_source(v, env)},
+                 {"raw", v.source == OptionSource::Environment ? json(v.raw) : json(nullptr)},
+                 {"help", std::string(v.spec->help)}});
+  }
+  return a;
+}
+
+// The table keeps one line per key: 16 equal divisions print as "16 x N", others without spaces.
+std::string table_text(const tc::Settings &s, tc::Key k) {
+  if (k != tc::Key::RoundupPower2Divisions) return tc::effective_text(s, k);
+  const auto &d = s.roundup_power2_divisions;
+  if (std::adjacent_find(d.begin(), d.end(), std::not_equal_to<>()) == d.end())
+    return std::to_string(d.size()) + " x " + std::to_string(d[0]);
+  std::string r;
+  for (auto v : d) r += (r.empty() ? "" : ",") + std::to_string(v);
+  return r;
+}
+
+void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
+                      const std::optional<std::string> &override_raw) {
+  const tc::Outcome &o = p.before;
+  out << "PyTorch allocator configuration (as torch 2.10/2.11 reads it on a CUDA build)\n";
+  for (tc::Var v : tc::kVars) {
+    const auto &val = env.get(v);
+    out << "  " << tc::var_name(v) << std::string(26 - tc::var_name(v).size(), ' ')
+        << (val ? in_quotes(*val) : std::string("unset")) << '\n';
+  }
+  out << '\n';
+  for (tc::Parser q : {tc::Parser::Load, tc::Parser::Cuda, tc::Parser::Accel}) {
+    const tc::Read &r = o.read(q);
+    out << "  " << tc::parser_name(q) << "  " << tc::parser_title(q) << ":\n      "
+        << (r.var == tc::Var::None ? std::string("no variable") : std::string(tc::var_name(r.var)))
+        << " (" << r.reason << ")\n";
+  }
+  out << "\n  outcome: ";
+  switch (o.cls) {
+    case tc::OutcomeClass::Ok:
+      if (!o.error)
+        out << "ok (PyTorch accepts this environment)\n";
+      else
+        out << "ok at allocations (backend:cudaMallocAsync does not read the other keys there); "
+               "the first allocator-settings call raises "
+            << o.error->python() << " (parser " << tc::parser_name(o.error_parser) << ", "
+            << tc::var_name(o.error_var) << ")\n";
+      break;
+    case tc::OutcomeClass::Exception:
+      out << "the first CUDA allocation raises " << o.error->python() << " (parser "
+          << tc::parser_name(o.error_parser) << ", " << tc::var_name(o.error_var) << ")\n";
+      break;
+    case tc::OutcomeClass::ImportAbort:
+      out << "import torch aborts (std::terminate, SIGABRT) reading " << tc::var_name(o.error_var)
+          << ": " << o.error->what() << '\n';
+      break;
+  }
+  if (o.error) out << "  (values below: as far as PyTorch gets)\n";
+  out << '\n';
+  const tc::Settings defaults;
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-34s %-22s %-22s %s\n", "key", "effective", "default",
+                "source");
+  out << line;
+  for (const tc::KeyInfo &k : tc::keys()) {
+    std::string name(k.name);
+    if (!k.in_snapshot) name += " *";
+    std::snprintf(line, sizeof line, "  %-34s %-22s %-22s %s\n", name.c_str(),
+                  table_text(o.settings, k.key).c_str(), table_text(defaults, k.key).c_str(),
+                  source_name(o, k.key).c_str());
+    out << line;
+  }
+  out << "  (PyTorch units: sizes in bytes, max_split_size as the snapshot's int64 (-1 = "
+         "unlimited);\n"
+         "   * = not in torch.cuda.memory._snapshot()[\"allocator_settings\"])\n\n";
+  if (p.problems.empty()) {
+    out << "  problems: none\n";
+  } else {
+    out << "  problems:\n";
+    for (const tc::Problem &pr : p.problems)
+      out << "    " << tc::severity_name(pr.severity) << ": " << pr.text << '\n';
+  }
+  out << "\n  CUMEMGUARD_TORCH_ALLOC_CONF: "
+      << (override_raw ? in_quotes(*override_raw) : std::string("unset")) << '\n';
+  switch (p.action) {
+    case tc::PlanAction::None:
+      out << "    nothing to do: " << p.reason << '\n';
+      break;
+    case tc::PlanAction::Refuse:
+      out << "    refused (the shim keeps the original and reports a config finding): " << p.reason
+          << '\n';
+      break;
+    case tc::PlanAction::Write:
+      for (const tc::Write &w : p.writes)
+        out << "    " << (w.create ? "create " : "set ") << tc::var_name(w.var) << "="
+            << in_quotes(w.new_value) << "  (" << w.why << ")\n";
+      break;
+  }
+}
+
+void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env) {
+  out << "\ncumemguard options\n";
+  for (const OptionValue &v : po.values) {
+    const std::string name = std::string(kOptionPrefix) + std::string(v.spec->name);
+    out << "# " << name << ": " << option_kind_name(v.spec->kind);
+    if (!v.spec->choices.empty()) out << " (" << v.spec->choices << ")";
+    out << ", default " << (v.spec->default_value.empty() ? "''" : in_quotes(v.spec->default_value))
+        << "\n# " << v.spec->help << '\n'
+        << name << '=' << v.effective << "  (" << option_source(v, env);
+    if (option_source(v, env) == "invalid")
+      out << ": " << in_quotes(*lookup(env, name)) << " in the environment, default kept";
+    out << ")\n";
+  }
+  if (!po.problems.empty()) {
+    out << "\n  option problems:\n";
+    for (const std::string &pr : po.problems) out << "    " << pr << '\n';
+  }
+}
+
+}  // namespace
+
+int config_main(int argc, char **argv, char **envp) {
+  return config_main(argc, argv, envp, std::cout, std::cerr);
+}
+
+int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostream &err) {
+  Args args;
+  std::string why;
+  if (!parse_args(argc, argv, args, why)) {
+    err << "cumemguard config: " << why << " (try --help)\n";
+    return kExitUsage;
+  }
+  if (args.help) {
+    out << kUsage;
+    return kExitOk;
+  }
+  const EnvList env = build_env(envp, args);
+  std::vector<std::pair<std::string_view, std::string_view>> pairs;
+  for (const auto &e : env) pairs.emplace_back(e.first, e.second);
+  const ParsedOptions po = parse_options(pairs);
+
+  const tc::Env tenv =
+      tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); });
+  const std::optional<std::string> override_raw =
+      lookup(env, std::string(kOptionPrefix) + "TORCH_ALLOC_CONF");
+  const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf);
+  const int status = p.before.cls == tc::OutcomeClass::Ok ? kExitOk : kExitTorchFails;
+
+  if (args.json) {
+    json j{{"schema", kJsonSchema},
+           {"torch", torch_json(tenv, p, override_raw)},
+           {"options", options_json(po, env)},
+           {"option_problems", po.problems},
+           {"exit_status", status}};
+    out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
+  } else {
+    print_torch_text(out, tenv, p, override_raw);
+    print_options_text(out, po, env);
+  }
+  return status;
+}
+
+}  // namespace cmg
