@@ -1,9 +1,84 @@
 // SPDX-License-Identifier: Apache-2.0
-// Environment policies applied once at load, before any library reads the environment.
+// The PyTorch allocator-config policy in the host: applied once at load, before any library reads
+// the environment (PyTorch's parser L runs in libc10_cuda.so's static initialisation, i.e. during
+// `import torch`), and checked again at the first CUDA call (bug-patterns.md P21).
+#include <cstdlib>
+#include <string>
+
+#include "diag.h"
+#include "state.h"
 #include "summary.h"
+#include "torch_conf.h"
+
+extern char **environ;
 
 namespace cmg::shim {
+namespace {
 
-void on_load() {}
+namespace tc = cmg::torchconf;
+
+tc::Env *g_env_at_load = nullptr;  // leaked on purpose; read at the first CUDA call
+
+void config_record(const tc::Write &w, bool applied, const std::string &msg) {
+  std::string buf(8192 + w.new_value.size() * 2, '\0');
+  JsonLine j(buf.data(), buf.size());
+  j.str("k", "config").str("var", tc::var_name(w.var));
+  if (w.old_value)
+    j.str("original", *w.old_value);
+  else
+    j.boolean("created", true);
+  j.str("result", w.new_value).boolean("applied", applied).str("msg", msg);
+  write_or_keep(std::string(j.finish()));
+}
+
+Finding config_finding(std::string msg) {
+  Finding f;
+  f.cls = FindingClass::Config;
+  f.msg = std::move(msg);
+  return f;
+}
+
+}  // namespace
+
+void on_load() {
+  State &s = state();
+  try {
+    tc::Env env = tc::Env::from_envp(environ);
+    if (!s.opts.torch_alloc_conf.empty()) {
+      tc::Plan p = tc::plan(env, s.opts.torch_alloc_conf);
+      if (p.action == tc::PlanAction::Write) {
+        for (const tc::Write &w : p.writes) {
+          setenv(std::string(tc::var_name(w.var)).c_str(), w.new_value.c_str(), 1);
+          config_record(w, true, p.reason);
+          note(LogLevel::Info, std::string(tc::var_name(w.var)) + " set to '" + w.new_value +
+                                   "' (CUMEMGUARD_TORCH_ALLOC_CONF)");
+        }
+        env = tc::Env::from_envp(environ);
+      } else if (p.action == tc::PlanAction::Refuse) {
+        report_finding_without_call(
+            config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
+                           "' not applied: " + p.reason),
+            "(load)", true);
+      }
+    }
+    // Problems PyTorch itself would hit: an abort at import or an exception at the first
+    // allocation. Only errors are printed (every process of a job would repeat a warning).
+    for (const tc::Problem &pr : tc::diagnose(env))
+      if (pr.severity == tc::Severity::Error)
+        report_finding_without_call(config_finding(pr.text), "(load)", true);
+    g_env_at_load = new tc::Env(std::move(env));
+  } catch (...) {
+    // A policy that cannot be evaluated is not applied; the host goes on untouched.
+  }
+}
+
+void on_first_cuda_call() {
+  if (!g_env_at_load) return;
+  try {
+    for (const tc::Problem &pr : tc::diagnose_change(*g_env_at_load, tc::Env::from_envp(environ)))
+      report_finding_without_call(config_finding(pr.text), "(first CUDA call)", true);
+  } catch (...) {
+  }
+}
 
 }  // namespace cmg::shim

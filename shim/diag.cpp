@@ -20,6 +20,7 @@ namespace {
 std::atomic<bool> g_exit_begun{false};
 std::mutex g_pending_mu;
 std::vector<std::pair<LogLevel, std::string>> *g_pending = nullptr;
+std::vector<std::string> *g_pending_lines = nullptr;
 
 spdlog::logger *logger() {
   static spdlog::logger *l = [] {
@@ -88,10 +89,27 @@ void note(LogLevel level, std::string_view msg) {
 
 void flush_pending_notes() {
   std::lock_guard lk(g_pending_mu);
-  if (!g_pending) return;
-  if (state().log.is_open())
-    for (const auto &[l, m] : *g_pending) write_note_record(l, m);
-  g_pending->clear();
+  if (g_pending) {
+    if (state().log.is_open())
+      for (const auto &[l, m] : *g_pending) write_note_record(l, m);
+    g_pending->clear();
+  }
+  if (g_pending_lines) {
+    if (state().log.is_open())
+      for (const auto &line : *g_pending_lines) state().log.write(line, now_ns());
+    g_pending_lines->clear();
+  }
+}
+
+void write_or_keep(std::string line) {
+  if (state().log.is_open()) {
+    state().log.write(line, now_ns());
+    return;
+  }
+  if (active()) return;
+  std::lock_guard lk(g_pending_mu);
+  if (!g_pending_lines) g_pending_lines = new std::vector<std::string>;
+  if (g_pending_lines->size() < 256) g_pending_lines->push_back(std::move(line));
 }
 
 void print_finding(const Finding &f, Action action, int res, const char *api) {

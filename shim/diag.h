@@ -3,6 +3,7 @@
 // raw write(2) once exit has begun (spdlog's statics may be gone by then).
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "event.h"
@@ -11,8 +12,9 @@
 namespace cmg::shim {
 
 void diag_line(LogLevel level, std::string_view msg);
-// Notes that arrive before the log is open are kept and written once it is.
+// Notes and records that arrive before the log is open are kept and written once it is.
 void flush_pending_notes();
+void write_or_keep(std::string line);  // one complete JSON line
 // Prints a finding (rate-limited by CUMEMGUARD_WARN_LIMIT).
 void print_finding(const Finding &f, Action action, int res, const char *api);
 // From now on diagnostics bypass spdlog.

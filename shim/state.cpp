@@ -189,6 +189,7 @@ void activate() {
   if (s.opts.stacks > 0) stacks_warm_up();
   g_active.store(true, std::memory_order_release);
   flush_pending_notes();
+  on_first_cuda_call();
 }
 
 int current_device() {
@@ -328,6 +329,19 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
     exit_summary(/*from_abort=*/true);
     std::abort();
   }
+}
+
+void report_finding_without_call(Finding f, const char *where, bool print) {
+  State &s = state();
+  s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
+  std::string buf(8192 + f.msg.size() + f.state_json.size(), '\0');
+  JsonLine j(buf.data(), buf.size());
+  j.str("k", "finding").unum("seq", s.seq.fetch_add(1, std::memory_order_relaxed) + 1)
+      .unum("ts", now_ns()).unum("tid", thread_id()).str("class", finding_id(f.cls))
+      .str("api", where).str("action", "forward").num("res", 0).str("msg", f.msg);
+  if (!f.state_json.empty()) j.raw("state", f.state_json);
+  write_or_keep(std::string(j.finish()));
+  if (print) print_finding(f, Action::Forward, 0, where);
 }
 
 }  // namespace cmg::shim

@@ -131,6 +131,10 @@ bool needs_driver_refusal(FindingClass c);
 // after flushing the log. `res` is what the caller gets.
 void report_finding(const Call &c, Finding f, Action action, int res, const Args &args);
 
+// A finding that belongs to no call (the environment at load, leaks): counted, printed when it is
+// an error, and written to the log (kept until the log opens).
+void report_finding_without_call(Finding f, const char *where, bool print);
+
 // A one-line diagnostic on stderr ("cumemguard: warning: …") and a `note` record in the log.
 void note(LogLevel level, std::string_view msg);
 

@@ -8,5 +8,7 @@ namespace cmg::shim {
 void exit_summary(bool from_abort);
 // Policies applied once at load, before any library reads the environment.
 void on_load();
+// At the first CUDA call: did the environment change since load (bug-patterns.md P21)?
+void on_first_cuda_call();
 
 }  // namespace cmg::shim
