@@ -62,8 +62,9 @@ Driver &driver() {
         return drv;
     }
     // Everything else through the pointer answered for ("cuGetProcAddress", 12000).
-#define FCRT_DRV(member, sym, ver, flags, pfn) \
-  drv->entry.gpa(sym, reinterpret_cast<void **>(&drv->member), ver, flags, nullptr);
+#define FCRT_DRV(member, sym, ver, flags, pfn)                                     \
+  drv->entry.gpa(sym, reinterpret_cast<void **>(&drv->member), ver, flags, nullptr); \
+  if (!drv->member) drv->error = cudaErrorInsufficientDriver;
 #include "cudart_driver.def"
 #undef FCRT_DRV
     return drv;
