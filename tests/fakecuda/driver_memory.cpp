@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -287,7 +286,7 @@ CUresult alloc_v2(CUdeviceptr *dptr, std::size_t size) {
 }
 
 // The 32-bit ABI of cuMemAlloc/cuMemFree (cudaVersion < 3020) cannot name 64-bit addresses; on the
-// H200 (driver 580) cuMemAlloc answered CUDA_ERROR_INVALID_CONTEXT even with a current context.
+// H200 (driver 580) both answered CUDA_ERROR_INVALID_CONTEXT even with a current context.
 CUresult legacy_32bit() {
   if (CUresult r = require_init()) return r;
   return CUDA_ERROR_INVALID_CONTEXT;

@@ -6,6 +6,7 @@
 // their own: meson.build runs each of them alone, with its environment.
 #include <catch2/catch.hpp>
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -211,7 +212,7 @@ TEST_CASE("cuGetProcAddress routes by name, version and per-thread flag", "[gpa]
     CHECK(cuGetProcAddress("cuMemAlloc", &p, 12000, 3, &st) == CUDA_SUCCESS);
   }
   SECTION("the 11.3 four-argument entry point answers the same") {
-    auto gpa4 = reinterpret_cast<CUresult (*)(const char *, void **, int, cuuint64_t)>(sym("cuGetProcAddress"));
+    auto gpa4 = reinterpret_cast<PFN_cuGetProcAddress_v11030>(sym("cuGetProcAddress"));
     REQUIRE(gpa4 != nullptr);
     REQUIRE(gpa4("cuMemAlloc", &p, 3020, 0) == CUDA_SUCCESS);
     CHECK(p == sym("cuMemAlloc_v2"));
@@ -252,10 +253,13 @@ TEST_CASE("contexts: what needs one and what does not", "[ctx]") {
   REQUIRE(cuCtxGetDevice_v2(&d, c) == CUDA_SUCCESS);
   CHECK(d == 0);
   CHECK(cuMemFree(0) == CUDA_SUCCESS);
-  // The 32-bit ABI (cudaVersion < 3020) answered INVALID_CONTEXT on the H200.
+  // The 32-bit ABI (cudaVersion < 3020) answered INVALID_CONTEXT on the H200. Its PFN typedefs
+  // exist only for driver builds, hence the spelled-out types.
   auto alloc_v1 = reinterpret_cast<CUresult (*)(unsigned *, unsigned)>(sym("cuMemAlloc"));
+  auto free_v1 = reinterpret_cast<CUresult (*)(unsigned)>(sym("cuMemFree"));
   unsigned small = 0;
   CHECK(alloc_v1(&small, 4096) == CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(free_v1(0) == CUDA_ERROR_INVALID_CONTEXT);
   CUcontext made = nullptr;
   CHECK(cuCtxCreate(&made, nullptr, 0, 0) == CUDA_ERROR_NOT_SUPPORTED);
   require_nothing_live();
