@@ -21,9 +21,13 @@
 #include <vector>
 
 #include "fakecuda.h"
+#include "selftest_state.h"
 #include "selftest_util.h"
 
 namespace {
+
+using selftest::require_nothing_live;
+using selftest::state;
 
 constexpr size_t G = size_t{2} << 20;
 
@@ -81,24 +85,6 @@ void destroy(const Vmm &m) {
   REQUIRE(cuMemUnmap(m.va, m.size) == CUDA_SUCCESS);
   REQUIRE(cuMemRelease(m.h) == CUDA_SUCCESS);
   REQUIRE(cuMemAddressFree(m.va, m.size) == CUDA_SUCCESS);
-}
-
-fakecuda_state state() {
-  fakecuda_state s{};
-  REQUIRE(fakecuda_get_state(&s) == 0);
-  return s;
-}
-
-void require_nothing_live() {
-  fakecuda_state s = state();
-  CHECK(s.linear_allocs == 0);
-  CHECK(s.host_allocs == 0);
-  CHECK(s.phys_allocs == 0);
-  CHECK(s.handle_refs == 0);
-  CHECK(s.reservations == 0);
-  CHECK(s.mappings == 0);
-  CHECK(s.ipc_imports == 0);
-  CHECK(s.device_used[0] == 0);
 }
 
 // Redirects stderr to a file while alive; lines() reads what was written.

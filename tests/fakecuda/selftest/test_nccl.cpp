@@ -16,27 +16,15 @@
 #include <vector>
 
 #include "fakecuda.h"
+#include "selftest_state.h"
 #include "selftest_util.h"
 
 namespace {
 
+using selftest::require_nothing_live;
+using selftest::state;
+
 constexpr size_t G = size_t{2} << 20;
-
-fakecuda_state state() {
-  fakecuda_state s{};
-  REQUIRE(fakecuda_get_state(&s) == 0);
-  return s;
-}
-
-void require_nothing_live() {
-  fakecuda_state s = state();
-  CHECK(s.linear_allocs == 0);
-  CHECK(s.phys_allocs == 0);
-  CHECK(s.handle_refs == 0);
-  CHECK(s.reservations == 0);
-  CHECK(s.mappings == 0);
-  for (unsigned long long used : s.device_used) CHECK(used == 0);
-}
 
 ncclComm_t init_one(int nranks = 1, int rank = 0) {
   ncclUniqueId id;
