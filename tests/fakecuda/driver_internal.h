@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// Internals shared by the fake driver's sources: export ids, the common call path, configuration.
+#pragma once
+
+// Built with __CUDA_API_VERSION_INTERNAL (meson.build) so that cuda.h declares every ABI variant
+// (cuMemAlloc and cuMemAlloc_v2, cuMemAllocAsync and _ptsz, ...) under its exact name: each
+// definition in this library is then checked by the compiler against NVIDIA's declaration.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#define FC_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fc {
+
+// ---- the export table (driver_exports.def) ---------------------------------------------------
+enum class Fn : unsigned {
+#define FC_FN(e, b, v) e,
+#define FC_FN_PTSZ(e, b, v) e,
+#define FC_FN_PTDS(e, b, v) e,
+#include "driver_exports.def"
+#undef FC_FN
+#undef FC_FN_PTSZ
+#undef FC_FN_PTDS
+  kCount
+};
+inline constexpr unsigned kFnCount = static_cast<unsigned>(Fn::kCount);
+
+struct FnInfo {
+  const char *name;  // exact export name, "cuMemAlloc_v2"
+  const char *base;  // the name cuGetProcAddress is asked for, "cuMemAlloc"
+  int version;       // CUDA version of this ABI variant
+  bool per_thread;   // a _ptsz/_ptds variant
+  void *addr;        // the exported function itself
+};
+const FnInfo &fn_info(unsigned index);
+
+// ---- configuration (FAKECUDA_* environment, read once) ---------------------------------------
+inline constexpr int kMaxDevices = 16;
+inline constexpr int kDriverVersion = 13000;  // real-driver.md: cuDriverGetVersion = 13000
+
+struct Config {
+  int devices = 1;                              // FAKECUDA_DEVICES
+  std::size_t device_memory = std::size_t{16} << 30;  // FAKECUDA_DEVICE_MEMORY
+  bool handle_reuse = true;                     // FAKECUDA_HANDLE_REUSE
+  bool retain_same = true;                      // FAKECUDA_RETAIN_SAME
+  bool fabric_accept = false;                   // FAKECUDA_FABRIC=accept
+};
+const Config &config();
+
+// ---- the path every export takes (driver_core.cpp) -------------------------------------------
+// Counts the call and applies fault injection: a non-success result means "fail without effect".
+CUresult enter(Fn f);
+bool tracing();
+void trace_call(Fn f, CUresult r);
+void trace_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+template <class Body>
+inline CUresult call(Fn f, Body &&body) {
+  CUresult r = enter(f);
+  if (r == CUDA_SUCCESS) r = body();
+  if (tracing()) trace_call(f, r);
+  return r;
+}
+
+// One exported function = one line: FC_CALL(name, implementation expression).
+#define FC_CALL(fn, ...) ::fc::call(::fc::Fn::fn, [&]() -> CUresult { return __VA_ARGS__; })
+
+// Shared by cuGetProcAddress and cuGetProcAddress_v2 (driver_gpa.cpp).
+CUresult get_proc_address(Fn entry, const char *symbol, void **pfn, int version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *status);
+
+// ---- devices, contexts, the busy model (driver_device.cpp) -----------------------------------
+CUresult require_init();                  // CUDA_ERROR_NOT_INITIALIZED before cuInit
+bool valid_device(int dev);
+CUresult current_device(int *dev);        // CUDA_ERROR_INVALID_CONTEXT without a current context
+CUcontext primary_context(int dev);       // the device's primary context (not retained)
+CUresult stream_device(CUstream s, int *dev);
+unsigned long long live_streams();
+// real-driver.md section 3: frees and synchronisations wait for the device's work to finish.
+void wait_idle(int dev);                  // dev < 0: every device
+void set_busy(int dev, unsigned long long ns);
+const char *error_name(CUresult r);       // "CUDA_ERROR_INVALID_VALUE", nullptr when unknown
+const char *error_string(CUresult r);     // "invalid argument", nullptr when unknown
+
+}  // namespace fc
