@@ -79,7 +79,7 @@ bool parse_call(const Json &o, Event &e) {
   if (c.api.empty()) return false;
   c.res = int_of(o, "res").value_or(0);
   c.dur = int_of(o, "dur").value_or(0);
-  c.args = object_or_empty(o, "args");
+  if (auto it = o.find("args"); it != o.end()) c.args = args_text(*it);
   c.dev = int_of(o, "dev").value_or(-1);
   c.mem = str_or(o, "mem");
   c.delta = int_of(o, "delta").value_or(0);
@@ -277,6 +277,18 @@ std::string hex(std::uint64_t v) {
   buf[0] = '0';
   buf[1] = 'x';
   return std::string(buf, p);
+}
+
+std::string args_text(const Json &args) {
+  std::string out;
+  if (!args.is_object()) return out;
+  for (const auto &[k, v] : args.items()) {
+    if (!out.empty()) out += ", ";
+    out += k + "=" +
+           (v.is_string() ? v.get<std::string>()
+                          : v.dump(-1, ' ', false, Json::error_handler_t::replace));
+  }
+  return out;
 }
 
 std::int64_t Log::last_ts() const {

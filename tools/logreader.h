@@ -57,7 +57,9 @@ struct Call {
   std::string api;
   std::int64_t res = 0;
   std::int64_t dur = 0;
-  Json args = Json::object();
+  // "ptr=0x7f00, size=4096": calls are the bulk of a log, and a formatted line costs a fraction
+  // of the JSON object it came from.
+  std::string args;
   std::int64_t dev = -1;
   std::string mem;  // empty when the call changed no tracked memory
   std::int64_t delta = 0;
@@ -171,6 +173,8 @@ ReadResult read_log_text(std::string_view text, std::string name);
 // "0x7f3a00000000" (or a plain JSON number) -> value; nullopt when neither.
 std::optional<std::uint64_t> parse_hex(const Json &v);
 std::string hex(std::uint64_t v);
+// A call's arguments as "name=value, ...", strings unquoted (they are hex numbers or names).
+std::string args_text(const Json &args);
 
 // One event of one log, in the merged order of several logs.
 struct EventRef {

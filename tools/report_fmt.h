@@ -51,17 +51,11 @@ inline std::string compact(const Json &j) {
 }
 
 // "cuMemRelease(handle=0x55d0c0a0, size=2097152)"
+inline std::string call_text(const std::string &api, const std::string &args) {
+  return (api.empty() ? std::string("?") : api) + "(" + args + ")";
+}
 inline std::string call_text(const std::string &api, const Json &args) {
-  std::string out = (api.empty() ? std::string("?") : api) + "(";
-  bool first = true;
-  if (args.is_object()) {
-    for (const auto &[k, v] : args.items()) {
-      if (!first) out += ", ";
-      first = false;
-      out += k + "=" + (v.is_string() ? v.get<std::string>() : compact(v));
-    }
-  }
-  return out + ")";
+  return call_text(api, args_text(args));
 }
 
 }  // namespace cmg::report
