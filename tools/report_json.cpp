@@ -27,6 +27,7 @@ Json stack_json(const ResolvedStack &s) {
       j["file"] = f.file;
       j["line"] = f.line;
     }
+    if (f.inlined) j["inlined"] = true;
     frames.push_back(std::move(j));
   }
   return {{"log", s.log}, {"id", *s.id}, {"missing", s.missing}, {"frames", std::move(frames)}};

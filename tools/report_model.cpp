@@ -77,8 +77,9 @@ const ResolvedStack &Model::stack(std::size_t log, std::optional<std::uint64_t> 
     s.key.emplace_back(fmt::format("<missing stack {} of log {}>", *id, log), 0);
   } else {
     for (std::uint64_t pc : it->second) {
-      const Frame &f = symbolizers[log].frame(pc);
-      s.frames.push_back(f);
+      const auto &fs = symbolizers[log].frames(pc);
+      s.frames.insert(s.frames.end(), fs.begin(), fs.end());
+      const Frame &f = fs.back();
       s.key.emplace_back(f.module, f.module.empty() ? f.pc : f.offset);
     }
   }

@@ -77,7 +77,9 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
   }
   if (s.frames.empty()) out << indent << "(empty stack)\n";
   for (std::size_t i = 0; i < s.frames.size(); ++i)
-    out << indent << fmt::format("#{} {}\n", i, frame_text(s.frames[i]));
+    out << indent
+        << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
+                       s.frames[i].inlined ? " [inlined]" : "");
 }
 
 void write_logs(const Model &m, std::ostream &out) {

@@ -19,6 +19,7 @@ struct Frame {
   std::string function;      // demangled; empty when unknown
   std::string file;          // source file; empty when no line information
   int line = 0;
+  bool inlined = false;  // inlined into the next frame, which has the same pc
 };
 
 // "function (file:line)", "function (module+0x..)", "module+0x.." or "0x.." by what is known.
@@ -36,8 +37,9 @@ class Symbolizer {
   Symbolizer &operator=(Symbolizer &&) noexcept;
 
   // Every pc of a stack record is a return address: the call is the instruction before it, so
-  // function and line are looked up at pc - 1 (the frame still reports pc itself).
-  const Frame &frame(std::uint64_t pc);
+  // function and line are looked up at pc - 1 (the frames still report pc itself). One pc gives
+  // several frames when code was inlined there: the inlined callees first, innermost first.
+  const std::vector<Frame> &frames(std::uint64_t pc);
 
   // One line per module that could not be used as recorded (changed file, missing file).
   const std::vector<std::string> &warnings() const;

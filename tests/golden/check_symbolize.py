@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # Symbolizes a real stack with libdw: symhelper writes a log of its own stack and module map, and
-# the report must name its (demangled) functions with file:line, fall back to module+offset when
+# the report must name its (demangled) functions with file:line, an inlined function as a frame of
+# its own, fall back to module+offset when
 # the module is missing or changed, and (with --expect-static) not need libdw/libelf at run time.
 import argparse
 import json
@@ -41,21 +42,29 @@ def main():
         log = os.path.join(tmp, 'sym.log')
         p = subprocess.run([a.helper, log], capture_output=True, text=True, check=True)
         expected = [line.split('\t') for line in p.stdout.splitlines()]
+        if len(expected) != 3:
+            sys.exit(f'FAIL: the helper printed {p.stdout!r}')
         helper_path = os.path.realpath(a.helper)
 
         text = report(a.report, log)
-        for func, file, line in expected:
-            pat = re.escape(func) + r' \((?:.*/)?' + re.escape(file) + ':' + line + r'\)'
+        for i, (func, file, line, inlined) in enumerate(expected):
+            pat = (f'#{i} ' + re.escape(func) + r' \(/.*/' + re.escape(file) + ':' + line + r'\)'
+                   + (r' \[inlined\]' if inlined else '') + '\n')
             if not re.search(pat, text):
-                failures.append(f'text report lacks "{func} (.../{file}:{line})"')
+                failures.append(f'text report lacks "#{i} {func} (/.../{file}:{line})"'
+                                + (' [inlined]' if inlined else ''))
 
         doc = json.loads(report(a.report, '--json', log))
         frames = doc['findings']['classes'][0]['groups'][0]['stack']['frames']
-        for i, (func, file, line) in enumerate(expected):
+        for i, (func, file, line, inlined) in enumerate(expected):
             fr = frames[i] if i < len(frames) else {}
             if (fr.get('function') != func or not fr.get('file', '').endswith('/' + file)
-                    or str(fr.get('line')) != line or fr.get('module') != helper_path):
-                failures.append(f'JSON frame {i} is {fr}, expected {func} at {file}:{line}')
+                    or str(fr.get('line')) != line or fr.get('module') != helper_path
+                    or fr.get('inlined', False) != bool(inlined)):
+                failures.append(f'JSON frame {i} is {fr}, expected {func} at {file}:{line}'
+                                + (' inlined' if inlined else ''))
+        if frames[0].get('pc') != frames[1].get('pc'):
+            failures.append('the inlined frame and its caller must share one pc')
 
         raw = report(a.report, '--no-symbolize', log)
         if 'cmgtest::' in raw:

@@ -18,14 +18,21 @@ namespace cmgtest {
 struct Capture {
   void *pcs[32];
   int n = 0;
+  int capture_line = 0;
   int inner_line = 0;
   int outer_line = 0;
 };
 
+// always_inline inlines even at -O0, so the first return address lies in inlined code.
+__attribute__((always_inline)) inline void capture_here(Capture &c) {
+  c.capture_line = __LINE__ + 1;
+  c.n = backtrace(c.pcs, 32);
+}
+
 // noinline keeps each function a frame of its own; at -O0 no call becomes a tail jump.
 __attribute__((noinline)) void inner_frame(Capture &c, int depth) {
   c.inner_line = __LINE__ + 1;
-  c.n = backtrace(c.pcs, 32);
+  capture_here(c);
   (void)depth;
 }
 
@@ -151,8 +158,10 @@ int main(int argc, char **argv) {
   std::fprintf(f, "{\"k\":\"end\",\"ts\":3000}\n");
   std::fclose(f);
 
-  // What the report must say about frames 0 and 1 (the calls in inner_frame and outer_frame).
-  std::printf("cmgtest::inner_frame(cmgtest::Capture&, int)\tsymhelper.cpp\t%d\n", c.inner_line);
-  std::printf("cmgtest::outer_frame(cmgtest::Capture&)\tsymhelper.cpp\t%d\n", c.outer_line);
+  // The first frames the report must print: function, file, line of the call, inlined or not.
+  std::printf("cmgtest::capture_here(cmgtest::Capture&)\tsymhelper.cpp\t%d\tinlined\n",
+              c.capture_line);
+  std::printf("cmgtest::inner_frame(cmgtest::Capture&, int)\tsymhelper.cpp\t%d\t\n", c.inner_line);
+  std::printf("cmgtest::outer_frame(cmgtest::Capture&)\tsymhelper.cpp\t%d\t\n", c.outer_line);
   return 0;
 }
