@@ -305,6 +305,7 @@ ReadResult read_log(std::istream &in, std::string name) {
   r.log.file = std::move(name);
   std::string line;
   bool have_header = false;
+  errno = 0;
   while (std::getline(in, line)) {
     // getline sets eof when the line had no '\n': only the last line of a cut-off log can be so.
     const bool unterminated = in.eof();
@@ -349,7 +350,8 @@ ReadResult read_log(std::istream &in, std::string name) {
   }
   if (in.bad()) {
     r.status = ReadStatus::Unreadable;
-    r.error = "read error";
+    // errno is what the failed read(2) left: EISDIR for a directory, EIO for a bad disk.
+    r.error = std::string("cannot read: ") + std::strerror(errno ? errno : EIO);
     return r;
   }
   if (!have_header) {

@@ -3,6 +3,7 @@
 #include "report.h"
 
 #include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -82,7 +83,8 @@ int report_main(int argc, char **argv) {
     } else if (a == "--slow-us") {
       const char *v = value();
       std::int64_t n = 0;
-      if (!v || !parse_count(v, n)) return usage_error("--slow-us needs a number of microseconds");
+      if (!v || !parse_count(v, n) || n > INT64_MAX / 1000)
+        return usage_error("--slow-us needs a number of microseconds");
       opt.slow_ns = n * 1000;
     } else {
       return usage_error("unknown option " + std::string(a));
