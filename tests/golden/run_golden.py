@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Golden report tests: runs cumemguard-report on a fixture log and compares stdout, stderr and the
+# exit status with expected/. `run_golden.py --update EXE CASE...` rewrites the expected files.
+import argparse
+import difflib
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# case -> (arguments after --no-symbolize, expected exit status). Log paths are relative to this
+# directory, which is the working directory, so reports name them the same way on every machine.
+CASES = {
+    'clean': (['logs/clean.log'], 0),
+    'clean-json': (['--json', 'logs/clean.log'], 0),
+    'double-free': (['logs/double-free.log'], 1),
+    'double-free-json': (['--json', 'logs/double-free.log'], 1),
+    'sleep-mode': (['logs/sleep-mode.log'], 1),
+    'sleep-mode-json': (['--json', 'logs/sleep-mode.log'], 1),
+    'ranks': (['logs/rank0.log', 'logs/rank1.log'], 1),
+    'ranks-json': (['--json', 'logs/rank0.log', 'logs/rank1.log'], 1),
+    'truncated': (['logs/truncated.log'], 1),
+    'truncated-json': (['--json', 'logs/truncated.log'], 1),
+    'format2': (['logs/format2.log'], 3),
+    'unknown': (['logs/unknown.log'], 0),
+    'unknown-json': (['--json', 'logs/unknown.log'], 0),
+    'leaks': (['logs/leaks.log'], 0),
+    'leaks-fail': (['--fail-on-leaks', '--top', '3', 'logs/leaks.log'], 1),
+    'leaks-json': (['--json', 'logs/leaks.log'], 0),
+    'not-a-log': (['logs/not-a-log.txt'], 2),
+    'missing': (['logs/missing.log', 'logs/clean.log'], 2),
+    'errors-json': (['--json', 'logs/not-a-log.txt', 'logs/format2.log', 'logs/clean.log'], 3),
+    'usage': (['--top', 'many', 'logs/clean.log'], 2),
+}
+
+
+def expected_paths(case):
+    return (os.path.join(HERE, 'expected', case + '.out'),
+            os.path.join(HERE, 'expected', case + '.err'))
+
+
+def read(path):
+    try:
+        with open(path, encoding='utf-8') as f:
+            return f.read()
+    except FileNotFoundError:
+        return ''
+
+
+def run(exe, case):
+    args, _ = CASES[case]
+    p = subprocess.run([exe, '--no-symbolize'] + args, cwd=HERE, capture_output=True,
+                       text=True, timeout=60)
+    return p.stdout, p.stderr, p.returncode
+
+
+def diff(name, want, got):
+    return ''.join(difflib.unified_diff(want.splitlines(True), got.splitlines(True),
+                                        'expected/' + name, 'actual/' + name))
+
+
+def check(exe, case):
+    out, err, rc = run(exe, case)
+    out_path, err_path = expected_paths(case)
+    problems = []
+    want_rc = CASES[case][1]
+    if rc != want_rc:
+        problems.append(f'exit status {rc}, expected {want_rc}')
+    for name, want, got in ((case + '.out', read(out_path), out), (case + '.err', read(err_path), err)):
+        if want != got:
+            problems.append(diff(name, want, got))
+    if problems:
+        print(f'{case}: FAIL')
+        for p in problems:
+            print(p)
+        return False
+    print(f'{case}: ok')
+    return True
+
+
+def update(exe, case):
+    out, err, rc = run(exe, case)
+    out_path, err_path = expected_paths(case)
+    with open(out_path, 'w', encoding='utf-8') as f:
+        f.write(out)
+    if err:
+        with open(err_path, 'w', encoding='utf-8') as f:
+            f.write(err)
+    elif os.path.exists(err_path):
+        os.remove(err_path)
+    print(f'{case}: written (exit status {rc}, expected {CASES[case][1]})')
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument('--update', action='store_true', help='rewrite the expected files')
+    ap.add_argument('exe', help='the cumemguard-report executable')
+    ap.add_argument('cases', nargs='*', help='cases to run (default: all)')
+    a = ap.parse_args()
+    cases = a.cases or sorted(CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        print('unknown case(s): ' + ', '.join(unknown), file=sys.stderr)
+        return 2
+    if a.update:
+        for c in cases:
+            update(os.path.abspath(a.exe), c)
+        return 0
+    ok = all([check(os.path.abspath(a.exe), c) for c in cases])
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// Unit tests of the event log reader: format refusal, truncation, unknown records, event order.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "logreader.h"
+
+using namespace cmg::report;
+
+namespace {
+
+std::string header(int format = 1, long long start = 1000000000, int pid = 10, int rank = -1) {
+  return "{\"cumemguard_log\":" + std::to_string(format) +
+         ",\"tool\":\"0.1.0\",\"pid\":" + std::to_string(pid) +
+         ",\"ppid\":1,\"rank\":" + std::to_string(rank) +
+         ",\"host\":\"h\",\"start_unix_ns\":" + std::to_string(start) +
+         ",\"argv\":[\"./a\"],\"mode\":\"guard\",\"options\":{}}\n";
+}
+
+std::string call(int seq, long long ts, const char *api = "cudaMalloc") {
+  return "{\"k\":\"call\",\"seq\":" + std::to_string(seq) + ",\"ts\":" + std::to_string(ts) +
+         ",\"tid\":10,\"api\":\"" + api + "\",\"res\":0,\"dur\":5,\"args\":{}}\n";
+}
+
+const std::string kEnd = "{\"k\":\"end\",\"ts\":99}\n";
+
+}  // namespace
+
+TEST_CASE("a log of a newer format is refused with a message naming both versions") {
+  ReadResult r = read_log_text(header(2) + call(1, 5) + kEnd, "new.log");
+  CHECK(r.status == ReadStatus::NewerFormat);
+  CHECK(r.error == "log format 2 is newer than this cumemguard understands (1)");
+}
+
+TEST_CASE("the current format is read, with header fields") {
+  ReadResult r = read_log_text(header(1, 1234, 77, 3) + call(1, 5) + kEnd, "ok.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  CHECK(r.log.header.format == 1);
+  CHECK(r.log.header.pid == 77);
+  CHECK(r.log.header.rank == 3);
+  CHECK(r.log.header.start_unix_ns == 1234);
+  CHECK(r.log.header.argv == std::vector<std::string>{"./a"});
+  CHECK_FALSE(r.log.truncated());
+  CHECK(r.log.end_ts == 99);
+}
+
+TEST_CASE("files that are not logs are told apart from logs") {
+  CHECK(read_log_text("", "empty").status == ReadStatus::NotALog);
+  CHECK(read_log_text("hello\n", "text").status == ReadStatus::NotALog);
+  CHECK(read_log_text("{\"k\":\"call\"}\n", "no header").status == ReadStatus::NotALog);
+  CHECK(read_log_text("{\"cumemguard_log\":\"1\"}\n", "string version").status ==
+        ReadStatus::NotALog);
+  CHECK(read_log_text("{\"cumemguard_log\":0}\n", "format 0").status == ReadStatus::NotALog);
+  CHECK(read_log_file("/nonexistent/cumemguard.log").status == ReadStatus::Unreadable);
+}
+
+TEST_CASE("a cut-off last line and a missing end record make the log truncated, not unreadable") {
+  SECTION("partial last line") {
+    std::string text =
+        header() + call(1, 5) + call(2, 6) + "{\"k\":\"call\",\"seq\":3,\"ts\":7,\"ap";
+    ReadResult r = read_log_text(text, "cut.log");
+    REQUIRE(r.status == ReadStatus::Ok);
+    CHECK(r.log.partial_last_line);
+    CHECK(r.log.truncated());
+    CHECK(r.log.events.size() == 2);
+    CHECK(r.log.records == 2);
+    CHECK(r.log.malformed == 0);
+  }
+  SECTION("complete lines but no end record") {
+    ReadResult r = read_log_text(header() + call(1, 5), "noend.log");
+    REQUIRE(r.status == ReadStatus::Ok);
+    CHECK_FALSE(r.log.partial_last_line);
+    CHECK(r.log.truncated());
+  }
+  SECTION("a last line without newline that parses is kept") {
+    std::string text = header() + call(1, 5) + "{\"k\":\"end\",\"ts\":9}";
+    ReadResult r = read_log_text(text, "nonl.log");
+    REQUIRE(r.status == ReadStatus::Ok);
+    CHECK_FALSE(r.log.truncated());
+  }
+  SECTION("a broken line in the middle is counted, the rest is read") {
+    std::string text = header() + call(1, 5) + "{\"k\":\"ca\n" + call(2, 6) + kEnd;
+    ReadResult r = read_log_text(text, "mid.log");
+    REQUIRE(r.status == ReadStatus::Ok);
+    CHECK(r.log.malformed == 1);
+    CHECK_FALSE(r.log.partial_last_line);
+    CHECK(r.log.events.size() == 2);
+  }
+}
+
+TEST_CASE("unknown record kinds are skipped and counted; unknown fields are ignored") {
+  std::string text = header() +
+                     "{\"k\":\"gpu_util\",\"seq\":1,\"ts\":1,\"util\":0.5}\n"
+                     "{\"k\":\"call\",\"seq\":2,\"ts\":2,\"tid\":10,\"api\":\"cudaFree\",\"res\":0,"
+                     "\"args\":{\"ptr\":\"0x10\"},\"dev\":0,\"mem\":\"linear\",\"delta\":-16,"
+                     "\"stream_ordered\":true,\"extra\":{\"a\":[1]}}\n"
+                     "{\"k\":\"gpu_util\",\"seq\":3,\"ts\":3}\n" +
+                     "{\"k\":\"topology\"}\n" + kEnd;
+  ReadResult r = read_log_text(text, "unknown.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  CHECK(r.log.unknown_kinds ==
+        std::map<std::string, std::size_t>{{"gpu_util", 2}, {"topology", 1}});
+  CHECK(r.log.malformed == 0);
+  REQUIRE(r.log.events.size() == 1);
+  const auto &c = std::get<Call>(r.log.events[0].body);
+  CHECK(c.api == "cudaFree");
+  CHECK(c.delta == -16);
+  CHECK(c.mem == "linear");
+}
+
+TEST_CASE("known records without their required fields are malformed, not fatal") {
+  std::string text = header() + "{\"k\":\"call\",\"seq\":1,\"ts\":1}\n" +  // no api
+                     "{\"k\":\"call\",\"ts\":1,\"api\":\"cudaFree\"}\n" +  // no seq
+                     "{\"k\":\"stack\",\"id\":1,\"pcs\":[\"0xzz\"]}\n" +   // bad pc
+                     "[1,2]\n" + call(4, 4) + kEnd;
+  ReadResult r = read_log_text(text, "bad.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  CHECK(r.log.malformed == 4);
+  CHECK(r.log.events.size() == 1);
+}
+
+TEST_CASE("addresses as hex strings keep all 64 bits") {
+  std::string text = header() +
+                     "{\"k\":\"module\",\"path\":\"/x.so\",\"base\":\"0xffffffffff600000\","
+                     "\"size\":4096}\n"
+                     "{\"k\":\"stack\",\"id\":7,\"pcs\":[\"0xffffffffffffffff\",\"0x1\"]}\n" +
+                     kEnd;
+  ReadResult r = read_log_text(text, "hex.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  REQUIRE(r.log.modules.size() == 1);
+  CHECK(r.log.modules[0].base == 0xffffffffff600000ull);
+  CHECK(r.log.stacks.at(7) == std::vector<std::uint64_t>{0xffffffffffffffffull, 1});
+  CHECK(parse_hex(Json("0x10")) == 16u);
+  CHECK(parse_hex(Json(16)) == 16u);
+  CHECK_FALSE(parse_hex(Json("0x")).has_value());
+  CHECK_FALSE(parse_hex(Json("12ab")).has_value());
+  CHECK(hex(0x7f3a00000000ull) == "0x7f3a00000000");
+}
+
+TEST_CASE("events are ordered by seq, not by line") {
+  ReadResult r = read_log_text(header() + call(3, 30) + call(1, 10) + call(2, 20) + kEnd, "o.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  REQUIRE(r.log.events.size() == 3);
+  CHECK(r.log.events[0].seq == 1);
+  CHECK(r.log.events[1].seq == 2);
+  CHECK(r.log.events[2].seq == 3);
+}
+
+TEST_CASE("merging orders logs by start time plus ts and keeps each log's seq order") {
+  // Log A starts at t=1000, log B at t=500. B's events at absolute 600 and 1600, A's at 1100,
+  // 1600 (a tie with B: the log given first wins) and, by seq, one whose ts went backwards (the
+  // threads of one process may stamp out of order): seq order is kept within a log.
+  std::vector<Log> logs;
+  logs.push_back(
+      read_log_text(header(1, 1000) + call(1, 100) + call(2, 600) + call(3, 550) + kEnd, "a").log);
+  logs.push_back(read_log_text(header(1, 500) + call(1, 100) + call(2, 1100) + kEnd, "b").log);
+  std::vector<EventRef> order = merge_events(logs);
+  std::vector<std::pair<std::size_t, std::uint64_t>> got;
+  for (const auto &r : order) got.emplace_back(r.log, logs[r.log].events[r.event].seq);
+  const std::vector<std::pair<std::size_t, std::uint64_t>> want = {
+      {1, 1}, {0, 1}, {0, 2}, {0, 3}, {1, 2}};
+  CHECK(got == want);
+  CHECK(earliest_start(logs) == 500);
+  CHECK(rel_time(logs[0], 100, 500) == 600);
+}

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Unit tests of the report model: grouping across processes, byte accounting, exit status.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "report_model.h"
+
+using namespace cmg::report;
+
+namespace {
+
+// One process whose module lib.so is loaded at `base`: the same code at another address.
+std::string process(int pid, int rank, const char *base, const char *pc) {
+  return "{\"cumemguard_log\":1,\"pid\":" + std::to_string(pid) +
+         ",\"rank\":" + std::to_string(rank) +
+         ",\"start_unix_ns\":0,\"argv\":[\"a\"],\"mode\":\"guard\"}\n" +
+         "{\"k\":\"module\",\"path\":\"/lib.so\",\"base\":\"" + base + "\",\"size\":65536}\n" +
+         "{\"k\":\"stack\",\"id\":1,\"pcs\":[\"" + pc + "\"]}\n" +
+         "{\"k\":\"call\",\"seq\":1,\"ts\":10,\"tid\":1,\"api\":\"cudaMalloc\",\"res\":0,"
+         "\"dev\":0,\"mem\":\"linear\",\"delta\":100,\"stack\":1}\n"
+         "{\"k\":\"call\",\"seq\":2,\"ts\":20,\"tid\":1,\"api\":\"cudaMalloc\",\"res\":0,"
+         "\"dev\":0,\"mem\":\"linear\",\"delta\":50,\"stack\":1}\n"
+         "{\"k\":\"call\",\"seq\":3,\"ts\":30,\"tid\":1,\"api\":\"cudaFree\",\"res\":0,"
+         "\"dev\":0,\"mem\":\"linear\",\"delta\":-100}\n"
+         "{\"k\":\"finding\",\"seq\":4,\"ts\":40,\"tid\":1,\"class\":\"double-free\","
+         "\"api\":\"cudaFree\",\"action\":\"skip\",\"stack\":1}\n"
+         "{\"k\":\"end\",\"ts\":50}\n";
+}
+
+Model model_of(std::vector<std::string> texts, ReportOptions opt = {}) {
+  opt.symbolize = false;
+  std::vector<Log> logs;
+  for (std::size_t i = 0; i < texts.size(); ++i)
+    logs.push_back(read_log_text(texts[i], "log" + std::to_string(i)).log);
+  return build_model(std::move(logs), {}, opt);
+}
+
+}  // namespace
+
+TEST_CASE("the same code in two processes with different load addresses is one stack group") {
+  Model m = model_of({process(1, 0, "0x7f0000000000", "0x7f0000001234"),
+                      process(2, 1, "0x7f5500000000", "0x7f5500001234")});
+  REQUIRE(m.findings.size() == 1);
+  const auto &c = m.findings[0];
+  CHECK(c.cls == "double-free");
+  REQUIRE(c.groups.size() == 1);
+  CHECK(c.groups[0].count == 2);
+  CHECK(c.groups[0].logs == std::set<std::size_t>{0, 1});
+  REQUIRE(c.groups[0].stack.frames.size() == 1);
+  CHECK(frame_text(c.groups[0].stack.frames[0]) == "lib.so+0x1234");
+  REQUIRE(m.sites.size() == 1);
+  CHECK(m.sites[0].bytes == 300);
+  CHECK(m.sites[0].count == 4);
+}
+
+TEST_CASE("current and peak bytes follow the deltas in seq order, per log") {
+  Model m = model_of({process(1, 0, "0x1000", "0x1010")});
+  REQUIRE(m.memory.size() == 1);
+  CHECK(m.memory[0].current == 50);
+  CHECK(m.memory[0].peak == 150);
+  CHECK(m.memory[0].peak_t == 20);
+  CHECK(m.memory[0].allocated == 150);
+  CHECK(m.memory[0].freed == 100);
+}
+
+TEST_CASE("exit status: findings 1, leaks only with fail_on_leaks, read errors win") {
+  std::string leak_only =
+      "{\"cumemguard_log\":1,\"pid\":3,\"start_unix_ns\":0}\n"
+      "{\"k\":\"leak\",\"what\":\"linear\",\"api\":\"cudaMalloc\",\"ptr\":\"0x10\",\"size\":8}\n"
+      "{\"k\":\"end\",\"ts\":1}\n";
+  ReportOptions opt;
+  CHECK(model_of({leak_only}, opt).exit_status(opt) == 0);
+  opt.fail_on_leaks = true;
+  CHECK(model_of({leak_only}, opt).exit_status(opt) == 1);
+  opt.fail_on_leaks = false;
+  CHECK(model_of({process(1, 0, "0x1000", "0x1010")}, opt).exit_status(opt) == 1);
+
+  std::vector<Log> logs;
+  logs.push_back(read_log_text(leak_only, "a").log);
+  Model m = build_model(std::move(logs), {{"b", "newer", 3}, {"c", "missing", 2}}, opt);
+  CHECK(m.exit_status(opt) == 3);
+}
+
+TEST_CASE("labels stay unique when ranks or pids repeat") {
+  Model m = model_of({process(1, 0, "0x1000", "0x1010"), process(2, 0, "0x1000", "0x1010"),
+                      process(2, 0, "0x1000", "0x1010"), process(3, 1, "0x1000", "0x1010")});
+  CHECK(m.labels == std::vector<std::string>{"r0/p1", "r0/p2", "r0/p2#2", "r1"});
+}

@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+// The JSON report (docs/report-schema.md): the text report's content for scripts and CI gates.
+#include <fmt/format.h>
+
+#include "report_model.h"
+
+namespace cmg::report {
+namespace {
+
+// Bump when a field changes meaning or goes away; adding fields keeps the version.
+constexpr int kSchemaVersion = 1;
+
+template <class T>
+Json opt_json(const std::optional<T> &v) {
+  return v ? Json(*v) : Json(nullptr);
+}
+
+Json stack_json(const ResolvedStack &s) {
+  if (!s.id) return nullptr;
+  Json frames = Json::array();
+  for (const Frame &f : s.frames) {
+    Json j = {{"pc", hex(f.pc)},
+              {"module", f.module.empty() ? Json(nullptr) : Json(f.module)},
+              {"offset", hex(f.offset)}};
+    if (!f.function.empty()) j["function"] = f.function;
+    if (!f.file.empty()) {
+      j["file"] = f.file;
+      j["line"] = f.line;
+    }
+    if (f.inlined) j["inlined"] = true;
+    frames.push_back(std::move(j));
+  }
+  return {{"log", s.log}, {"id", *s.id}, {"missing", s.missing}, {"frames", std::move(frames)}};
+}
+
+Json logs_json(const std::set<std::size_t> &logs) {
+  Json a = Json::array();
+  for (auto l : logs) a.push_back(l);
+  return a;
+}
+
+Json log_json(const Model &m, std::size_t i) {
+  const Log &l = m.logs[i];
+  const Header &h = l.header;
+  Json options = Json::object();
+  for (const auto &[k, v] : h.options) options[k] = v;
+  Json unknown = Json::object();
+  for (const auto &[k, n] : l.unknown_kinds) unknown[k] = n;
+  Json configs = Json::array();
+  for (const auto &c : l.configs)
+    configs.push_back({{"var", c.var},
+                       {"original", c.original},
+                       {"result", c.result},
+                       {"applied", c.applied},
+                       {"msg", c.msg}});
+  Json notes = Json::array();
+  for (const auto &n : l.notes)
+    notes.push_back({{"t_ns", m.time(i, n.ts)}, {"level", n.level}, {"msg", n.msg}});
+  Json warnings = Json::array();
+  for (const auto &w : m.symbolizers[i].warnings()) warnings.push_back(w);
+  return {{"label", m.label(i)},
+          {"file", l.file},
+          {"format", h.format},
+          {"tool", h.tool},
+          {"pid", h.pid},
+          {"ppid", h.ppid},
+          {"rank", h.rank},
+          {"host", h.host},
+          {"start_unix_ns", h.start_unix_ns},
+          {"start_offset_ns", h.start_unix_ns - m.t0},
+          {"argv", h.argv},
+          {"mode", h.mode},
+          {"options", std::move(options)},
+          {"truncated", l.truncated()},
+          {"has_end", l.end_ts.has_value()},
+          {"partial_last_line", l.partial_last_line},
+          {"has_summary", l.summary.has_value()},
+          {"records", l.records},
+          {"malformed_lines", l.malformed},
+          {"unknown_kinds", std::move(unknown)},
+          {"configs", std::move(configs)},
+          {"notes", std::move(notes)},
+          {"symbol_warnings", std::move(warnings)}};
+}
+
+Json finding_example(const Model &m, EventRef ref) {
+  const Event &e = m.event(ref);
+  const Finding &f = std::get<Finding>(e.body);
+  Json related = Json::array();
+  for (const auto &r : f.related) {
+    related.push_back({{"what", r.what},
+                       {"api", r.api},
+                       {"seq", opt_json(r.seq)},
+                       {"tid", opt_json(r.tid)},
+                       {"t_ns", r.ts ? Json(m.time(ref.log, *r.ts)) : Json(nullptr)},
+                       {"stack", stack_json(m.stack(ref.log, r.stack))}});
+  }
+  return {{"log", ref.log},
+          {"seq", e.seq},
+          {"tid", e.tid},
+          {"t_ns", m.time(ref)},
+          {"api", f.api},
+          {"args", f.args},
+          {"res", f.res},
+          {"action", f.action},
+          {"msg", f.msg},
+          {"state", f.state},
+          {"bytes", opt_json(f.bytes)},
+          {"blocked_ns", opt_json(f.blocked_ns)},
+          {"related", std::move(related)}};
+}
+
+std::size_t limit(std::size_t n, std::size_t top) {
+  return top == 0 ? n : std::min(n, top);
+}
+
+}  // namespace
+
+Json report_json(const Model &m, const ReportOptions &opt) {
+  Json logs = Json::array();
+  for (std::size_t i = 0; i < m.logs.size(); ++i) logs.push_back(log_json(m, i));
+  Json errors = Json::array();
+  for (const auto &e : m.errors)
+    errors.push_back({{"file", e.file}, {"error", e.error}, {"exit_status", e.exit_status}});
+
+  Json classes = Json::array();
+  for (const auto &c : m.findings) {
+    Json groups = Json::array();
+    for (const auto &g : c.groups) {
+      Json actions = Json::object();
+      for (const auto &[a, n] : g.actions) actions[a] = n;
+      groups.push_back({{"count", g.count},
+                        {"logs", logs_json(g.logs)},
+                        {"first_t_ns", g.first_t},
+                        {"last_t_ns", g.last_t},
+                        {"actions", std::move(actions)},
+                        {"bytes", opt_json(g.bytes)},
+                        {"blocked_ns", opt_json(g.blocked_ns)},
+                        {"stack", stack_json(g.stack)},
+                        {"example", finding_example(m, g.example)}});
+    }
+    classes.push_back({{"class", c.cls},
+                       {"help", c.help},
+                       {"count", c.count},
+                       {"at_exit", opt_json(c.at_exit)},
+                       {"groups", std::move(groups)}});
+  }
+
+  Json leak_groups = Json::array();
+  for (std::size_t i = 0; i < limit(m.leaks.size(), opt.top); ++i) {
+    const LeakGroup &g = m.leaks[i];
+    const Leak &l = m.logs[g.example.first].leaks[g.example.second];
+    Json what = Json::object();
+    for (const auto &[w, n] : g.what) what[w] = n;
+    leak_groups.push_back({{"api", g.api},
+                           {"count", g.count},
+                           {"bytes", g.bytes},
+                           {"what", std::move(what)},
+                           {"logs", logs_json(g.logs)},
+                           {"stack", stack_json(g.stack)},
+                           {"example",
+                            {{"log", g.example.first},
+                             {"what", l.what},
+                             {"object_field", l.object_field},
+                             {"object", l.object},
+                             {"size", l.size},
+                             {"dev", l.dev},
+                             {"seq", opt_json(l.seq)}}}});
+  }
+
+  Json memory = Json::array();
+  for (const auto &r : m.memory) {
+    auto ev = [&](std::int64_t v) { return r.from_events ? Json(v) : Json(nullptr); };
+    Json at_exit = nullptr;
+    if (r.at_exit)
+      at_exit = {
+          {"current", r.at_exit->current}, {"peak", r.at_exit->peak}, {"total", r.at_exit->total}};
+    memory.push_back({{"log", r.log},
+                      {"dev", r.dev},
+                      {"mem", r.mem},
+                      {"current", ev(r.current)},
+                      {"peak", ev(r.peak)},
+                      {"peak_t_ns", r.from_events && r.peak ? Json(r.peak_t) : Json(nullptr)},
+                      {"allocated", ev(r.allocated)},
+                      {"freed", ev(r.freed)},
+                      {"at_exit", std::move(at_exit)}});
+  }
+
+  Json sites = Json::array();
+  for (std::size_t i = 0; i < limit(m.sites.size(), opt.top); ++i) {
+    const SiteRow &s = m.sites[i];
+    sites.push_back({{"bytes", s.bytes},
+                     {"count", s.count},
+                     {"apis", Json(std::vector<std::string>(s.apis.begin(), s.apis.end()))},
+                     {"logs", logs_json(s.logs)},
+                     {"stack", stack_json(s.stack)}});
+  }
+
+  Json calls = Json::array();
+  for (const auto &c : m.calls)
+    calls.push_back({{"api", c.api},
+                     {"count", c.count},
+                     {"errors", c.errors},
+                     {"skipped", c.skipped},
+                     {"deferred", c.deferred},
+                     {"dur_ns_total", c.dur_total},
+                     {"dur_ns_max", c.dur_max},
+                     {"at_exit", opt_json(c.at_exit)}});
+
+  Json nccl_events = Json::array();
+  for (const EventRef &r : m.nccl) {
+    const Event &e = m.event(r);
+    const Nccl &n = std::get<Nccl>(e.body);
+    nccl_events.push_back({{"log", r.log},
+                           {"t_ns", m.time(r)},
+                           {"seq", e.seq},
+                           {"tid", e.tid},
+                           {"event", n.event},
+                           {"api", n.api},
+                           {"comm", n.comm},
+                           {"rank", opt_json(n.rank)},
+                           {"nranks", opt_json(n.nranks)},
+                           {"dev", opt_json(n.dev)},
+                           {"res", n.res},
+                           {"live", opt_json(n.live)},
+                           {"suppressed", n.suppressed}});
+  }
+  Json comms = Json::array();
+  for (const CommRow &c : m.comms) {
+    auto t = [&](const std::optional<EventRef> &r) { return r ? Json(m.time(*r)) : Json(nullptr); };
+    comms.push_back(
+        {{"log", c.log},
+         {"comm", c.comm},
+         {"created_t_ns", t(c.created)},
+         {"created_by",
+          c.created ? Json(std::get<Nccl>(m.event(*c.created).body).api) : Json(nullptr)},
+         {"finalized_t_ns", t(c.finalized)},
+         {"ended", c.ended ? Json(std::get<Nccl>(m.event(*c.ended).body).event) : Json(nullptr)},
+         {"ended_t_ns", t(c.ended)},
+         {"live_at_end", !c.ended.has_value()},
+         {"events", c.events}});
+  }
+
+  return {{"schema_version", kSchemaVersion},
+          {"exit_status", m.exit_status(opt)},
+          {"t0_unix_ns", m.t0},
+          {"truncated", m.truncated_any()},
+          {"logs", std::move(logs)},
+          {"errors", std::move(errors)},
+          {"findings", {{"count", m.finding_count}, {"classes", std::move(classes)}}},
+          {"leaks",
+           {{"count", m.leak_count},
+            {"bytes", m.leak_bytes},
+            {"groups_total", m.leaks.size()},
+            {"groups", std::move(leak_groups)}}},
+          {"memory", std::move(memory)},
+          {"top_sites", {{"sites_total", m.sites.size()}, {"sites", std::move(sites)}}},
+          {"calls", std::move(calls)},
+          {"nccl", {{"events", std::move(nccl_events)}, {"communicators", std::move(comms)}}}};
+}
+
+}  // namespace cmg::report
