@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fake driver: initialisation, errors, devices, primary contexts, streams and the busy model.
+#include <pthread.h>
+
 #include "driver_internal.h"
 
 #include <sys/resource.h>
@@ -16,6 +18,9 @@ namespace fc {
 namespace {
 
 std::atomic<bool> g_initialized{false};
+// A child forked after cuInit cannot use the parent's driver state (CUDA is not fork-safe): its
+// calls fail with NOT_INITIALIZED instead of touching locks another thread held at fork().
+std::atomic<bool> g_forked_child{false};
 
 struct ErrorText {
   CUresult code;
@@ -191,7 +196,9 @@ CUresult init(unsigned int flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   // Every cuMemCreate of the fake holds a memfd; NCCL and PyTorch keep hundreds of allocations,
   // so lift the soft descriptor limit to the hard one, once.
+  if (g_forked_child.load(std::memory_order_relaxed)) return CUDA_ERROR_NOT_INITIALIZED;
   if (!g_initialized.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
       rl.rlim_cur = rl.rlim_max;
@@ -371,6 +378,7 @@ const char *error_string(CUresult r) {
 }
 
 CUresult require_init() {
+  if (g_forked_child.load(std::memory_order_relaxed)) return CUDA_ERROR_NOT_INITIALIZED;
   return g_initialized.load(std::memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 

@@ -5,11 +5,13 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 
+int cmg_nextbase_marker(void);
+
 const char *cmg_probe_fn(void) { return "nextdef"; }
 
 const char *nextdef_probe(void) {
   const char *(*next)(void) = (const char *(*)(void))dlsym(RTLD_NEXT, "cmg_probe_fn");
-  if (!next) return "null";
+  if (!cmg_nextbase_marker() || !next) return "null";
   if (next == cmg_probe_fn) return "self";
   return next();
 }

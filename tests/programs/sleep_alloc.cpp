@@ -89,11 +89,7 @@ void my_free(CUdeviceptr v) {
   g_allocs.erase(it);
 }
 
-void sleep_all(bool offload, bool reverse) {
-  std::vector<CUdeviceptr> order;
-  for (auto &[v, e] : g_allocs)
-    if (!e.asleep) order.push_back(v);
-  if (reverse) std::reverse(order.begin(), order.end());
+void sleep_some(bool offload, const std::vector<CUdeviceptr> &order) {
   for (CUdeviceptr v : order) {
     Entry &e = g_allocs[v];
     if (offload) {
@@ -103,6 +99,14 @@ void sleep_all(bool offload, bool reverse) {
     unmap_and_release(v, e.size, e.handle);
     e.asleep = true;
   }
+}
+
+void sleep_all(bool offload, bool reverse) {
+  std::vector<CUdeviceptr> order;
+  for (auto &[v, e] : g_allocs)
+    if (!e.asleep) order.push_back(v);
+  if (reverse) std::reverse(order.begin(), order.end());
+  sleep_some(offload, order);
 }
 
 bool wake_up(const std::string &tag) {
@@ -151,7 +155,7 @@ int scenario_aba() {
   CHECK_CU(cuMemsetD8(b, 0xbb, 2 * G));
   // Release B first, then A: the driver re-issues the last released value first (D18), so B's
   // wake-up gets A's old handle value.
-  sleep_all(/*offload=*/true, /*reverse=*/true);
+  sleep_some(/*offload=*/true, {b, a});
   CUmemGenericAllocationHandle a_old = g_allocs[a].handle;
   bool ok = wake_up("weights");
   std::printf("wake_ok %d\n", ok ? 1 : 0);
