@@ -59,4 +59,17 @@ cat "$out/cases.txt"
 
 python3 "$here/run_torch.py" "$build" "$out" ${CMG_TORCH_MODES:-} 2>&1 | tee "$out/torch.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+python3 "$here/alloc_conf_agreement.py" "$build" "$out" > "$out/alloc-conf.log" 2>&1 || status=1
+tail -3 "$out/alloc-conf.log"
+
+# Further parts of the suite (each: BUILD OUT, exit 77 when not applicable).
+for part in "$here"/parts/*.sh; do
+  [ -x "$part" ] || continue
+  name=$(basename "$part" .sh)
+  "$part" "$build" "$out" > "$out/$name.txt" 2>&1
+  rc=$?
+  echo "$name: exit $rc"; tail -5 "$out/$name.txt"
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
+done
 exit $status
