@@ -11,7 +11,10 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <mutex>
 #include <string_view>
 
@@ -168,6 +171,37 @@ bool disabled() {
   return v == 1;
 }
 
+bool trace_lookups() {
+  static std::atomic<int> cached{-1};
+  int v = cached.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char *e = std::getenv("CUMEMGUARD_LOG_LEVEL");
+    v = (e && std::strcmp(e, "debug") == 0) ? 1 : 0;
+    cached.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void trace_line(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = std::vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 2);
+  buf[len++] = '\n';
+  ssize_t w = ::write(2, buf, len);  // raw: this runs inside dlsym and the driver's lookups
+  (void)w;
+}
+
+const char *module_of(const void *p) {
+  Dl_info info;
+  if (!p || !dladdr(p, &info) || !info.dli_fname) return "?";
+  const char *slash = std::strrchr(info.dli_fname, '/');
+  return slash ? slash + 1 : info.dli_fname;
+}
+
 void *libcuda_handle() {
   static std::atomic<void *> h{nullptr};
   void *v = h.load(std::memory_order_acquire);
@@ -297,10 +331,17 @@ void *route_proc(void *p, const char *symbol) {
   auto *end = g_route.begin() + static_cast<long>(g_route_n);
   auto it = std::lower_bound(g_route.begin(), end, addr,
                              [](const RouteEntry &e, std::uintptr_t k) { return e.addr < k; });
-  if (it != end && it->addr == addr) return adopt_real(it->api, p) ? wrapper_ptr(it->api) : p;
+  void *out = p;
   Api a;
-  if (symbol && single_variant(symbol, a) && adopt_real(a, p)) return wrapper_ptr(a);
-  return p;
+  if (it != end && it->addr == addr) {
+    if (adopt_real(it->api, p)) out = wrapper_ptr(it->api);
+  } else if (symbol && single_variant(symbol, a) && adopt_real(a, p)) {
+    out = wrapper_ptr(a);
+  }
+  if (trace_lookups())
+    trace_line("cumemguard: debug: lookup %s -> %p in %s%s", symbol ? symbol : "?", p,
+               module_of(p), out != p ? " (wrapped)" : "");
+  return out;
 }
 
 }  // namespace cmg::shim
@@ -348,8 +389,11 @@ extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *ha
         p = real_dlsym(lm, name);
     }
   }
-  if (!p || !e || in_self(p)) return p;
-  return adopt_real(e->api, p) ? wrapper_ptr(e->api) : p;
+  void *out = (!p || !e || in_self(p)) ? p : (adopt_real(e->api, p) ? wrapper_ptr(e->api) : p);
+  if (trace_lookups())
+    trace_line("cumemguard: debug: dlsym(%p, %s) from %s -> %p in %s%s", handle, name,
+               module_of(caller), p, module_of(p), out != p ? " (wrapped)" : "");
+  return out;
 }
 
 #if !defined(__x86_64__)

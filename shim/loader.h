@@ -32,6 +32,10 @@ void *route_proc(void *p, const char *symbol);
 // The loaded libcuda.so.1 (no load is triggered), or nullptr.
 void *libcuda_handle();
 
+// CUMEMGUARD_LOG_LEVEL=debug: one raw stderr line per lookup the shim answers or routes.
+bool trace_lookups();
+void trace_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 // CUMEMGUARD_DISABLE, read cheaply (getenv) so it also holds before the options are parsed.
 bool disabled();
 
