@@ -7,7 +7,7 @@ namespace cmg::shim {
 
 int nccl_call(Api api, CommEvent ev, const std::function<int()> &real,
               const std::function<void(Args &, int &, std::uint64_t &)> &after) {
-  Call c(api, StackWhen::Never);
+  Call c(api, StackWhen::Never, Nested::Recorded);
   if (!c.tracked()) return real();
   State &s = state();
   const bool was_suppressed = s.transport.suppressed();

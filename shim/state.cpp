@@ -208,7 +208,8 @@ int current_device() {
 }
 
 // ---------------------------------------------------------------------------------------------
-Call::Call(Api api, StackWhen stack) : api_(api) {
+Call::Call(Api api, StackWhen stack, Nested nested)
+    : guard_(nested == Nested::Hidden), api_(api) {
   if (!guard_.outermost() || disabled()) return;
   activate();
   State &s = state();

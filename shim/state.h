@@ -54,13 +54,20 @@ std::uint32_t thread_id();
 // name the program called (the runtime hook), not again by the driver wrapper.
 class ReentryGuard {
  public:
-  ReentryGuard() : outermost_(depth_++ == 0) {}
-  ~ReentryGuard() { --depth_; }
+  // hold=false: only asks whether this is an outermost call, without hiding what runs inside it
+  // (NCCL's own driver calls during communicator init are the program's memory traffic too).
+  explicit ReentryGuard(bool hold = true) : held_(hold), outermost_(depth_ == 0) {
+    if (held_) ++depth_;
+  }
+  ~ReentryGuard() {
+    if (held_) --depth_;
+  }
   bool outermost() const { return outermost_; }
   static bool inside() { return depth_ > 0; }
 
  private:
   static thread_local int depth_;
+  bool held_;
   bool outermost_;
 };
 
@@ -88,11 +95,14 @@ struct Args {
 };
 
 enum class StackWhen : std::uint8_t { Never, Sampled, Always };
+// Whether the calls a hooked function makes underneath are hidden (a runtime call's driver calls)
+// or recorded on their own (NCCL's allocations inside ncclCommInitRank*).
+enum class Nested : std::uint8_t { Hidden, Recorded };
 
 // One intercepted call: guard, activation, event stamp and timing.
 class Call {
  public:
-  Call(Api api, StackWhen stack);
+  Call(Api api, StackWhen stack, Nested nested = Nested::Hidden);
   ~Call();
   Call(const Call &) = delete;
   Call &operator=(const Call &) = delete;

@@ -339,6 +339,14 @@ def case_specific(name, recs, steps):
                f"{name}: nccl records {nccl}")
         expect(nccl[-1]["live"] == 0, f"{name}: communicators live at the end {nccl[-1]}")
         expect(inits[0].get("suppressed") is True, f"{name}: suppression not recorded at init")
+        # NCCL's own memory traffic during init and destroy is recorded (not hidden behind the
+        # NCCL hook), host-located allocations included, and none of it is a finding (P10).
+        creates = [r for r in calls if r["api"] == "cuMemCreate" and r["res"] == 0]
+        expect(len(creates) >= 2 and any(r["dev"] == -1 for r in creates),
+               f"{name}: NCCL's cuMemCreate calls not recorded ({len(creates)})")
+        expect(any(r["api"] == "cuMemRetainAllocationHandle" for r in calls),
+               f"{name}: NCCL's retain not recorded")
+        expect(summary["live"].get("vmm", 0) == 0, f"{name}: live vmm {summary['live']}")
 
 
 def variants(name, c, steps):
