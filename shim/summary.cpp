@@ -106,7 +106,9 @@ void print_summary(State &s) {
                        "peak", "total");
     for (const auto &r : rows)
       out += fmt::format("  {:<6} {:<8} {:>12} {:>12} {:>12}\n",
-                         r.dev < 0 ? std::string("host") : std::to_string(r.dev),
+                         r.kind == MemKind::Va ? std::string("-")
+                         : r.dev < 0           ? std::string("host")
+                                               : std::to_string(r.dev),
                          mem_kind_name(r.kind), human(r.current), human(r.peak), human(r.total));
   }
   std::map<std::string, std::pair<std::size_t, std::uint64_t>> live;
