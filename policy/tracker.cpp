@@ -52,6 +52,24 @@ std::string json_escape(std::string_view s) {
 }
 
 namespace {
+
+// Visits the entries of an offset-keyed map of non-overlapping ranges (mappings, sleepers) that
+// intersect [off, end), in O(log n + k): PyTorch's expandable segments put thousands of 20 MiB
+// pages in one reservation, and every VMM call of theirs passes here.
+template <class Map, class F>
+void for_overlapping(Map &m, std::uint64_t off, std::uint64_t end, F &&f) {
+  auto it = m.upper_bound(off);
+  if (it != m.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.off + prev->second.size > off) it = prev;
+  }
+  while (it != m.end() && it->second.off < end) {
+    auto next = std::next(it);
+    f(it);
+    it = next;
+  }
+}
+
 std::string at_seq(const EventRef &e) {
   if (!e.known()) return "before tracking";
   std::string s = "seq " + std::to_string(e.seq);
@@ -100,14 +118,16 @@ void ByteCounters::reset() {
 void LinearModel::remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev) {
   s.freed[rec.ptr] = Freed{rec, ev};
   if (s.freed_fifo.size() < kFreedPerShard) {
-    s.freed_fifo.push_back(rec.ptr);
+    s.freed_fifo.emplace_back(rec.ptr, ev.seq);
     return;
   }
-  // Bounded history: forget the oldest freed address (the driver will have re-issued most by then).
-  std::uint64_t old = s.freed_fifo[s.fifo_head];
-  s.freed_fifo[s.fifo_head] = rec.ptr;
+  // Bounded history: forget the oldest free (the driver will have re-issued most addresses by
+  // then) — but only if the address's current freed record is that free, not a later one.
+  const auto [old, old_seq] = s.freed_fifo[s.fifo_head];
+  s.freed_fifo[s.fifo_head] = {rec.ptr, ev.seq};
   s.fifo_head = (s.fifo_head + 1) % kFreedPerShard;
-  if (old != rec.ptr) s.freed.erase(old);
+  auto it = s.freed.find(old);
+  if (it != s.freed.end() && it->second.free.seq == old_seq) s.freed.erase(it);
 }
 
 void LinearModel::on_alloc(const LinearRec &rec) {
@@ -334,7 +354,7 @@ VmmVerdict VmmModel::check_map(std::uint64_t va, std::uint64_t size, std::uint64
   VmmVerdict v;
   std::lock_guard lk(mu_);
   const Reservation *r = res_containing_locked(va);
-  if (!r) return v;
+  if (!r || size == 0 || size > r->base + r->size - va) return v;  // the driver answers
   std::uint64_t off = va - r->base;
   auto it = r->maps.upper_bound(off + size - 1);
   while (it != r->maps.begin()) {
@@ -377,13 +397,10 @@ void VmmModel::on_map_ok(std::uint64_t va, std::uint64_t size, std::uint64_t off
     auto a = allocs_.find(m.alloc_id);
     if (a != allocs_.end()) a->second.map_count++;
   }
-  for (auto it = r->asleep.lower_bound(0); it != r->asleep.end();) {
-    const Sleeper &s = it->second;
-    if (s.off < m.off + m.size && m.off < s.off + s.size)
-      it = r->asleep.erase(it);
-    else
-      ++it;
-  }
+  for_overlapping(r->asleep, m.off, m.off + m.size, [&](auto it) { r->asleep.erase(it); });
+  // The driver accepted the map: whatever the model thought was mapped there is gone (a map over
+  // a mapped range is refused by the driver, so this only repairs a model that drifted).
+  for_overlapping(r->maps, m.off, m.off + m.size, [&](auto it) { r->maps.erase(it); });
   r->maps[m.off] = m;
   r->ever_mapped = true;
 }
@@ -393,8 +410,7 @@ void VmmModel::on_set_access(std::uint64_t va, std::uint64_t size) {
   Reservation *r = res_containing_locked(va);
   if (!r) return;
   std::uint64_t off = va - r->base;
-  for (auto &[o, m] : r->maps)
-    if (m.off < off + size && off < m.off + m.size) m.access = true;
+  for_overlapping(r->maps, off, off + size, [](auto it) { it->second.access = true; });
 }
 
 VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
@@ -402,14 +418,13 @@ VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Eve
   VmmVerdict v;
   std::lock_guard lk(mu_);
   Reservation *r = res_containing_locked(va);
-  if (!r || size == 0 || va + size > r->base + r->size) {
+  if (!r || size == 0 || size > r->base + r->size - va) {
     break_pairing(ts);
     return v;  // not ours to judge: the driver answers (real-driver.md D10)
   }
   const std::uint64_t off = va - r->base, end = off + size;
   std::vector<Mapping *> hit;
-  for (auto &[o, m] : r->maps)
-    if (m.off < end && off < m.off + m.size) hit.push_back(&m);
+  for_overlapping(r->maps, off, end, [&](auto it) { hit.push_back(&it->second); });
 
   if (hit.empty()) {
     // real-driver.md D3/D4: the driver answers SUCCESS and does nothing; the call is redundant.
@@ -421,14 +436,14 @@ VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Eve
     ts.nlast = 0;
     ts.noop_unmap = ev;
     std::string last;
-    for (const auto &[o, s] : r->asleep) {
-      if (!(s.off < end && off < s.off + s.size)) continue;
+    for_overlapping(r->asleep, off, end, [&](auto it) {
+      const Sleeper &s = it->second;
       if (ts.nlast < ts.last.size())
         ts.last[ts.nlast++] = ThreadVmmState::Last{s.handle, s.alloc_id, s.unmapped.seq, s.unmapped};
       f.related.push_back({"earlier unmap (put to sleep)", s.unmapped});
       if (!last.empty()) last += ",";
       last += "\"" + hex(s.handle) + "\"";
-    }
+    });
     const bool asleep = !f.related.empty();
     f.msg = "cuMemUnmap of " + range_text(va, size) + " where nothing is mapped: " +
             (asleep ? "the range was already unmapped at " + at_seq(f.related.front().ev) +
@@ -528,6 +543,11 @@ VmmVerdict VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thr
       for (unsigned i = 0; i < pair.nlast; ++i) {
         const auto &l = pair.last[i];
         if (l.handle != handle || h.issue_seq <= l.unmap_seq) continue;
+        // Only when the value's current allocation is mapped elsewhere: that is the evidence the
+        // release would hit someone else's live memory (P02). A wake-up whose map failed releases
+        // its fresh, unmapped handle the same way, and that release is legitimate.
+        auto cur = allocs_.find(h.alloc_id);
+        if (cur == allocs_.end() || cur->second.map_count == 0) continue;
         // The pairing rule: this thread just made a no-op unmap of a sleeping range whose last
         // handle had this value, and the value was issued again after the range went to sleep.
         Finding f;
@@ -661,6 +681,48 @@ void VmmModel::rollback_address_free(const VmmVerdict &v) {
   counters_.add(-1, MemKind::Va, static_cast<std::int64_t>(v.reservation_before->size));
 }
 
+VmmModel::Freed VmmModel::force_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev) {
+  Freed total;
+  std::lock_guard lk(mu_);
+  Reservation *r = res_containing_locked(va);
+  if (!r || size == 0) return total;
+  const std::uint64_t off = va - r->base, end = size > r->size - off ? r->size : off + size;
+  std::vector<std::uint64_t> gone;
+  for_overlapping(r->maps, off, end, [&](auto it) {
+    const Mapping m = it->second;
+    r->asleep[m.off] = Sleeper{m.off, m.size, m.handle, m.alloc_id, ev};
+    r->maps.erase(it);
+    gone.push_back(m.alloc_id);
+  });
+  for (std::uint64_t id : gone) {
+    auto a = allocs_.find(id);
+    if (a != allocs_.end() && a->second.map_count) a->second.map_count--;
+    Freed f = drop_alloc_if_dead_locked(id);
+    total.bytes += f.bytes;
+    if (f.bytes) total.dev = f.dev;
+  }
+  return total;
+}
+
+VmmModel::Freed VmmModel::force_address_free(std::uint64_t base, std::uint64_t size,
+                                             const EventRef &ev) {
+  Freed total;
+  std::lock_guard lk(mu_);
+  auto it = res_.find(base);
+  if (it == res_.end()) return total;
+  for (const auto &[o, m] : it->second.maps) {
+    auto a = allocs_.find(m.alloc_id);
+    if (a != allocs_.end() && a->second.map_count) a->second.map_count--;
+    Freed f = drop_alloc_if_dead_locked(m.alloc_id);
+    total.bytes += f.bytes;
+    if (f.bytes) total.dev = f.dev;
+  }
+  counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(it->second.size));
+  res_.erase(it);
+  freed_res_[base] = {size, ev};
+  return total;
+}
+
 std::optional<Reservation> VmmModel::reservation_containing(std::uint64_t p) const {
   std::lock_guard lk(mu_);
   const Reservation *r = res_containing_locked(p);
@@ -702,15 +764,18 @@ const char *VmmModel::range_state(std::uint64_t va, std::uint64_t size) const {
   std::lock_guard lk(mu_);
   const Reservation *r = res_containing_locked(va);
   if (!r) return "not reserved";
-  const std::uint64_t off = va - r->base, end = off + (size ? size : 1);
+  const std::uint64_t off = va - r->base;
+  const std::uint64_t end = size > r->size - off ? r->size : off + (size ? size : 1);
   std::uint64_t mapped = 0;
-  for (const auto &[o, m] : r->maps)
-    if (m.off < end && off < m.off + m.size)
-      mapped += std::min(end, m.off + m.size) - std::max(off, m.off);
+  for_overlapping(r->maps, off, end, [&](auto it) {
+    const Mapping &m = it->second;
+    mapped += std::min(end, m.off + m.size) - std::max(off, m.off);
+  });
   if (mapped && mapped >= end - off) return "mapped";
   if (mapped) return "partly mapped";
-  for (const auto &[o, s] : r->asleep)
-    if (s.off < end && off < s.off + s.size) return "asleep";
+  bool asleep = false;
+  for_overlapping(r->asleep, off, end, [&](auto) { asleep = true; });
+  if (asleep) return "asleep";
   return r->ever_mapped ? "unmapped" : "reserved, never mapped";
 }
 

@@ -105,7 +105,7 @@ class LinearModel {
     mutable std::mutex mu;
     std::map<std::uint64_t, LinearRec> live;
     std::map<std::uint64_t, Freed> freed;
-    std::vector<std::uint64_t> freed_fifo;  // ring of freed keys, bounded history
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring
     std::size_t fifo_head = 0;
   };
   static constexpr std::size_t kShards = 64;
@@ -243,6 +243,11 @@ class VmmModel {
   VmmVerdict begin_address_free(std::uint64_t base, std::uint64_t size, const EventRef &ev,
                                 ThreadVmmState &ts);
   void rollback_address_free(const VmmVerdict &v);
+
+  // The driver accepted a call the model expected it to refuse (a partial unmap, an address free
+  // with mappings): the model missed something, so it follows what the driver did.
+  Freed force_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev);
+  Freed force_address_free(std::uint64_t base, std::uint64_t size, const EventRef &ev);
 
   // Queries.
   std::optional<Reservation> reservation_containing(std::uint64_t p) const;

@@ -135,4 +135,12 @@ void print_finding(const Finding &f, Action action, int res, const char *api) {
 
 void diag_exit_begun() { g_exit_begun.store(true, std::memory_order_release); }
 
+void diag_fork_prepare() { g_pending_mu.lock(); }
+void diag_fork_parent() { g_pending_mu.unlock(); }
+void diag_fork_child() {
+  g_pending_mu.unlock();
+  // Another thread may have held spdlog's sink lock at fork(): the child writes raw lines.
+  g_exit_begun.store(true, std::memory_order_release);
+}
+
 }  // namespace cmg::shim

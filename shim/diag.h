@@ -19,5 +19,8 @@ void write_or_keep(std::string line);  // one complete JSON line
 void print_finding(const Finding &f, Action action, int res, const char *api);
 // From now on diagnostics bypass spdlog.
 void diag_exit_begun();
+void diag_fork_prepare();
+void diag_fork_parent();
+void diag_fork_child();
 
 }  // namespace cmg::shim

@@ -15,8 +15,7 @@ dlsym:
         .cfi_adjust_cfa_offset 8
         subq    $8, %rsp                    /* keep the stack 16-byte aligned for the call */
         .cfi_adjust_cfa_offset 8
-        movq    %rsi, %rdi
-        call    cmg_dlsym_wanted
+        call    cmg_dlsym_wanted            /* (handle, name): the arguments are in place */
         addq    $8, %rsp
         .cfi_adjust_cfa_offset -8
         popq    %rsi

@@ -55,7 +55,12 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
   bool retried = false;
   R r = call_with_oom_retry<R>(real, retried);
   Args args;
-  if (retried) args.u("retried_after_release", 1);
+  if (retried) {
+    args.u("retried_after_release", 1);
+    // The runtime remembers the failed first attempt as its last error; the caller got success.
+    if (r == R(0) && kApis[static_cast<std::size_t>(api)].family == Family::Runtime)
+      clear_runtime_error();
+  }
   if (r != R(0)) {
     if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
     c.log(static_cast<int>(r), args);
@@ -119,6 +124,15 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     c.log(static_cast<int>(r), args);
     return r;
   }
+  if (v.cls != FreeClass::DoubleFree && !held().empty()) {
+    // The shim still holds this address (quarantine or a deferred flush): the program freed it
+    // before, whatever the bounded history remembers, and forwarding would free it twice.
+    if (auto h = held().find(ptr)) {
+      v.cls = FreeClass::DoubleFree;
+      v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
+      v.first_free = h->freed;
+    }
+  }
   if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
     if (auto res = s.vmm.reservation_containing(ptr)) {
       v.cls = FreeClass::InVmm;
@@ -127,7 +141,12 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     }
   }
   Finding f = finding_for_free(v, api_name(api), ptr);
-  const bool proven = v.cls == FreeClass::DoubleFree;
+  // A stream-ordered allocation made inside a captured CUDA graph is allocated again by each
+  // launch without an API call the shim sees, so a second cudaFreeAsync of its address is not
+  // proven redundant: forward it, and report it only if the driver refuses.
+  const bool async = v.rec.kind == MemKind::Async;
+  const bool proven = v.cls == FreeClass::DoubleFree && !async;
+  const bool confirm = needs_driver_refusal(f.cls) || (v.cls == FreeClass::DoubleFree && async);
   const Action a = decide(f, proven);
   if (a == Action::Skip) {
     report_finding(c, std::move(f), a, 0, args);
@@ -136,9 +155,9 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     c.log(0, args, x);
     return R(0);
   }
-  if (a == Action::Abort && !needs_driver_refusal(f.cls)) report_finding(c, f, a, -1, args);
+  if (a == Action::Abort && !confirm) report_finding(c, f, a, -1, args);
   R r = real();
-  if (!needs_driver_refusal(f.cls) || r != R(0)) report_finding(c, std::move(f), a, static_cast<int>(r), args);
+  if (!confirm || r != R(0)) report_finding(c, std::move(f), a, static_cast<int>(r), args);
   c.log(static_cast<int>(r), args);
   return r;
 }
@@ -162,6 +181,9 @@ CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep);
 
 // Legacy IPC: `real` performs the call; the status type is the caller's (CUresult or cudaError_t).
 // deny_status is what IPC=deny answers for VMM memory.
+void ipc_fork_prepare();
+void ipc_fork_parent();
+void ipc_fork_child();
 int ipc_get(Api api, std::uint64_t ptr, int deny_status, const std::function<int()> &real);
 int ipc_open(Api api, const std::function<int()> &real, const std::function<std::uint64_t()> &out);
 int ipc_close(Api api, std::uint64_t ptr, const std::function<int()> &real);

@@ -66,7 +66,7 @@ Call::Extra freed_extra(const VmmModel::Freed &f) {
 CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                     unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); };
-  Call c(Api::cuMemCreate, StackWhen::Always);
+  Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
   if (!c.tracked() || !prop || !h) return real();
   bool retried = false;
   CUresult r = call_with_oom_retry<CUresult>(real, retried);
@@ -92,7 +92,7 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
 
 CUresult vmm_release(CUmemGenericAllocationHandle h) {
   auto real = [&] { return CMG_REAL(cuMemRelease)(h); };
-  Call c(Api::cuMemRelease, StackWhen::Always);
+  Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
   VmmVerdict v = s.vmm.begin_release(h, c.ev(), t_vmm);
@@ -106,7 +106,7 @@ CUresult vmm_release(CUmemGenericAllocationHandle h) {
 CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
                      unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemAddressReserve)(ptr, size, align, addr, flags); };
-  Call c(Api::cuMemAddressReserve, StackWhen::Always);
+  Call c(Api::cuMemAddressReserve, StackWhen::Always, Nested::Always);
   if (!c.tracked() || !ptr) return real();
   CUresult r = real();
   Args args;
@@ -127,7 +127,7 @@ CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr ad
 
 CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
   auto real = [&] { return CMG_REAL(cuMemAddressFree)(ptr, size); };
-  Call c(Api::cuMemAddressFree, StackWhen::Always);
+  Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
   VmmVerdict v = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm);
@@ -137,7 +137,10 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
       c, v, args, real,
       [&] {
         Call::Extra x;
-        if (v.changed) {
+        const bool mapped_va = !v.changed && v.finding &&
+                               v.finding->cls == FindingClass::FreeMappedVa;
+        if (mapped_va) s.vmm.force_address_free(ptr, size, c.ev());
+        if (v.changed || mapped_va) {
           x.mem = MemKind::Va;
           x.delta = -static_cast<std::int64_t>(size);
         }
@@ -149,7 +152,7 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
 CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                  unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemMap)(ptr, size, offset, h, flags); };
-  Call c(Api::cuMemMap, StackWhen::Always);
+  Call c(Api::cuMemMap, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
   VmmVerdict v = s.vmm.check_map(ptr, size, offset, h, t_vmm);
@@ -166,7 +169,7 @@ CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
 
 CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   auto real = [&] { return CMG_REAL(cuMemUnmap)(ptr, size); };
-  Call c(Api::cuMemUnmap, StackWhen::Always);
+  Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
   const char *before = s.vmm.range_state(ptr, size);
@@ -174,13 +177,17 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   Args args;
   args.hex("ptr", ptr).u("size", size);
   return with_verdict(
-      c, v, args, real, [&] { return freed_extra(s.vmm.commit_unmap(v)); },
+      c, v, args, real,
+      [&] {
+        if (!v.changed && v.finding) return freed_extra(s.vmm.force_unmap(ptr, size, c.ev()));
+        return freed_extra(s.vmm.commit_unmap(v));
+      },
       [&] { s.vmm.rollback_unmap(v); }, before);
 }
 
 CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
   auto real = [&] { return CMG_REAL(cuMemSetAccess)(ptr, size, desc, count); };
-  Call c(Api::cuMemSetAccess, StackWhen::Never);
+  Call c(Api::cuMemSetAccess, StackWhen::Never, Nested::Always);
   if (!c.tracked()) return real();
   CUresult r = real();
   Args args;
@@ -198,7 +205,7 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
 
 CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
   auto real = [&] { return CMG_REAL(cuMemRetainAllocationHandle)(h, addr); };
-  Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always);
+  Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always, Nested::Always);
   if (!c.tracked() || !h) return real();
   CUresult r = real();
   Args args;
@@ -214,7 +221,7 @@ CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
 CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
                     unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemExportToShareableHandle)(shareable, h, type, flags); };
-  Call c(Api::cuMemExportToShareableHandle, StackWhen::Never);
+  Call c(Api::cuMemExportToShareableHandle, StackWhen::Never, Nested::Always);
   if (!c.tracked()) return real();
   CUresult r = real();
   Args args;
@@ -228,7 +235,7 @@ CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAlloca
 CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
                     CUmemAllocationHandleType type) {
   auto real = [&] { return CMG_REAL(cuMemImportFromShareableHandle)(h, os_handle, type); };
-  Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always);
+  Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
   if (!c.tracked() || !h) return real();
   CUresult r = real();
   Args args;
@@ -265,6 +272,10 @@ std::unordered_map<std::uint64_t, unsigned> &ipc_refs() {
   return *m;
 }
 }  // namespace
+
+void ipc_fork_prepare() { g_ipc_mu.lock(); }
+void ipc_fork_parent() { g_ipc_mu.unlock(); }
+void ipc_fork_child() { g_ipc_mu.unlock(); }
 
 int ipc_get(Api api, std::uint64_t ptr, int deny_status, const std::function<int()> &real) {
   Call c(api, StackWhen::Always);

@@ -79,6 +79,13 @@ std::uint64_t HeldFrees::bytes(HoldReason why) const {
   return bytes_[static_cast<int>(why)];
 }
 
+std::optional<Held> HeldFrees::find(std::uint64_t ptr) const {
+  std::lock_guard lk(mu_);
+  for (const Held &h : q_)
+    if (h.ptr == ptr) return h;
+  return std::nullopt;
+}
+
 bool HeldFrees::empty() const {
   std::lock_guard lk(mu_);
   return q_.empty();

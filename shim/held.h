@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "cuda_api.h"
 #include "event.h"
@@ -36,6 +37,8 @@ class HeldFrees {
   std::uint64_t release_all();
   std::uint64_t release_all(HoldReason why);
   std::uint64_t bytes(HoldReason why) const;
+  // The entry holding ptr, if the shim holds it (a free of it is then a proven double free).
+  std::optional<Held> find(std::uint64_t ptr) const;
   bool empty() const;
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }

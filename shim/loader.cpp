@@ -214,6 +214,48 @@ void *libcuda_handle() {
 
 namespace {
 
+// A handle for the object that contains addr, usable with dlsym. A link_map pointer is not: for
+// objects loaded at startup glibc has not set up their own search list, and dlsym on it crashes.
+// The reference taken here is kept, so the object (libcuda above all) is never unloaded under
+// pointers the shim still holds.
+void *handle_of(const void *addr) {
+  Dl_info info;
+  link_map *lm = nullptr;
+  if (!dladdr1(addr, &info, reinterpret_cast<void **>(&lm), RTLD_DL_LINKMAP) || !lm) return nullptr;
+  if (!lm->l_name || !lm->l_name[0]) return dlopen(nullptr, RTLD_LAZY);
+  return dlopen(lm->l_name, RTLD_NOLOAD | RTLD_LAZY);
+}
+
+// Last resort: the first definition in any loaded object whose path contains `hint`.
+void *in_any_object(const char *hint, const char *name) {
+  struct Ctx {
+    const char *hint, *name;
+    void *found = nullptr;
+  } ctx{hint, name};
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, size_t, void *data) -> int {
+        auto *c = static_cast<Ctx *>(data);
+        if (!info->dlpi_name || !std::strstr(info->dlpi_name, c->hint)) return 0;
+        void *h = dlopen(info->dlpi_name, RTLD_NOLOAD | RTLD_LAZY);
+        if (!h) return 0;
+        void *p = real_dlsym(h, c->name);
+        if (p && !in_self(p)) {
+          c->found = p;
+          return 1;
+        }
+        return 0;
+      },
+      &ctx);
+  return ctx.found;
+}
+
+// What a hook calls when the real function cannot be found at all (a runtime loaded under a name
+// and scope the shim cannot reach): every wrapped function returns an int-sized status, and 3 is
+// CUDA_ERROR_NOT_INITIALIZED, cudaErrorInitializationError and ncclInternalError alike. Extra
+// arguments are harmless to a function that takes none in the x86-64 and AArch64 calling conventions.
+extern "C" int cmg_missing_real() { return 3; }
+static_assert(CUDA_ERROR_NOT_INITIALIZED == 3 && cudaErrorInitializationError == 3);
+
 void *next_definition(const char *name) {
   void *p = real_dlsym(RTLD_NEXT, name);
   return (p && !in_self(p)) ? p : nullptr;
@@ -234,11 +276,14 @@ void *resolve(Api a) {
     case Family::Driver:
       p = next_definition(info.name);
       if (!p) p = in_library("libcuda.so.1", info.name);
+      if (!p) p = in_any_object("libcuda", info.name);
       break;
     case Family::Runtime:
       p = next_definition(info.name);
       if (!p) p = in_library("libcudart.so.13", info.name);
       if (!p) p = in_library("libcudart.so.12", info.name);
+      // A runtime loaded RTLD_LOCAL under another name (libcudart.so.11.0, a wheel's renamed copy).
+      if (!p) p = in_any_object("cudart", info.name);
       break;
     case Family::Nccl: {
       char strong[64] = "p";
@@ -246,8 +291,17 @@ void *resolve(Api a) {
       p = next_definition(strong);
       if (!p) p = next_definition(info.name);
       if (!p) p = in_library("libnccl.so.2", strong);
+      if (!p) p = in_any_object("nccl", strong);
+      if (!p) p = in_any_object("nccl", info.name);
       break;
     }
+  }
+  if (!p) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      trace_line("cumemguard: warning: cannot find the real %s in this process; the shim answers "
+                 "'not initialized' for it", info.name);
+    p = reinterpret_cast<void *>(&cmg_missing_real);
   }
   return p;
 }
@@ -263,42 +317,64 @@ std::array<RouteEntry, kApiCount> g_route{};
 std::size_t g_route_n = 0;
 
 void build_routes(void *from) {
-  std::lock_guard lk(g_route_mu);
-  if (g_route_ready.load()) return;
-  Dl_info info;
-  link_map *lm = nullptr;
-  void *h = nullptr;
-  if (dladdr1(from, &info, reinterpret_cast<void **>(&lm), RTLD_DL_LINKMAP) && lm) h = lm;
+  // The lookups run without the lock: dlsym takes the loader's lock, and a dlopen whose
+  // constructor asks cuGetProcAddress must not find this thread holding ours.
+  void *h = handle_of(from);
   if (!h) h = libcuda_handle();
   if (!h) return;
+  std::array<RouteEntry, kApiCount> table{};
   std::size_t n = 0;
 #define CMG_DRV(nm, b, t)                                              \
   if (void *p = real_dlsym(h, #nm); p && !in_self(p))                  \
-    g_route[n++] = RouteEntry{reinterpret_cast<std::uintptr_t>(p), Api::nm};
+    table[n++] = RouteEntry{reinterpret_cast<std::uintptr_t>(p), Api::nm};
 #include "api_driver.def"
 #undef CMG_DRV
   // Aliases that share one address keep the first row: they share one ABI.
-  std::stable_sort(g_route.begin(), g_route.begin() + static_cast<long>(n),
+  std::stable_sort(table.begin(), table.begin() + static_cast<long>(n),
                    [](const RouteEntry &x, const RouteEntry &y) { return x.addr < y.addr; });
+  std::lock_guard lk(g_route_mu);
+  if (g_route_ready.load()) return;
+  g_route = table;
   g_route_n = n;
   g_route_ready.store(true, std::memory_order_release);
 }
 
 // Base names that have a single ABI variant: a pointer the table does not know (an internal
-// driver entry) can still be adopted for them without risk of a wrong signature.
+// driver entry) can still be adopted for them without risk of a wrong signature. A row qualifies
+// only when its export carries no suffix and no other row shares its base: cuMemAlloc, whose
+// 32-bit v1 export the table does not list, must never get the _v2 wrapper.
 bool single_variant(std::string_view base, Api &out) {
   int hits = 0;
-#define CMG_DRV(n, b, t) \
-  if (base == #b) {      \
-    out = Api::n;        \
-    ++hits;              \
+  bool plain = false;
+#define CMG_DRV(n, b, t)                 \
+  if (base == #b) {                      \
+    out = Api::n;                        \
+    ++hits;                              \
+    plain = std::string_view(#n) == #b;  \
   }
 #include "api_driver.def"
 #undef CMG_DRV
-  return hits == 1;
+  return hits == 1 && plain;
 }
 
 }  // namespace
+
+void clear_runtime_error() {
+  static std::atomic<void *> fn{nullptr};
+  void *f = fn.load(std::memory_order_relaxed);
+  if (!f) {
+    f = next_definition("cudaGetLastError");
+    if (!f) f = in_library("libcudart.so.13", "cudaGetLastError");
+    if (!f) f = in_any_object("cudart", "cudaGetLastError");
+    if (!f) return;
+    fn.store(f, std::memory_order_relaxed);
+  }
+  (void)reinterpret_cast<cudaError_t (*)()>(f)();
+}
+
+void loader_fork_prepare() { g_route_mu.lock(); }
+void loader_fork_parent() { g_route_mu.unlock(); }
+void loader_fork_child() { g_route_mu.unlock(); }
 
 void *real_ptr(Api a) {
   auto &slot = g_real[static_cast<std::size_t>(a)];
@@ -354,9 +430,15 @@ void *route_proc(void *p, const char *symbol) {
 // seen under another interposer, interposers.md 10.3).
 using cmg::shim::Api;
 
-extern "C" __attribute__((visibility("hidden"))) int cmg_dlsym_wanted(const char *name) {
+extern "C" __attribute__((visibility("hidden"))) int cmg_dlsym_wanted(void *handle,
+                                                                      const char *name) {
   cmg::shim::ensure_dlsym_ready();  // the trampoline jumps through the pointer this sets
   if (!name || (name[0] != 'c' && name[0] != 'n')) return 0;
+  // RTLD_NEXT keeps glibc's exact meaning for every name: the shim's exports sit in the global
+  // search order, so a caller before the shim gets our wrapper and one after it gets the next
+  // definition (another interposer chained after us, torch_memory_saver-style, must not be handed
+  // its own function back).
+  if (handle == RTLD_NEXT) return 0;
   if (cmg::shim::disabled()) return 0;
   return cmg::shim::find_name(name) ? 1 : 0;
 }
@@ -372,22 +454,13 @@ extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *ha
                                                                          void *caller) {
   using namespace cmg::shim;
   const NameEntry *e = find_name(name);
-  void *p = nullptr;
-  if (handle == RTLD_NEXT) {
-    // Next after the shim: for the names we answer, the shim is the caller's next definition or
-    // comes before it, so this is what the caller would get (or our wrapper of it).
-    p = real_dlsym(RTLD_NEXT, name);
-  } else {
-    p = real_dlsym(handle, name);
-    if (p && in_self(p)) p = real_dlsym(RTLD_NEXT, name);  // global scope found our own export
-    if (!p && handle == RTLD_DEFAULT && caller) {
-      // The caller's own local scope (a library dlopen()ed RTLD_LOCAL with libcuda as a
-      // dependency) is part of what RTLD_DEFAULT searches for it.
-      Dl_info info;
-      link_map *lm = nullptr;
-      if (dladdr1(caller, &info, reinterpret_cast<void **>(&lm), RTLD_DL_LINKMAP) && lm)
-        p = real_dlsym(lm, name);
-    }
+  void *p = real_dlsym(handle, name);
+  if (p && in_self(p)) p = real_dlsym(RTLD_NEXT, name);  // global scope found our own export
+  if (!p && handle == RTLD_DEFAULT && caller) {
+    // The caller's own local scope (a library dlopen()ed RTLD_LOCAL with libcuda as a
+    // dependency) is part of what RTLD_DEFAULT searches for it.
+    if (void *h = handle_of(caller)) p = real_dlsym(h, name);
+    if (p && in_self(p)) p = nullptr;
   }
   void *out = (!p || !e || in_self(p)) ? p : (adopt_real(e->api, p) ? wrapper_ptr(e->api) : p);
   if (trace_lookups())
@@ -400,7 +473,8 @@ extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *ha
 // Without the trampoline a plain tail call is the best available: exact for handle-scoped lookups,
 // which is what cudart, NCCL and ctypes do.
 extern "C" __attribute__((visibility("default"))) void *dlsym(void *handle, const char *name) {
-  if (cmg_dlsym_wanted(name)) return cmg_dlsym_answer(handle, name, __builtin_return_address(0));
+  if (cmg_dlsym_wanted(handle, name))
+    return cmg_dlsym_answer(handle, name, __builtin_return_address(0));
   return cmg::shim::real_dlsym(handle, name);
 }
 #endif

@@ -29,6 +29,14 @@ extern void *const kNcclWrappers[];
 // that export, or p itself when we do not wrap it (zero cost for everything we do not intercept).
 void *route_proc(void *p, const char *symbol);
 
+// fork(): the routing table's lock is held across it (see state.cpp for the order).
+void loader_fork_prepare();
+void loader_fork_parent();
+void loader_fork_child();
+
+// Reads (and so clears) the runtime's last error, after the shim retried a failed allocation.
+void clear_runtime_error();
+
 // The loaded libcuda.so.1 (no load is triggered), or nullptr.
 void *libcuda_handle();
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "diag.h"
+#include "handlers.h"
 #include "held.h"
 #include "loader.h"
 #include "stacks.h"
@@ -34,7 +35,9 @@ namespace {
 std::atomic<int> g_options_state{0};  // 0 none, 1 parsing, 2 ready
 std::atomic<bool> g_active{false};
 std::mutex g_activate_mu;
-std::atomic<bool> g_exiting{false};
+// The parent's log path, in a forked child: a pattern without %p must not make the child truncate
+// its parent's log.
+std::string *g_parent_log = nullptr;
 
 std::uint64_t mono_raw() {
   timespec ts;
@@ -92,31 +95,45 @@ void write_header() {
   s.log.write(j.finish(), 0);
 }
 
+// fork(): every lock of the shim is held across it, taken in the one order the code nests them
+// (routing table, IPC imports, held frees, stack table, VMM model, linear shards, pending notes, the
+// log last: stacks and leaks write to the log while holding their own lock), so the child never
+// inherits a lock another thread held or a half-changed table.
 void fork_prepare() {
   State &s = state();
+  loader_fork_prepare();
+  ipc_fork_prepare();
   held().fork_prepare();
-  s.log.fork_prepare();
   stacks_fork_prepare();
   s.vmm.fork_prepare();
   s.linear.fork_prepare();
+  diag_fork_prepare();
+  s.log.fork_prepare();
 }
 
 void fork_parent() {
   State &s = state();
+  s.log.fork_parent();
+  diag_fork_parent();
   s.linear.fork_parent();
   s.vmm.fork_parent();
   stacks_fork_parent();
-  s.log.fork_parent();
   held().fork_parent();
+  ipc_fork_parent();
+  loader_fork_parent();
 }
 
 void fork_child() {
   State &s = state();
+  std::string parent_log = s.log.path();  // read before the log forgets it
+  s.log.fork_child();
+  diag_fork_child();
   s.linear.fork_child();
   s.vmm.fork_child();
   stacks_fork_child();
-  s.log.fork_child();
   held().fork_child();
+  ipc_fork_child();
+  loader_fork_child();
   s.transport.reset();
   s.counters.reset();
   for (auto &c : s.calls) c.store(0);
@@ -126,6 +143,7 @@ void fork_child() {
   new (&g_activate_mu) std::mutex();
   // The child activates (and opens its own log) at its own first CUDA call.
   g_active.store(false);
+  if (!parent_log.empty()) g_parent_log = new std::string(std::move(parent_log));
 }
 
 }  // namespace
@@ -179,6 +197,7 @@ void activate() {
   State &s = state();
   if (!s.opts.log.empty()) {
     std::string path = expand_log_path(s.opts.log, getpid(), s.rank);
+    if (g_parent_log && path == *g_parent_log) path += "." + std::to_string(getpid());
     std::string err = s.log.open(path);
     if (!err.empty()) {
       note(LogLevel::Warn, err + "; continuing without an event log");
@@ -209,8 +228,8 @@ int current_device() {
 
 // ---------------------------------------------------------------------------------------------
 Call::Call(Api api, StackWhen stack, Nested nested)
-    : guard_(nested == Nested::Hidden), api_(api) {
-  if (!guard_.outermost() || disabled()) return;
+    : guard_(nested != Nested::Recorded), api_(api) {
+  if ((!guard_.outermost() && nested != Nested::Always) || disabled()) return;
   activate();
   State &s = state();
   if (s.opts.disable) return;

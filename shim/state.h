@@ -95,9 +95,15 @@ struct Args {
 };
 
 enum class StackWhen : std::uint8_t { Never, Sampled, Always };
-// Whether the calls a hooked function makes underneath are hidden (a runtime call's driver calls)
-// or recorded on their own (NCCL's allocations inside ncclCommInitRank*).
-enum class Nested : std::uint8_t { Hidden, Recorded };
+// How a hooked call relates to the calls around it:
+//  Hidden:   what runs underneath is not recorded again (a runtime call's driver calls), and the
+//            call itself is recorded only when it is the outermost one;
+//  Recorded: what runs underneath is recorded on its own (NCCL's allocations inside
+//            ncclCommInitRank*);
+//  Always:   recorded even inside another hooked call. VMM calls: the model must see every issue
+//            of a handle value, or a later release of a re-issued value looks like a double release
+//            (an allocator whose cudaMalloc returns VMM memory calls cuMemCreate inside cudaMalloc).
+enum class Nested : std::uint8_t { Hidden, Recorded, Always };
 
 // One intercepted call: guard, activation, event stamp and timing.
 class Call {
