@@ -96,6 +96,15 @@ class LinearModel {
   void fork_parent();
   void fork_child();  // unlocks and clears: the child does not own the parent's CUDA objects
 
+  static constexpr std::size_t kShards = 64;
+  static constexpr std::size_t kFreedPerShard = 4096;
+  static std::size_t shard_of(std::uint64_t p) {
+    std::uint64_t x = p >> 8;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ull;
+    return static_cast<std::size_t>(x >> 58);
+  }
+
  private:
   struct Freed {
     LinearRec rec;
@@ -108,14 +117,6 @@ class LinearModel {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring
     std::size_t fifo_head = 0;
   };
-  static constexpr std::size_t kShards = 64;
-  static constexpr std::size_t kFreedPerShard = 4096;
-  static std::size_t shard_of(std::uint64_t p) {
-    std::uint64_t x = p >> 8;
-    x ^= x >> 17;
-    x *= 0x9E3779B97F4A7C15ull;
-    return static_cast<std::size_t>(x >> 58);
-  }
   void remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev);
   std::array<Shard, kShards> shards_;
 };

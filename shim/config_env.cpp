@@ -2,7 +2,10 @@
 // The PyTorch allocator-config policy in the host: applied once at load, before any library reads
 // the environment (PyTorch's parser L runs in libc10_cuda.so's static initialisation, i.e. during
 // `import torch`), and checked again at the first CUDA call (bug-patterns.md P21).
+#include <link.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "diag.h"
@@ -31,6 +34,23 @@ void config_record(const tc::Write &w, bool applied, const std::string &msg) {
   write_or_keep(std::string(j.finish()));
 }
 
+// True when PyTorch's CUDA allocator library is already initialised: a program linked against
+// libtorch runs libc10_cuda.so's static initialisers (parser L) before a preloaded library's
+// constructor, so a rewrite now would come after PyTorch read the variable.
+bool c10_cuda_loaded() {
+  int found = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, size_t, void *data) -> int {
+        if (info->dlpi_name && std::strstr(info->dlpi_name, "libc10_cuda")) {
+          *static_cast<int *>(data) = 1;
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  return found != 0;
+}
+
 Finding config_finding(std::string msg) {
   Finding f;
   f.cls = FindingClass::Config;
@@ -46,7 +66,15 @@ void on_load() {
     tc::Env env = tc::Env::from_envp(environ);
     if (!s.opts.torch_alloc_conf.empty()) {
       tc::Plan p = tc::plan(env, s.opts.torch_alloc_conf);
-      if (p.action == tc::PlanAction::Write) {
+      if (p.action == tc::PlanAction::Write && c10_cuda_loaded()) {
+        report_finding_without_call(
+            config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
+                           "' not applied: libc10_cuda.so was initialised before the shim (the "
+                           "program links libtorch), so PyTorch already read " +
+                           std::string(tc::var_name(p.writes.front().var)) +
+                           "; set it before the program starts (cumemguard run does)"),
+            "(load)", true);
+      } else if (p.action == tc::PlanAction::Write) {
         for (const tc::Write &w : p.writes) {
           setenv(std::string(tc::var_name(w.var)).c_str(), w.new_value.c_str(), 1);
           config_record(w, true, p.reason);

@@ -31,25 +31,52 @@ void JsonLine::put(std::string_view s) {
   len_ += s.size();
 }
 
+// Strings are escaped as JSON; bytes that are not valid UTF-8 (an argv in Latin-1, a path with a
+// stray byte) become \u00XX so the line stays valid JSON, and a multi-byte character is never cut.
 void JsonLine::put_escaped(std::string_view s) {
-  for (char c : s) {
+  const auto *u = reinterpret_cast<const unsigned char *>(s.data());
+  const std::size_t n = s.size();
+  for (std::size_t i = 0; i < n;) {
     if (len_ + 8 + kReserve >= cap_) {
       cut_ = true;
       return;
     }
-    switch (c) {
-      case '"': put("\\\""); break;
-      case '\\': put("\\\\"); break;
-      case '\n': put("\\n"); break;
-      case '\t': put("\\t"); break;
-      case '\r': put("\\r"); break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          len_ += static_cast<std::size_t>(
-              std::snprintf(buf_ + len_, 8, "\\u%04x", static_cast<unsigned>(c)));
-        } else {
-          buf_[len_++] = c;
-        }
+    const unsigned char c = u[i];
+    if (c < 0x80) {
+      switch (c) {
+        case '"': put("\\\""); break;
+        case '\\': put("\\\\"); break;
+        case '\n': put("\\n"); break;
+        case '\t': put("\\t"); break;
+        case '\r': put("\\r"); break;
+        default:
+          if (c < 0x20) {
+            len_ += static_cast<std::size_t>(
+                std::snprintf(buf_ + len_, 8, "\\u%04x", static_cast<unsigned>(c)));
+          } else {
+            buf_[len_++] = static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence of 2 to 4 bytes is copied whole.
+    std::size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    if (c >= 0xf5) len = 0;
+    bool ok = len && i + len <= n;
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (u[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3 && ((c == 0xe0 && u[i + 1] < 0xa0) || (c == 0xed && u[i + 1] >= 0xa0)))
+      ok = false;  // overlong, or a UTF-16 surrogate
+    if (ok && len == 4 && ((c == 0xf0 && u[i + 1] < 0x90) || (c == 0xf4 && u[i + 1] >= 0x90)))
+      ok = false;  // overlong, or beyond U+10FFFF
+    if (ok) {
+      std::memcpy(buf_ + len_, s.data() + i, len);
+      len_ += len;
+      i += len;
+    } else {
+      len_ += static_cast<std::size_t>(
+          std::snprintf(buf_ + len_, 8, "\\u%04x", static_cast<unsigned>(c)));
+      ++i;
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,13 +163,18 @@ std::uint32_t thread_id() {
 }
 
 bool options_ready() {
+  static thread_local bool parsing_here = false;
   int st = g_options_state.load(std::memory_order_acquire);
   if (st == 2) return true;
+  if (parsing_here) return false;  // a note printed while this thread parses: defaults for now
   int expected = 0;
   if (!g_options_state.compare_exchange_strong(expected, 1)) {
-    // Another thread is parsing: the defaults are safe to use meanwhile.
-    return g_options_state.load(std::memory_order_acquire) == 2;
+    // Another thread is parsing (it takes microseconds): wait for it, so that no thread runs
+    // with the defaults while the real options are being written.
+    while (g_options_state.load(std::memory_order_acquire) != 2) sched_yield();
+    return true;
   }
+  parsing_here = true;
   State &s = state();
   s.start_mono_ns = mono_raw();
   s.start_unix_ns = unix_raw();
@@ -176,6 +182,7 @@ bool options_ready() {
   ParsedOptions p = parse_options(environ);
   s.opts = p.options;
   g_options_state.store(2, std::memory_order_release);
+  parsing_here = false;
   if (s.opts.disable) return true;
   for (const auto &msg : p.problems) note(LogLevel::Warn, msg);
   if (p.fatal) {

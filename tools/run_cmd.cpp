@@ -21,6 +21,9 @@
 
 #include "cmg_config.h"
 #include "options.h"
+#include "torch_conf.h"
+
+extern char **environ;
 
 namespace cmg::tools {
 namespace {
@@ -45,6 +48,38 @@ void usage(FILE *f) {
 std::string dir_of(const std::string &p) {
   auto s = p.rfind('/');
   return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+volatile sig_atomic_t g_child = 0;
+
+// The launcher passes termination and user signals on to the program, so `kill <launcher>` (a job
+// scheduler's SIGTERM) stops the program rather than orphaning it.
+void forward(int sig) {
+  if (g_child > 0) kill(g_child, sig);
+}
+
+std::string absolute(const std::string &p) {
+  if (p.empty() || p[0] == '/') return p;
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) return p;
+  return std::string(cwd) + "/" + p;
+}
+
+// CUMEMGUARD_TORCH_ALLOC_CONF is applied here, before exec, as well as by the shim at load: a
+// program linked against libtorch initialises libc10_cuda.so before a preloaded library's
+// constructor runs, so only the launcher is early enough for it.
+void apply_torch_override() {
+  const char *ov = std::getenv("CUMEMGUARD_TORCH_ALLOC_CONF");
+  if (!ov || !*ov) return;
+  try {
+    auto env = cmg::torchconf::Env::from_envp(environ);
+    auto plan = cmg::torchconf::plan(env, ov);
+    if (plan.action != cmg::torchconf::PlanAction::Write) return;
+    for (const auto &w : plan.writes)
+      setenv(std::string(cmg::torchconf::var_name(w.var)).c_str(), w.new_value.c_str(), 1);
+  } catch (...) {
+    // The shim reports what it cannot apply; the launcher leaves the environment as it is.
+  }
 }
 
 bool exists(const std::string &p) {
@@ -159,11 +194,13 @@ int run_main(int argc, char **argv) {
   if (no_log) {
     unsetenv("CUMEMGUARD_LOG");
   } else if (!log.empty()) {
-    setenv("CUMEMGUARD_LOG", log.c_str(), 1);
+    setenv("CUMEMGUARD_LOG", absolute(log).c_str(), 1);
   } else if (!std::getenv("CUMEMGUARD_LOG")) {
-    log = "cumemguard." + base + ".%p.log";
+    // Absolute, so a program that changes directory still writes where the launcher looks.
+    log = absolute("cumemguard." + base + ".%p.log");
     setenv("CUMEMGUARD_LOG", log.c_str(), 1);
   }
+  apply_torch_override();
   const char *pattern_env = std::getenv("CUMEMGUARD_LOG");
   std::string pattern = pattern_env ? pattern_env : "";
 
@@ -185,9 +222,15 @@ int run_main(int argc, char **argv) {
     std::fprintf(stderr, "cumemguard run: cannot run %s: %s\n", prog.c_str(), std::strerror(errno));
     _exit(errno == ENOENT ? 127 : 126);
   }
+  g_child = pid;
+  struct sigaction fwd {};
+  fwd.sa_handler = forward;
+  sigemptyset(&fwd.sa_mask);
+  for (int sig : {SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &fwd, nullptr);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  g_child = 0;
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGQUIT, &old_quit, nullptr);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -222,6 +265,17 @@ int run_main(int argc, char **argv) {
       std::fprintf(stderr, "cumemguard: %zu log%s:%s\ncumemguard: read with: cumemguard report%s\n",
                    logs.size(), logs.size() == 1 ? "" : "s", all.c_str(), all.c_str());
     }
+  }
+  if (WIFSIGNALED(status)) {
+    // Die of the same signal, so the caller (a shell, a scheduler) sees what the program did.
+    int sig = WTERMSIG(status);
+    std::fflush(nullptr);
+    signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, nullptr);
+    raise(sig);
   }
   return code;
 }

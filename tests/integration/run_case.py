@@ -93,6 +93,45 @@ CASES = {
                       findings=[("unmap-unmapped", "skip"), ("stale-release", "skip")]),
     "sleep-cycles": dict(prog="sleep_alloc", args=["cycles"], real=True,
                          base={}, shim={"errors": "0", "bad_bytes": "0"}, findings=None),
+    # Another preloaded allocator (torch_memory_saver-style), before or after the shim.
+    "tms-forward-shim-first": dict(prog="tms_cases", args=["forward"], preload="libtmslike.so",
+                                   order="shim-first", real=True,
+                                   base={"malloc_failures": "0", "free_failures": "0"},
+                                   shim={}, findings=[]),
+    "tms-forward-shim-last": dict(prog="tms_cases", args=["forward"], preload="libtmslike.so",
+                                  order="shim-last", real=True,
+                                  base={"malloc_failures": "0", "free_failures": "0"},
+                                  shim={}, findings=[]),
+    "tms-vmm-shim-first": dict(prog="tms_cases", args=["vmm"], preload="libtmslike.so",
+                               order="shim-first", env={"TMSLIKE_VMM": "1"}, real=True,
+                               base={"malloc_failures": "0", "resume_failures": "0",
+                                     "free_failures": "0"}, shim={}, findings=[]),
+    "tms-vmm-shim-last": dict(prog="tms_cases", args=["vmm"], preload="libtmslike.so",
+                              order="shim-last", env={"TMSLIKE_VMM": "1"}, real=True,
+                              base={"malloc_failures": "0", "resume_failures": "0",
+                                    "free_failures": "0"}, shim={}, findings=[]),
+    "edge-nocuda": dict(prog="edge_nocuda", args=["nocuda"], nolog=True, real=True,
+                        base={"cuda_present": "0", "gpa_present": "0"}, shim={}, findings=[]),
+    # The v1 (32-bit) cuMemAlloc must come back unwrapped: the _v2 wrapper has another ABI.
+    "edge-gpa": dict(prog="edge_cases", args=["gpa"], nolog=True, real=True,
+                     base={"v1_status": "0", "v1_in": "libcuda", "v2_in": "libcuda",
+                           "create_in": "libcuda", "v1_differs": "1"},
+                     shim={"v2_in": "shim", "create_in": "shim"}, findings=[]),
+    "edge-extension": dict(prog="edge_cases", args=["extension"],
+                           base={"ext_alloc_free": "0"}, shim={}, findings=[]),
+    "fork-stacks": dict(prog="runtime_cases", args=["fork"], real=True,
+                        shim_env={"CUMEMGUARD_STACKS": "32"},
+                        base={"children_ok": "20", "free": RS}, shim={}, findings=[]),
+    "wakefail": dict(prog="vmm_cases", args=["wakefail"],
+                     base={"sleep.unmap": S, "sleep.release": S, "wake.same_value": "1",
+                           "wake.map": OOM, "cleanup.unmap": S, "cleanup.release": S,
+                           "cleanup.addrfree": S},
+                     shim={}, findings=[("unmap-unmapped", "skip")]),
+    "oom-retry": dict(prog="runtime_cases", args=["oom_retry"],
+                      shim_env={"CUMEMGUARD_QUARANTINE": "16M"},
+                      base={"malloc_after_oom": "cudaErrorMemoryAllocation",
+                            "last_error": "cudaErrorMemoryAllocation"},
+                      shim={"malloc_after_oom": RS, "last_error": RS}, findings=[]),
     "basic": dict(prog="runtime_cases", args=["basic"], real=True,
                   base={"malloc": RS, "memset": RS, "malloc_host": RS, "free": RS,
                         "free_host": RS, "free_null": RS},
@@ -286,6 +325,16 @@ def case_specific(name, recs, steps):
         failing = [c for c in calls if c["api"] in ("cuMemMap", "cuMemSetAccess")]
         expect(all(c.get("va_state") == "reserved, never mapped" for c in failing),
                f"P31: the range's state is not recorded: {failing}")
+    if name.startswith("tms-vmm"):
+        creates = summary["calls"].get("cuMemCreate", 0)
+        expect(creates >= 6 * 21, f"{name}: {creates} cuMemCreate seen (allocator's VMM calls)")
+        live = summary["live"]
+        expect(live.get("vmm", 0) == 0 and live.get("va", 0) == 0 and live.get("linear", 0) == 0,
+               f"{name}: live at exit {live}")
+    if name == "wakefail":
+        rel = [c for c in calls if c["api"] == "cuMemRelease"]
+        expect(not rel[-1].get("skipped"), f"{name}: the legitimate release was skipped")
+        expect(summary["live"].get("vmm", 0) == 0, f"{name}: leaked {summary['live']}")
     if name.startswith("sleep-"):
         # The skips leaked nothing: nothing is live in the model after teardown.
         live = summary["live"]
@@ -392,6 +441,9 @@ def main():
         fake = os.path.join(build, "tests", "fakecuda")
         env["LD_LIBRARY_PATH"] = fake + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     env.update(c.get("env", {}))
+    other = os.path.join(build, "tests", "integration", c["preload"]) if c.get("preload") else None
+    if other:
+        env["LD_PRELOAD"] = other
 
     # 1. Without the shim: the driver's own answers.
     rc, out, err = run([prog] + c["args"], env)
@@ -408,6 +460,9 @@ def main():
         tmp = tempfile.mkdtemp(prefix=f"cmg-{a.case}-")
         senv = dict(env)
         senv["LD_PRELOAD"] = shim
+        if other:
+            senv["LD_PRELOAD"] = (f"{shim}:{other}" if c.get("order") == "shim-first"
+                                  else f"{other}:{shim}")
         senv["CUMEMGUARD_LOG"] = os.path.join(tmp, "log.%p")
         senv.update(c.get("shim_env", {}))
         rc2, out2, err2 = run([prog] + c["args"], senv)

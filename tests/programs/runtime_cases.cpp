@@ -103,6 +103,19 @@ int driver_double() {
   return 0;
 }
 
+// An allocation that fails for lack of memory while the quarantine holds freed memory: the shim
+// releases it and retries once; the caller sees success and no leftover error.
+int oom_retry() {
+  void *p = nullptr, *q = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  CHECK_CUDA(cudaFree(p));
+  if (!fake_inject("cuMemAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY)) return 77;
+  out("malloc_after_oom", cudaMalloc(&q, 1 << 20));
+  out("last_error", cudaGetLastError());
+  if (q) CHECK_CUDA(cudaFree(q));
+  return 0;
+}
+
 int leak() {
   void *p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, 3 << 20));  // never freed: reported at exit
@@ -184,6 +197,7 @@ int main(int argc, char **argv) {
   if (c == "async_double") return async_double();
   if (c == "driver_double") return driver_double();
   if (c == "leak") return leak();
+  if (c == "oom_retry") return oom_retry();
   if (c == "threads") return threads();
   if (c == "fork") return forked();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);

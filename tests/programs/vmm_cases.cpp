@@ -224,6 +224,23 @@ int p10() {
   return 0;
 }
 
+// A wake-up whose map fails (out of memory) after the handle value was re-issued: the allocator's
+// unmap_and_release of that fresh, never-mapped handle is a legitimate release, not a stale one.
+int wakefail() {
+  Alloc a = make(G);
+  out("sleep.unmap", cuMemUnmap(a.v, G));
+  out("sleep.release", cuMemRelease(a.h));
+  CUmemGenericAllocationHandle h2;
+  CHECK_CU(create(&h2, G));
+  std::printf("wake.same_value %d\n", h2 == a.h ? 1 : 0);
+  if (!fake_inject("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY)) return 77;
+  out("wake.map", cuMemMap(a.v, G, 0, h2, 0));
+  out("cleanup.unmap", cuMemUnmap(a.v, G));
+  out("cleanup.release", cuMemRelease(h2));
+  out("cleanup.addrfree", cuMemAddressFree(a.v, G));
+  return 0;
+}
+
 int p31() {
   CUdeviceptr v = reserve(G);
   CUmemGenericAllocationHandle h = 0;
@@ -257,6 +274,7 @@ int main(int argc, char **argv) {
   if (c == "P09") return p09();
   if (c == "P10") return p10();
   if (c == "P31") return p31();
+  if (c == "wakefail") return wakefail();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }

@@ -38,6 +38,19 @@ TEST_CASE("JsonLine writes escaped, typed members") {
   CHECK_FALSE(v.contains("cut"));
 }
 
+TEST_CASE("JsonLine keeps valid UTF-8 and escapes bytes that are not") {
+  char buf[256];
+  JsonLine j(buf, sizeof buf);
+  j.str("ok", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80").str("bad", "a\xe9" "b\xc3")
+      .str("surrogate", "\xed\xa0\x80");
+  std::string_view line = j.finish();
+  json v = json::parse(line);  // throws on invalid UTF-8
+  CHECK(v["ok"] == "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  CHECK(v["bad"] == "a\xc3\xa9" "b\xc3\x83");  // \u00e9 and \u00c3, read back as UTF-8
+  CHECK(line.find("\\u00e9") != std::string_view::npos);
+  CHECK(v["surrogate"] == "\xc3\xad\xc2\xa0\xc2\x80");
+}
+
 TEST_CASE("JsonLine stays valid JSON when the buffer is too small") {
   for (std::size_t cap : {96u, 128u, 200u, 300u}) {
     char buf[300];

@@ -407,3 +407,51 @@ TEST_CASE("finding_for_free names the allocation and the first free") {
   REQUIRE(f.related.size() == 2);
   CHECK(f.related[1].ev.seq == 5);
 }
+
+TEST_CASE("Linear model: the bounded history forgets a free only through its own entry") {
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const std::uint64_t P = 0x7f0000100000;
+  m.on_alloc(LinearRec{P, 512, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  REQUIRE(m.begin_free(P, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+  m.on_alloc(LinearRec{P, 512, 0, MemKind::Linear, clk.next("cudaMalloc")});  // re-issued
+  REQUIRE(m.begin_free(P, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+  // Enough frees in P's shard to push P's *first* free out of the ring, but not its second.
+  const std::size_t shard = LinearModel::shard_of(P);
+  std::size_t n = 0;
+  for (std::uint64_t a = 0x100000000; n < LinearModel::kFreedPerShard - 10; a += 0x200) {
+    if (LinearModel::shard_of(a) != shard) continue;
+    m.on_alloc(LinearRec{a, 512, 0, MemKind::Linear, clk.next("cudaMalloc")});
+    REQUIRE(m.begin_free(a, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+    ++n;
+  }
+  CHECK(m.begin_free(P, dev, clk.next("cudaFree")).cls == FreeClass::DoubleFree);
+}
+
+TEST_CASE("VMM model: odd sizes are left to the driver") {
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000;
+  t.reserve(V, G);
+  t.create(0x100);
+  t.map(V, G, 0x100);
+  CHECK_FALSE(t.m.check_map(V, 0, 0, 0x100, t.ts).finding);  // size 0: no claim
+  auto u = t.m.begin_unmap(V, ~0ull - 5, t.clk.next("cuMemUnmap"), t.ts);  // would wrap
+  CHECK_FALSE(u.finding);
+  CHECK_FALSE(u.skippable);
+}
+
+TEST_CASE("VMM model: a wake-up whose map failed releases its fresh handle legitimately") {
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000, H = 0x55d0c0a0;
+  t.reserve(V, G);
+  t.create(H);
+  t.map(V, G, H);
+  t.unmap(V, G);
+  t.release(H);
+  t.create(H);  // wake-up: the value is re-issued, then its map fails
+  CHECK(cls(t.unmap(V, G)) == FindingClass::UnmapUnmapped);
+  auto r = t.release(H);
+  CHECK_FALSE(r.finding);  // not stale: nothing of the value's allocation is mapped anywhere
+  CHECK(t.m.counts().phys == 0);
+}
