@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "diag.h"
+#include "flush.h"
 #include "held.h"
 #include "loader.h"
 #include "stacks.h"
@@ -95,6 +96,7 @@ void write_header() {
 void fork_prepare() {
   State &s = state();
   held().fork_prepare();
+  flush_fork_prepare();
   s.log.fork_prepare();
   stacks_fork_prepare();
   s.vmm.fork_prepare();
@@ -107,6 +109,7 @@ void fork_parent() {
   s.vmm.fork_parent();
   stacks_fork_parent();
   s.log.fork_parent();
+  flush_fork_parent();
   held().fork_parent();
 }
 
@@ -116,6 +119,7 @@ void fork_child() {
   s.vmm.fork_child();
   stacks_fork_child();
   s.log.fork_child();
+  flush_fork_child();
   held().fork_child();
   s.transport.reset();
   s.counters.reset();
