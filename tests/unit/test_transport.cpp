@@ -161,15 +161,16 @@ TEST_CASE("The transition waits for a flush already running") {
     std::atomic<bool> *started;
     clock::time_point *end;
   } ctx{&flush_started, &flush_end};
+  bool ran = false;  // Catch's assertions are not thread-safe: checked after the join
   std::thread flusher([&] {
-    CHECK(t.run_flush(
+    ran = t.run_flush(
         [](void *p) {
           auto *c = static_cast<Ctx *>(p);
           c->started->store(true);
           std::this_thread::sleep_for(300ms);
           *c->end = clock::now();
         },
-        &ctx));
+        &ctx);
   });
   while (!flush_started.load()) std::this_thread::yield();
   std::this_thread::sleep_for(50ms);
@@ -177,11 +178,12 @@ TEST_CASE("The transition waits for a flush already running") {
   CHECK(t.on_create_enter(ev(1)));
   init_return = clock::now();
   flusher.join();
+  CHECK(ran);
   CHECK(init_return >= flush_end);
   CHECK(init_return - init_enter >= 150ms);
-  int ran = 0;
-  CHECK_FALSE(t.run_flush(noop, &ran));  // sticky from here on
-  CHECK(ran == 0);
+  int calls = 0;
+  CHECK_FALSE(t.run_flush(noop, &calls));  // sticky from here on
+  CHECK(calls == 0);
 }
 
 // Many threads request flushes while one starts a communicator: every flush that ran ended before
@@ -226,9 +228,43 @@ TEST_CASE("Concurrent flush requests and a transition") {
   CHECK(t.flushes_declined() == static_cast<std::uint64_t>(declined.load()));
 }
 
+// Several setups begin at once while other threads read who turned suppression on: exactly one
+// caller turns it on, and readers see either nothing yet or that caller's event, never a torn one.
+TEST_CASE("Concurrent transitions publish one event") {
+  Transport t;
+  std::atomic<bool> go{false}, stop{false};
+  std::atomic<int> turned{0}, torn{0};
+  std::atomic<std::uint64_t> winner{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i)
+    threads.emplace_back([&] {
+      while (!stop.load()) {
+        const EventRef e = t.suppressed_by();
+        if (e.known() && (e.ts != e.seq * 10 || e.tid != 1)) torn.fetch_add(1);
+      }
+    });
+  std::vector<std::thread> setters;
+  for (int i = 0; i < 4; ++i)
+    setters.emplace_back([&, i] {
+      while (!go.load()) std::this_thread::yield();
+      if (t.on_create_enter(ev(100 + i))) {
+        turned.fetch_add(1);
+        winner.store(100 + i);
+      }
+    });
+  go.store(true);
+  for (auto &th : setters) th.join();
+  stop.store(true);
+  for (auto &th : threads) th.join();
+  CHECK(turned.load() == 1);
+  CHECK(torn.load() == 0);
+  CHECK(t.suppressed_by().seq == winner.load());
+}
+
 TEST_CASE("Concurrent creates and destroys keep the counts exact") {
   Transport t;
   std::vector<std::thread> threads;
+  std::atomic<int> wrong_device{0};
   for (int i = 0; i < 4; ++i)
     threads.emplace_back([&, i] {
       for (int k = 0; k < 500; ++k) {
@@ -236,10 +272,11 @@ TEST_CASE("Concurrent creates and destroys keep the counts exact") {
         t.on_create_enter(ev(1));
         const CommOnDevice c[] = {{comm, i % 2}};
         t.on_create_exit(c);
-        if (k % 2) CHECK(t.on_destroy(comm) == i % 2);
+        if (k % 2 && t.on_destroy(comm) != i % 2) wrong_device.fetch_add(1);
       }
     });
   for (auto &th : threads) th.join();
+  CHECK(wrong_device.load() == 0);
   CHECK(t.live() == 4 * 250);
   CHECK(t.live_on(0) == 2 * 250);
   CHECK(t.live_on(1) == 2 * 250);
