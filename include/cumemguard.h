@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* cumemguard's C API: transport-aware cache cleanup for programs that adopt it (docs/transport.md). */
+/* cumemguard's C API: transport-aware cache cleanup for programs that adopt it. */
 #ifndef CUMEMGUARD_H
 #define CUMEMGUARD_H
 
@@ -10,8 +10,11 @@
  * a program does not link against it. Look them up at run time and fall back to running the
  * flush yourself when the shim is not there:
  *
- *   C/C++:   fn = (cumemguard_maybe_empty_cache_fn)dlsym(RTLD_DEFAULT, "cumemguard_maybe_empty_cache");
- *   Python:  lib = ctypes.CDLL(None); fn = lib.cumemguard_maybe_empty_cache  (AttributeError: absent)
+ *   C/C++:  f = (cumemguard_maybe_empty_cache_fn)dlsym(RTLD_DEFAULT,
+ *                                                     "cumemguard_maybe_empty_cache");
+ *   Python: f = ctypes.CDLL(None).cumemguard_maybe_empty_cache   (AttributeError: absent)
+ *
+ * docs/transport.md describes the whole feature.
  *
  * The contract (the one of seed 000, kept as it was proposed):
  *  - Opportunistic cleanup becomes *suppressed* when an NCCL communicator setup begins (seen by the

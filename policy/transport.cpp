@@ -11,7 +11,9 @@ namespace {
 // The registry whose run_flush() this thread is inside (nullptr: none).
 thread_local const Transport *t_flushing = nullptr;
 
-int slot_of(int dev) { return dev >= 0 && dev < Transport::kMaxDevices ? dev : Transport::kMaxDevices; }
+int slot_of(int dev) {
+  return dev >= 0 && dev < Transport::kMaxDevices ? dev : Transport::kMaxDevices;
+}
 
 }  // namespace
 
@@ -32,7 +34,9 @@ bool Transport::set_suppressed(const EventRef &ev) {
   return !was;
 }
 
-bool Transport::on_create_enter(const EventRef &ev) { return set_suppressed(ev); }
+bool Transport::on_create_enter(const EventRef &ev) {
+  return set_suppressed(ev);
+}
 
 void Transport::on_create_exit(std::span<const CommOnDevice> created) {
   std::lock_guard lk(comm_mu_);
@@ -55,7 +59,9 @@ int Transport::on_destroy(std::uint64_t comm) {
   return dev;
 }
 
-bool Transport::suppress_external(const EventRef &ev) { return set_suppressed(ev); }
+bool Transport::suppress_external(const EventRef &ev) {
+  return set_suppressed(ev);
+}
 
 int Transport::live_on(int dev) const {
   return live_dev_[slot_of(dev)].load(std::memory_order_relaxed);
@@ -79,7 +85,9 @@ EventRef Transport::suppressed_by() const {
   return by_ready_.load(std::memory_order_acquire) ? suppressed_by_ : EventRef{};
 }
 
-bool Transport::flushing_here() const { return t_flushing == this; }
+bool Transport::flushing_here() const {
+  return t_flushing == this;
+}
 
 bool Transport::run_flush(void (*flush)(void *), void *arg) {
   if (!flush) return false;
@@ -132,12 +140,9 @@ constexpr std::string_view kBuiltinFlush[] = {
 // retry and the garbage collection. Whether DeviceCachingAllocator::malloc stays out of line is
 // not known for every release, so the Native entry points that call it are listed too.
 constexpr std::string_view kBuiltinRetry[] = {
-    "DeviceCachingAllocator::malloc",
-    "DeviceCachingAllocator::alloc_block",
-    "NativeCachingAllocator::malloc",
-    "NativeCachingAllocator::allocate",
-    "release_available_cached_blocks",
-    "garbage_collect_cached_blocks",
+    "DeviceCachingAllocator::malloc",  "DeviceCachingAllocator::alloc_block",
+    "NativeCachingAllocator::malloc",  "NativeCachingAllocator::allocate",
+    "release_available_cached_blocks", "garbage_collect_cached_blocks",
 };
 
 std::string_view trim(std::string_view s) {
@@ -160,8 +165,12 @@ std::string_view basename(std::string_view path) {
 
 }  // namespace
 
-std::span<const std::string_view> FlushPatterns::builtin_flush() { return kBuiltinFlush; }
-std::span<const std::string_view> FlushPatterns::builtin_retry() { return kBuiltinRetry; }
+std::span<const std::string_view> FlushPatterns::builtin_flush() {
+  return kBuiltinFlush;
+}
+std::span<const std::string_view> FlushPatterns::builtin_retry() {
+  return kBuiltinRetry;
+}
 
 FlushPatterns FlushPatterns::from_option(std::string_view extra) {
   FlushPatterns p;
@@ -197,12 +206,17 @@ FlushVerdict classify_stack(std::span<const FrameKind> frames) {
   const int n = static_cast<int>(frames.size());
   for (int i = 0; i < n; ++i) {
     switch (frames[i]) {
-      case FrameKind::Nccl: nccl = true; break;
-      case FrameKind::Retry: retry = true; break;
+      case FrameKind::Nccl:
+        nccl = true;
+        break;
+      case FrameKind::Retry:
+        retry = true;
+        break;
       case FrameKind::Flush:
         if (v.flush_frame < 0) v.flush_frame = i;
         break;
-      case FrameKind::Other: break;
+      case FrameKind::Other:
+        break;
     }
   }
   if (nccl) {
@@ -264,10 +278,11 @@ Finding flush_finding(const FlushEvent &e) {
   msg += " in a cache flush (";
   msg.append(e.flush_frame.empty() ? std::string_view("?") : e.flush_frame);
   msg += ") ";
-  const bool external = e.suppressed_by.api &&
-                        std::string_view(e.suppressed_by.api).rfind("cumemguard_", 0) == 0;
+  const bool external =
+      e.suppressed_by.api && std::string_view(e.suppressed_by.api).rfind("cumemguard_", 0) == 0;
   if (e.live > 0)
-    msg += "while " + std::to_string(e.live) + (e.live == 1 ? " NCCL communicator is" : " NCCL communicators are") + " live";
+    msg += "while " + std::to_string(e.live) +
+           (e.live == 1 ? " NCCL communicator is" : " NCCL communicators are") + " live";
   else if (external)
     msg += "after the program announced a transport (cumemguard_suppress_opportunistic_cleanup)";
   else
@@ -276,24 +291,29 @@ Finding flush_finding(const FlushEvent &e) {
   switch (e.action) {
     case Action::Forward:
       if (e.over_limit)
-        msg += "forwarded and took " + human_ns(e.blocked_ns) + ", because holding it would pass "
-               "CUMEMGUARD_DEFER_LIMIT (" + human_bytes(e.defer_limit) + "; " +
-               human_bytes(e.held_bytes) + " held)";
+        msg += "forwarded and took " + human_ns(e.blocked_ns) +
+               ", because holding it would pass "
+               "CUMEMGUARD_DEFER_LIMIT (" +
+               human_bytes(e.defer_limit) + "; " + human_bytes(e.held_bytes) + " held)";
       else if (trim)
-        msg += "took " + human_ns(e.blocked_ns) + "; a trim does not wait for the device itself, "
+        msg += "took " + human_ns(e.blocked_ns) +
+               "; a trim does not wait for the device itself, "
                "the synchronization PyTorch makes before it does (docs/transport.md)";
       else
-        msg += "took " + human_ns(e.blocked_ns) + " (a synchronizing free waits for all work on "
+        msg += "took " + human_ns(e.blocked_ns) +
+               " (a synchronizing free waits for all work on "
                "the device); remove the flush from the per-iteration path or run it through "
                "cumemguard_maybe_empty_cache()";
       break;
     case Action::Defer:
-      msg += "held back (" + human_bytes(e.held_bytes) + " deferred); released at out-of-memory, "
+      msg += "held back (" + human_bytes(e.held_bytes) +
+             " deferred); released at out-of-memory, "
              "by cumemguard_release_deferred(), past CUMEMGUARD_DEFER_LIMIT or at exit";
       break;
     case Action::Skip:
-      msg += "not made: a pool trim returns only memory already free in the pool, which keeps it "
-             "for its next allocations";
+      msg +=
+          "not made: a pool trim returns only memory already free in the pool, which keeps it "
+          "for its next allocations";
       break;
     case Action::Abort:
       msg += "strict mode";

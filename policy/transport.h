@@ -69,7 +69,9 @@ class Transport {
   // permitted flush, not an opportunistic one.
   bool flushing_here() const;
   std::uint64_t flushes_run() const { return flushes_run_.load(std::memory_order_relaxed); }
-  std::uint64_t flushes_declined() const { return flushes_declined_.load(std::memory_order_relaxed); }
+  std::uint64_t flushes_declined() const {
+    return flushes_declined_.load(std::memory_order_relaxed);
+  }
 
   // After fork(): the child has no communicators and no flush running; suppression stays (the
   // child inherits whatever the parent's transports left behind).
@@ -144,7 +146,7 @@ Action decide_flush(const Options &o, FlushTarget target);
 
 // Everything a finding about one opportunistic flush says.
 struct FlushEvent {
-  std::string_view api;          // the call the program made
+  std::string_view api;  // the call the program made
   FlushTarget target = FlushTarget::Free;
   Action action = Action::Forward;
   bool over_limit = false;       // would have been deferred; the limit made it go through

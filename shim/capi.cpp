@@ -52,6 +52,7 @@ CMG_EXPORT int cumemguard_opportunistic_cleanup_suppressed(void) {
 CMG_EXPORT size_t cumemguard_release_deferred(void) {
   const EventRef ev = begin("cumemguard_release_deferred");
   const std::uint64_t bytes = held().release_all(HoldReason::Deferred);
-  if (ev.seq) capi_call_record("cumemguard_release_deferred", ev, 0, now_ns() - ev.ts, "bytes", bytes);
+  if (ev.seq)
+    capi_call_record("cumemguard_release_deferred", ev, 0, now_ns() - ev.ts, "bytes", bytes);
   return static_cast<size_t>(bytes);
 }

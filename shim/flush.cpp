@@ -24,7 +24,8 @@ namespace {
 constexpr int kFrames = 32;
 
 const FlushPatterns &patterns() {
-  static const FlushPatterns *p = new FlushPatterns(FlushPatterns::from_option(state().opts.flush_frames));
+  static const FlushPatterns *p =
+      new FlushPatterns(FlushPatterns::from_option(state().opts.flush_frames));
   return *p;
 }
 
@@ -67,7 +68,8 @@ int site_for(const FrameSym *const *fs, const std::uintptr_t *pc, int n, const F
     // Bounded: template-heavy names can run to kilobytes, and the summary record has one buffer.
     auto cap = [](std::string t) { return t.size() > 300 ? t.substr(0, 297) + "..." : t; };
     Site row;
-    row.flush = cap(flush.demangled.empty() ? frame_text(flush, pc[v.flush_frame]) : flush.demangled);
+    row.flush =
+        cap(flush.demangled.empty() ? frame_text(flush, pc[v.flush_frame]) : flush.demangled);
     row.text = row.flush + " <- " +
                cap(caller >= 0 ? frame_text(*fs[caller], caller_pc) : std::string("?"));
     row.stack = stack;
@@ -78,9 +80,12 @@ int site_for(const FrameSym *const *fs, const std::uintptr_t *pc, int n, const F
 
 std::string policy_name(FlushPolicy p) {
   switch (p) {
-    case FlushPolicy::Allow: return "allow";
-    case FlushPolicy::Report: return "report";
-    case FlushPolicy::Defer: return "defer";
+    case FlushPolicy::Allow:
+      return "allow";
+    case FlushPolicy::Report:
+      return "report";
+    case FlushPolicy::Defer:
+      return "defer";
   }
   return "?";
 }
@@ -100,7 +105,8 @@ FlushCheck flush_check(Call &c, FlushTarget target) {
   frame_syms(pc, n, patterns(), fs);
   FrameKind kinds[kFrames];
   for (int i = 0; i < n; ++i) kinds[i] = fs[i]->kind;
-  const FlushVerdict v = classify_stack(std::span<const FrameKind>(kinds, static_cast<std::size_t>(n)));
+  const FlushVerdict v =
+      classify_stack(std::span<const FrameKind>(kinds, static_cast<std::size_t>(n)));
   if (!v.opportunistic()) return fc;
   fc.opportunistic = true;
   fc.action = decide_flush(s.opts, target);
@@ -109,8 +115,10 @@ FlushCheck flush_check(Call &c, FlushTarget target) {
   return fc;
 }
 
-void flush_report(const Call &c, const FlushCheck &fc, Action action, const Args &args, int res,
-                  std::uint64_t bytes, std::uint64_t blocked_ns, bool over_limit) {
+void flush_report(const Call &c, const FlushCheck &fc, const Args &args, int res,
+                  std::uint64_t bytes, std::uint64_t blocked_ns) {
+  const Action action = fc.action;
+  const bool over_limit = fc.over_limit;
   State &s = state();
   Sites &st = sites();
   FlushEvent e;
@@ -172,9 +180,9 @@ std::string transport_summary_json() {
   }
   o += "],\"communicators_created\":" + std::to_string(t.created_total()) +
        ",\"flush_requests\":{\"ran\":" + std::to_string(t.flushes_run()) +
-       ",\"declined\":" + std::to_string(t.flushes_declined()) + "}" +
-       ",\"policy\":\"" + policy_name(s.opts.opportunistic) + "\"" +
-       ",\"deferred_released_bytes\":" + std::to_string(held().released_bytes(HoldReason::Deferred));
+       ",\"declined\":" + std::to_string(t.flushes_declined()) + "}" + ",\"policy\":\"" +
+       policy_name(s.opts.opportunistic) + "\"" + ",\"deferred_released_bytes\":" +
+       std::to_string(held().released_bytes(HoldReason::Deferred));
   Sites &st = sites();
   std::lock_guard lk(st.mu);
   o += ",\"flushes\":" + std::to_string(st.findings) + ",\"bytes\":" + std::to_string(st.bytes) +
@@ -188,7 +196,8 @@ std::string transport_summary_json() {
   for (const Site *r : rows) {
     o += (first ? "" : ",") + std::string("{\"site\":\"") + json_escape(r->text) +
          "\",\"flush\":\"" + json_escape(r->flush) + "\",\"count\":" + std::to_string(r->count) +
-         ",\"bytes\":" + std::to_string(r->bytes) + ",\"blocked_ns\":" + std::to_string(r->blocked_ns) +
+         ",\"bytes\":" + std::to_string(r->bytes) +
+         ",\"blocked_ns\":" + std::to_string(r->blocked_ns) +
          ",\"max_blocked_ns\":" + std::to_string(r->max_blocked_ns) +
          ",\"deferred\":" + std::to_string(r->deferred) +
          ",\"deferred_bytes\":" + std::to_string(r->deferred_bytes) +
@@ -211,7 +220,9 @@ std::string transport_summary_text() {
   if (t.suppressed()) {
     EventRef by = t.suppressed_by();
     out += "opportunistic cleanup suppressed";
-    if (by.known()) out += " from " + std::string(by.api ? by.api : "?") + " (seq " + std::to_string(by.seq) + ")";
+    if (by.known())
+      out +=
+          " from " + std::string(by.api ? by.api : "?") + " (seq " + std::to_string(by.seq) + ")";
   } else {
     out += "opportunistic cleanup never suppressed";
   }
@@ -219,8 +230,8 @@ std::string transport_summary_text() {
          (t.created_total() == 1 ? " communicator created, " : " communicators created, ") +
          std::to_string(t.live()) + " live at exit";
   if (t.flushes_run() || t.flushes_declined())
-    out += "; cumemguard_maybe_empty_cache ran " + std::to_string(t.flushes_run()) +
-           ", declined " + std::to_string(t.flushes_declined());
+    out += "; cumemguard_maybe_empty_cache ran " + std::to_string(t.flushes_run()) + ", declined " +
+           std::to_string(t.flushes_declined());
   out += "\n";
   if (st.rows.empty()) return out;
   out += "  opportunistic flushes (CUMEMGUARD_OPPORTUNISTIC=" + policy_name(s.opts.opportunistic) +
@@ -252,10 +263,12 @@ void flush_exit_line() {
     if (st.findings == 0 || s.opts.summary) return;
     std::uint64_t held_back = 0;
     for (const Site &r : st.rows) held_back += r.deferred + r.skipped;
-    msg = std::to_string(st.findings) + " opportunistic cache flushes after NCCL or another "
-          "transport started (" + human_bytes(st.bytes) + "; " + std::to_string(held_back) +
-          " held back, " + human_ns(st.blocked_ns) + " blocked in the driver) at " +
-          std::to_string(st.rows.size()) + " call sites; CUMEMGUARD_SUMMARY=1";
+    msg = std::to_string(st.findings) +
+          " opportunistic cache flushes after NCCL or another "
+          "transport started (" +
+          human_bytes(st.bytes) + "; " + std::to_string(held_back) + " held back, " +
+          human_ns(st.blocked_ns) + " blocked in the driver) at " + std::to_string(st.rows.size()) +
+          " call sites; CUMEMGUARD_SUMMARY=1";
   }
   if (s.log.is_open()) msg += " or 'cumemguard report " + s.log.path() + "'";
   msg += " lists them by call site";
@@ -268,8 +281,16 @@ void capi_call_record(const char *api, const EventRef &ev, int res, std::uint64_
   if (!s.log.is_open()) return;
   char buf[512];
   JsonLine j(buf, sizeof buf);
-  j.str("k", "call").unum("seq", ev.seq).unum("ts", ev.ts).unum("tid", ev.tid).str("api", api)
-      .num("res", res).unum("dur", dur).begin_object("args").unum(arg_key, arg).end_object();
+  j.str("k", "call")
+      .unum("seq", ev.seq)
+      .unum("ts", ev.ts)
+      .unum("tid", ev.tid)
+      .str("api", api)
+      .num("res", res)
+      .unum("dur", dur)
+      .begin_object("args")
+      .unum(arg_key, arg)
+      .end_object();
   s.log.write(j.finish(), ev.ts + dur);
 }
 
@@ -277,8 +298,14 @@ void capi_suppress_record(const EventRef &ev, bool turned_on) {
   State &s = state();
   char buf[512];
   JsonLine j(buf, sizeof buf);
-  j.str("k", "nccl").unum("seq", ev.seq).unum("ts", ev.ts).unum("tid", ev.tid)
-      .str("event", "suppress").str("api", ev.api).num("dev", -1).num("res", 0)
+  j.str("k", "nccl")
+      .unum("seq", ev.seq)
+      .unum("ts", ev.ts)
+      .unum("tid", ev.tid)
+      .str("event", "suppress")
+      .str("api", ev.api)
+      .num("dev", -1)
+      .num("res", 0)
       .num("live", s.transport.live());
   if (turned_on) j.boolean("suppressed", true);
   write_or_keep(std::string(j.finish()));

@@ -16,6 +16,7 @@ namespace cmg::shim {
 struct FlushCheck {
   bool opportunistic = false;
   Action action = Action::Forward;  // what the policy wants, when opportunistic
+  bool over_limit = false;          // Defer turned into Forward: CUMEMGUARD_DEFER_LIMIT reached
   FlushTarget target = FlushTarget::Free;
   int site = -1;  // row of the call-site table
 };
@@ -25,10 +26,10 @@ struct FlushCheck {
 // classifies the stack; for a flush, the call gets that stack if it has none.
 FlushCheck flush_check(Call &c, FlushTarget target);
 
-// Writes the opportunistic-flush finding (action as carried out: a free over the defer limit is
-// forwarded) and counts it for its call site.
-void flush_report(const Call &c, const FlushCheck &fc, Action action, const Args &args, int res,
-                  std::uint64_t bytes, std::uint64_t blocked_ns, bool over_limit = false);
+// Writes the opportunistic-flush finding (fc.action as carried out) and counts it for its call
+// site. `res` is what the caller gets; `blocked_ns` how long the driver call took (0: not made).
+void flush_report(const Call &c, const FlushCheck &fc, const Args &args, int res,
+                  std::uint64_t bytes, std::uint64_t blocked_ns);
 
 // The "transport" object of the summary record, and the lines of the stderr summary (empty when
 // no transport was seen and no flush reported).

@@ -100,6 +100,55 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
   return r;
 }
 
+// The free of a live allocation: held back (a deferred cache flush, the quarantine) or forwarded,
+// with the finding of an opportunistic flush (docs/transport.md). Intentional frees are never
+// held by the flush policy; a flush that would pass CUMEMGUARD_DEFER_LIMIT goes through.
+template <class R, class Real>
+R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
+  State &s = state();
+  const auto delta = -static_cast<std::int64_t>(v.rec.size);
+  const Call::Extra freed{v.rec.dev, v.rec.kind, delta};
+  args.u("size", v.rec.size);
+  FlushCheck fc;
+  if (sync_free(api, v.rec.kind)) fc = flush_check(c, FlushTarget::Free);
+  if (fc.opportunistic && fc.action == Action::Defer) {
+    const Held h{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Deferred, c.ev()};
+    if (held().hold_within(h, s.opts.defer_limit)) {
+      s.counters.add(v.rec.dev, v.rec.kind, delta);
+      flush_report(c, fc, args, 0, v.rec.size, 0);
+      Call::Extra x = freed;
+      x.deferred = true;
+      c.log(0, args, x);
+      return R(0);
+    }
+    fc.action = Action::Forward;
+    fc.over_limit = true;
+  }
+  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.rec.size, 0);
+  if (quarantined(api, v.rec.kind)) {
+    // Answer success now, free later: the address is not re-issued while it is held.
+    held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Quarantine,
+                     c.ev()});
+    s.counters.add(v.rec.dev, v.rec.kind, delta);
+    args.s("held", "quarantine");
+    if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, 0);
+    c.log(0, args, freed);
+    held().release_down_to(HoldReason::Quarantine, s.opts.quarantine);
+    return R(0);
+  }
+  const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
+  R r = real();
+  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), v.rec.size, now_ns() - t0);
+  if (r != R(0)) {
+    s.linear.rollback(v);
+    c.log(static_cast<int>(r), args);
+    return r;
+  }
+  s.counters.add(v.rec.dev, v.rec.kind, delta);
+  c.log(0, args, freed);
+  return r;
+}
+
 // Linear free (cudaFree, cuMemFree_v2, host frees, async frees).
 template <class R, class Real>
 R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
@@ -109,57 +158,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
   FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
   Args args;
   args.hex("ptr", ptr);
-  if (v.cls == FreeClass::Live) {
-    const auto delta = -static_cast<std::int64_t>(v.rec.size);
-    // A cache flush while transports are live (docs/transport.md): reported with the time it
-    // blocks, or held back under CUMEMGUARD_OPPORTUNISTIC=defer. Intentional frees never are.
-    FlushCheck fc;
-    if (sync_free(api, v.rec.kind)) fc = flush_check(c, FlushTarget::Free);
-    bool over_limit = false;
-    if (fc.opportunistic && fc.action == Action::Defer) {
-      if (held().hold_within(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api,
-                                  HoldReason::Deferred, c.ev()},
-                             s.opts.defer_limit)) {
-        s.counters.add(v.rec.dev, v.rec.kind, delta);
-        args.u("size", v.rec.size);
-        flush_report(c, fc, Action::Defer, args, 0, v.rec.size, 0);
-        Call::Extra x{v.rec.dev, v.rec.kind, delta};
-        x.deferred = true;
-        c.log(0, args, x);
-        return R(0);
-      }
-      over_limit = true;  // forwarded after all, with a warning
-    }
-    const Action flush_action = over_limit ? Action::Forward : fc.action;
-    if (fc.opportunistic && flush_action == Action::Abort)
-      flush_report(c, fc, Action::Abort, args, -1, v.rec.size, 0);
-    if (quarantined(api, v.rec.kind)) {
-      // Answer success now, free later: the address is not re-issued while it is held.
-      held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api,
-                       HoldReason::Quarantine, c.ev()});
-      s.counters.add(v.rec.dev, v.rec.kind, delta);
-      args.u("size", v.rec.size).s("held", "quarantine");
-      if (fc.opportunistic) flush_report(c, fc, flush_action, args, 0, v.rec.size, 0, over_limit);
-      c.log(0, args, Call::Extra{v.rec.dev, v.rec.kind, delta});
-      held().release_down_to(HoldReason::Quarantine, s.opts.quarantine);
-      return R(0);
-    }
-    const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
-    R r = real();
-    const std::uint64_t blocked = fc.opportunistic ? now_ns() - t0 : 0;
-    if (r != R(0)) {
-      s.linear.rollback(v);
-      if (fc.opportunistic)
-        flush_report(c, fc, flush_action, args, static_cast<int>(r), v.rec.size, blocked, over_limit);
-      c.log(static_cast<int>(r), args);
-      return r;
-    }
-    s.counters.add(v.rec.dev, v.rec.kind, delta);
-    args.u("size", v.rec.size);
-    if (fc.opportunistic) flush_report(c, fc, flush_action, args, 0, v.rec.size, blocked, over_limit);
-    c.log(0, args, Call::Extra{v.rec.dev, v.rec.kind, delta});
-    return r;
-  }
+  if (v.cls == FreeClass::Live) return free_live<R>(c, api, v, args, real);
   if (v.cls == FreeClass::Null) {
     R r = real();
     c.log(static_cast<int>(r), args);
@@ -200,17 +199,16 @@ R trim_pool(Api api, std::uint64_t pool, std::uint64_t keep, Real &&real) {
   args.hex("pool", pool).u("keep", keep);
   const FlushCheck fc = flush_check(c, FlushTarget::Trim);
   if (fc.opportunistic && fc.action == Action::Skip) {
-    flush_report(c, fc, Action::Skip, args, 0, 0, 0);
+    flush_report(c, fc, args, 0, 0, 0);
     Call::Extra x;
     x.skipped = true;
     c.log(0, args, x);
     return R(0);
   }
-  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, Action::Abort, args, -1, 0, 0);
+  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, 0, 0);
   const std::uint64_t t0 = now_ns();
   R r = real();
-  const std::uint64_t took = now_ns() - t0;
-  if (fc.opportunistic) flush_report(c, fc, fc.action, args, static_cast<int>(r), 0, took);
+  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), 0, now_ns() - t0);
   c.log(static_cast<int>(r), args);
   return r;
 }

@@ -36,9 +36,15 @@ int nccl_call(Api api, CommEvent ev, const std::function<int()> &real,
     char buf[512];
     JsonLine j(buf, sizeof buf);
     const char *name = kApis[static_cast<std::size_t>(api)].base;
-    j.str("k", "nccl").unum("seq", c.ev().seq).unum("ts", c.ev().ts).unum("tid", c.ev().tid)
-        .str("event", name).str("api", api_name(api)).hex("comm", comms.empty() ? 0 : comms[0].comm)
-        .num("dev", comms.empty() ? dev : comms[0].dev).num("res", r)
+    j.str("k", "nccl")
+        .unum("seq", c.ev().seq)
+        .unum("ts", c.ev().ts)
+        .unum("tid", c.ev().tid)
+        .str("event", name)
+        .str("api", api_name(api))
+        .hex("comm", comms.empty() ? 0 : comms[0].comm)
+        .num("dev", comms.empty() ? dev : comms[0].dev)
+        .num("res", r)
         .num("live", s.transport.live());
     if (turned_on) j.boolean("suppressed", true);
     s.log.write(j.finish(), now_ns());

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "objects.h"
+
 namespace cmg::shim {
 namespace {
 
@@ -68,7 +70,9 @@ void load_symbols(Module &m) {
   if (p == MAP_FAILED) return;
   const char *base = static_cast<const char *>(p);
   const auto *eh = reinterpret_cast<const ElfW(Ehdr) *>(base);
-  auto fits = [&](std::uint64_t off, std::uint64_t len) { return off <= size && len <= size - off; };
+  auto fits = [&](std::uint64_t off, std::uint64_t len) {
+    return off <= size && len <= size - off;
+  };
   bool ok = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
             eh->e_ident[EI_CLASS] == (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32) &&
             eh->e_shentsize == sizeof(ElfW(Shdr)) &&
@@ -81,8 +85,11 @@ void load_symbols(Module &m) {
       if (sh[i].sh_type == SHT_SYMTAB) pick = i;
     for (int i = 0; i < eh->e_shnum && pick < 0; ++i)
       if (sh[i].sh_type == SHT_DYNSYM) pick = i;
+    // The string table must end with its terminator, or a name could run past the mapping.
     if (pick >= 0 && sh[pick].sh_link < eh->e_shnum && fits(sh[pick].sh_offset, sh[pick].sh_size) &&
-        fits(sh[sh[pick].sh_link].sh_offset, sh[sh[pick].sh_link].sh_size)) {
+        fits(sh[sh[pick].sh_link].sh_offset, sh[sh[pick].sh_link].sh_size) &&
+        sh[sh[pick].sh_link].sh_size > 0 &&
+        base[sh[sh[pick].sh_link].sh_offset + sh[sh[pick].sh_link].sh_size - 1] == '\0') {
       const auto &str = sh[sh[pick].sh_link];
       m.strtab = base + str.sh_offset;
       m.strsz = str.sh_size;
@@ -119,13 +126,7 @@ Module *module_of(Cache &c, std::uintptr_t pc) {
         auto *x = static_cast<Ctx *>(data);
         if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
           x->subs = info->dlpi_subs;
-        std::uintptr_t lo = UINTPTR_MAX, hi = 0;
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto &ph = info->dlpi_phdr[i];
-          if (ph.p_type != PT_LOAD) continue;
-          lo = std::min<std::uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
-          hi = std::max<std::uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
-        }
+        const auto [lo, hi] = load_range(info);
         if (x->pc < lo || x->pc >= hi) return 0;
         x->hit = true;
         x->found.lo = lo;
@@ -220,8 +221,14 @@ std::string frame_text(const FrameSym &f, std::uintptr_t pc) {
   return off;
 }
 
-void symtab_fork_prepare() { cache().mu.lock(); }
-void symtab_fork_parent() { cache().mu.unlock(); }
-void symtab_fork_child() { cache().mu.unlock(); }
+void symtab_fork_prepare() {
+  cache().mu.lock();
+}
+void symtab_fork_parent() {
+  cache().mu.unlock();
+}
+void symtab_fork_child() {
+  cache().mu.unlock();
+}
 
 }  // namespace cmg::shim

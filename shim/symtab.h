@@ -15,11 +15,11 @@
 namespace cmg::shim {
 
 struct FrameSym {
-  std::string module;             // path of the object, empty when no object holds the address
+  std::string module;              // path of the object, empty when no object holds the address
   std::uintptr_t module_base = 0;  // its load bias
-  std::string name;               // the symbol as in the file (mangled), empty when unknown
-  std::string demangled;          // demangled, or the name itself when it is not a C++ name
-  std::uintptr_t start = 0;       // absolute start of the function, 0 when unknown
+  std::string name;                // the symbol as in the file (mangled), empty when unknown
+  std::string demangled;           // demangled, or the name itself when it is not a C++ name
+  std::uintptr_t start = 0;        // absolute start of the function, 0 when unknown
   FrameKind kind = FrameKind::Other;
 };
 

@@ -197,6 +197,17 @@ CASES = {
                 shim={"linear_bytes_before_release": str(48 << 20),
                       "release_deferred": str(48 << 20)},
                 findings=[("opportunistic-flush", "defer")] * 6),
+    # The third 24 MiB free of the first flush would take the held bytes past 50 MiB.
+    "P18-limit": dict(prog="flush_cases", args=["p18"], env={"FAKECUDA_DEVICE_MEMORY": "96M"},
+                      shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer",
+                                "CUMEMGUARD_DEFER_LIMIT": "50M"},
+                      base={"init": "0", "flush1.released": "3", "big_alloc": "cudaSuccess",
+                            "flush2.released": "2", "linear_bytes_after_release": "0",
+                            "flush3.released": "1", "destroy": "0"},
+                      shim={"linear_bytes_before_release": str(48 << 20),
+                            "release_deferred": str(48 << 20)},
+                      findings=[("opportunistic-flush", "defer")] * 5 +
+                               [("opportunistic-flush", "forward")]),
     "P19": dict(prog="flush_cases", args=["p19"], env={"FAKECUDA_DEVICE_MEMORY": "96M"},
                 shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
                 base={"init": "0", "oom_path.result": "cudaSuccess", "oom_path.released": "3",
@@ -380,6 +391,18 @@ def check_flushes(name, recs, steps, shim_steps, real, build, log_path):
         expect(len(released) == 6 and len(deferred) == 6, f"{name}: deferred {len(deferred)}, "
                f"released {len(released)}")
         expect(transport["deferred_released_bytes"] == 6 * (24 << 20), f"{name}: {transport}")
+    if name == "P18-limit":
+        fwd = [f for f in findings if f["action"] == "forward"]
+        expect(len(fwd) == 1 and fwd[0]["state"]["over_limit"] is True and
+               "CUMEMGUARD_DEFER_LIMIT" in fwd[0]["msg"] and fwd[0]["state"]["held_bytes"] == 48 << 20,
+               f"{name}: the free past the limit {fwd}")
+        fwd_call = next(c for c in calls if c["seq"] == fwd[0]["call_seq"])
+        expect(fwd_call["res"] == 0 and not fwd_call.get("deferred") and
+               fwd_call.get("delta") == -(24 << 20), f"{name}: its call {fwd_call}")
+        notes = [r for r in recs if r.get("k") == "note" and "CUMEMGUARD_DEFER_LIMIT" in r["msg"]]
+        expect(len(notes) == 1 and notes[0]["level"] == "warning", f"{name}: warnings {notes}")
+        expect(len(deferred) == 5 and len(released) == 5, f"{name}: deferred {len(deferred)}, "
+               f"released {len(released)}")
     if name == "P19":
         # The OOM path's frees (inside DeviceCachingAllocator::malloc) went through at once.
         oom = [c for c in calls if c["api"] == "cudaFree" and c["args"].get("size") == 24 << 20]
@@ -421,7 +444,7 @@ def check_flushes(name, recs, steps, shim_steps, real, build, log_path):
                f"{name}: {transport}")
 
 
-FLUSH_CASES = ("P17", "P17-defer", "P18", "P19", "sticky-failed", "trim", "trim-defer",
+FLUSH_CASES = ("P17", "P17-defer", "P18", "P18-limit", "P19", "sticky-failed", "trim", "trim-defer",
                "capi-race", "capi-ctypes")
 
 

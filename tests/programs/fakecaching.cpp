@@ -98,7 +98,9 @@ size_t DeviceCachingAllocator::cached_bytes() {
 
 // Built with -fno-optimize-sibling-calls (tests/integration/meson.build): a tail call would drop
 // this frame from the stack, which the real allocator's flush keeps.
-int NativeCachingAllocator::emptyCache() { return device.release_cached_blocks(); }
+int NativeCachingAllocator::emptyCache() {
+  return device.release_cached_blocks();
+}
 
 NativeCachingAllocator g_allocator;
 
@@ -139,7 +141,7 @@ __attribute__((visibility("default"))) int fakecache_empty_cache(void) {
 
 // Like caching_allocator.malloc: *released = blocks the OOM path gave back (0 when none).
 __attribute__((visibility("default"))) cudaError_t fakecache_malloc(void **p, size_t size,
-                                                                     int *released) {
+                                                                    int *released) {
   if (released) *released = 0;
   return cca::Native::g_allocator.device.malloc(p, size, released);
 }

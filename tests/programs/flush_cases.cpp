@@ -34,14 +34,14 @@ cudaError_t fakecache_async_empty_cache(void);
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t r_ = (call);                                                             \
-    if (r_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,         \
-                   cudaGetErrorName(r_));                                                \
-      std::exit(2);                                                                      \
-    }                                                                                    \
+#define CHECK_CUDA(call)                                                        \
+  do {                                                                          \
+    cudaError_t r_ = (call);                                                    \
+    if (r_ != cudaSuccess) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorName(r_));                                       \
+      std::exit(2);                                                             \
+    }                                                                           \
   } while (0)
 
 using Clock = std::chrono::steady_clock;
@@ -52,8 +52,12 @@ long ms_since(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
 }
 
-void step(const char *k, long v) { std::printf("%s %ld\n", k, v); }
-void step(const char *k, const char *v) { std::printf("%s %s\n", k, v); }
+void step(const char *k, long v) {
+  std::printf("%s %ld\n", k, v);
+}
+void step(const char *k, const char *v) {
+  std::printf("%s %s\n", k, v);
+}
 
 // Blocks that go through the cache: allocated together, then freed into it (cached: still
 // allocated in the driver until a flush).
@@ -62,11 +66,14 @@ void cached_blocks(int n, size_t size) {
   for (void *&p : ps) CHECK_CUDA(fakecache_malloc(&p, size, nullptr));
   for (void *p : ps) fakecache_free(p, size);
 }
-void cached_block(size_t size) { cached_blocks(1, size); }
+void cached_block(size_t size) {
+  cached_blocks(1, size);
+}
 
 // The fake driver's control calls (absent on the real driver).
 bool set_busy(unsigned long long ns) {
-  auto f = reinterpret_cast<void (*)(int, unsigned long long)>(dlsym(RTLD_DEFAULT, "fakecuda_set_busy"));
+  auto f =
+      reinterpret_cast<void (*)(int, unsigned long long)>(dlsym(RTLD_DEFAULT, "fakecuda_set_busy"));
   if (f) f(0, ns);
   return f != nullptr;
 }
@@ -189,8 +196,10 @@ int p17() {
   step("release_errors", fakecache_release_errors());
   // The flush function is a local symbol: not found through the dynamic symbol table.
   step("flush_symbol_dynamic",
-       dlsym(RTLD_DEFAULT, "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator10emptyCacheEv")
-           ? 1 : 0);
+       dlsym(RTLD_DEFAULT,
+             "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator10emptyCacheEv")
+           ? 1
+           : 0);
   return 0;
 }
 
@@ -249,7 +258,8 @@ int p19() {
   CHECK_CUDA(cudaMalloc(&mine, 8 * kMiB));
   const long long before = fake_linear_bytes();
   CHECK_CUDA(cudaFree(mine));
-  if (before >= 0) step("intentional.freed_now", before - fake_linear_bytes() == 8 * (long long)kMiB ? 1 : 0);
+  if (before >= 0)
+    step("intentional.freed_now", before - fake_linear_bytes() == 8 * (long long)kMiB ? 1 : 0);
 
   // 3. Another library's cuMemCreate needs the memory the flush gave up.
   CUmemAllocationProp prop{};

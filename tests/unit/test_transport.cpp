@@ -31,7 +31,9 @@ Options opts(std::vector<std::pair<std::string_view, std::string_view>> env) {
   return parse_options(env).options;
 }
 
-void noop(void *arg) { ++*static_cast<int *>(arg); }
+void noop(void *arg) {
+  ++*static_cast<int *>(arg);
+}
 
 }  // namespace
 
@@ -289,25 +291,52 @@ TEST_CASE("Built-in patterns recognise PyTorch's flush and OOM-retry frames") {
   const FlushPatterns p = FlushPatterns::from_option("");
   const char *lib = "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so";
   // Demangled names as in the torch 2.11 wheel (nccl-and-cleanup.md 0.4), with arguments.
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache(c10::cuda::MempoolId_t)", lib) == FrameKind::Flush);
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::CudaMallocAsync::CudaMallocAsyncAllocator::emptyCache(std::pair<unsigned long long, unsigned long long>)", lib) == FrameKind::Flush);
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)", lib) == FrameKind::Retry);
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::Native::(anonymous namespace)::DeviceCachingAllocator::release_available_cached_blocks(...)", lib) == FrameKind::Retry);
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::garbage_collect_cached_blocks()", lib) == FrameKind::Retry);
+  CHECK(p.classify("",
+                   "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache("
+                   "c10::cuda::MempoolId_t)",
+                   lib) == FrameKind::Flush);
+  CHECK(p.classify("",
+                   "c10::cuda::CUDACachingAllocator::CudaMallocAsync::CudaMallocAsyncAllocator::"
+                   "emptyCache(std::pair<unsigned long long, unsigned long long>)",
+                   lib) == FrameKind::Flush);
+  CHECK(p.classify("",
+                   "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed "
+                   "char, unsigned long, CUstream_st*)",
+                   lib) == FrameKind::Retry);
+  CHECK(p.classify("",
+                   "c10::cuda::CUDACachingAllocator::Native::(anonymous "
+                   "namespace)::DeviceCachingAllocator::release_available_cached_blocks(...)",
+                   lib) == FrameKind::Retry);
+  CHECK(p.classify("",
+                   "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::garbage_"
+                   "collect_cached_blocks()",
+                   lib) == FrameKind::Retry);
   // release_cached_blocks and release_block lie on both paths: they decide nothing.
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_cached_blocks(c10::cuda::MempoolId_t)", lib) == FrameKind::Other);
-  CHECK(p.classify("", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_block(Block*)", lib) == FrameKind::Other);
+  CHECK(p.classify("",
+                   "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_"
+                   "cached_blocks(c10::cuda::MempoolId_t)",
+                   lib) == FrameKind::Other);
+  CHECK(
+      p.classify(
+          "",
+          "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_block(Block*)",
+          lib) == FrameKind::Other);
   // Mangled names match the patterns without "::".
-  CHECK(p.classify("_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator31release_available_cached_blocksERKNS2_10AllocParamsE", "", lib) == FrameKind::Retry);
-  CHECK(p.classify("THCPModule_emptyCache", "THCPModule_emptyCache", "/x/libtorch_python.so") == FrameKind::Other);
+  CHECK(p.classify("_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator31release_"
+                   "available_cached_blocksERKNS2_10AllocParamsE",
+                   "", lib) == FrameKind::Retry);
+  CHECK(p.classify("THCPModule_emptyCache", "THCPModule_emptyCache", "/x/libtorch_python.so") ==
+        FrameKind::Other);
   // libnccl's own frames, whatever their names.
-  CHECK(p.classify("ncclCommDestroy", "ncclCommDestroy", "/usr/lib/x86_64-linux-gnu/libnccl.so.2") == FrameKind::Nccl);
+  CHECK(p.classify("ncclCommDestroy", "ncclCommDestroy",
+                   "/usr/lib/x86_64-linux-gnu/libnccl.so.2") == FrameKind::Nccl);
   CHECK(p.classify("", "", "/opt/nvidia/nccl/lib/libnccl.so.2.28.9") == FrameKind::Nccl);
   CHECK(p.classify("", "", "") == FrameKind::Other);
 }
 
 TEST_CASE("CUMEMGUARD_FLUSH_FRAMES adds flush and intentional patterns") {
-  const FlushPatterns p = FlushPatterns::from_option(" my_pool_trim , !MyAllocator::grow,, ! , flushAll");
+  const FlushPatterns p =
+      FlushPatterns::from_option(" my_pool_trim , !MyAllocator::grow,, ! , flushAll");
   CHECK(p.flush().size() == FlushPatterns::builtin_flush().size() + 2);
   CHECK(p.retry().size() == FlushPatterns::builtin_retry().size() + 1);
   CHECK(p.classify("my_pool_trim_v2", "my_pool_trim_v2", "/a/lib.so") == FrameKind::Flush);
@@ -359,11 +388,11 @@ TEST_CASE("The flush policy follows OPPORTUNISTIC, the mode and the class overri
   CHECK(decide_flush(opts({{"CUMEMGUARD_OPPORTUNISTIC", "defer"},
                            {"CUMEMGUARD_ACTION_OPPORTUNISTIC_FLUSH", "forward"}}),
                      FlushTarget::Free) == Action::Forward);
-  CHECK(decide_flush(opts({{"CUMEMGUARD_ACTION_OPPORTUNISTIC_FLUSH", "abort"}}), FlushTarget::Trim) ==
-        Action::Abort);
+  CHECK(decide_flush(opts({{"CUMEMGUARD_ACTION_OPPORTUNISTIC_FLUSH", "abort"}}),
+                     FlushTarget::Trim) == Action::Abort);
   // A free is never "proven redundant": skip asked for a class falls back to the policy.
-  CHECK(decide_flush(opts({{"CUMEMGUARD_ACTION_OPPORTUNISTIC_FLUSH", "skip"}}), FlushTarget::Free) ==
-        Action::Forward);
+  CHECK(decide_flush(opts({{"CUMEMGUARD_ACTION_OPPORTUNISTIC_FLUSH", "skip"}}),
+                     FlushTarget::Free) == Action::Forward);
 }
 
 TEST_CASE("The finding names the flush, its site, bytes, blocked time and what suppressed it") {
@@ -379,13 +408,17 @@ TEST_CASE("The finding names the flush, its site, bytes, blocked time and what s
   CHECK(f.cls == FindingClass::OpportunisticFlush);
   CHECK(f.bytes == 8u << 20);
   CHECK(f.blocked_ns == 301'200'000u);
-  CHECK(f.msg.find("cudaFree of 8.0 MiB in a cache flush (c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache())") == 0);
+  CHECK(f.msg.find(
+            "cudaFree of 8.0 MiB in a cache flush "
+            "(c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache())") ==
+        0);
   CHECK(f.msg.find("while 1 NCCL communicator is live") != std::string::npos);
   CHECK(f.msg.find("took 301.2 ms") != std::string::npos);
   REQUIRE(f.related.size() == 1);
   CHECK(f.related[0].what == "suppressed from");
   CHECK(f.related[0].ev.seq == 12);
-  CHECK(f.state_json.find("\"site\":\"c10::...::emptyCache() <- train_step+0x2a (train)\"") != std::string::npos);
+  CHECK(f.state_json.find("\"site\":\"c10::...::emptyCache() <- train_step+0x2a (train)\"") !=
+        std::string::npos);
 
   e.action = Action::Defer;
   e.blocked_ns = 0;
