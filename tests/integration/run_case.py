@@ -221,6 +221,10 @@ CASES = {
                           base={"pre.released": "1", "init": "1", "flush.released": "1",
                                 "flush_ms_at_least_200": "1"},
                           shim={}, findings=[("opportunistic-flush", "forward")]),
+    "nonblocking": dict(prog="flush_cases", args=["nonblocking"], real=True,
+                        base={"get_id": "0", "init": "7", "flush.released": "1", "async": "0",
+                              "destroy": "0"},
+                        shim={}, findings=[("opportunistic-flush", "forward")]),
     "trim": dict(prog="flush_cases", args=["trim"], real=True,
                  base={"init": "0", "trim": "cudaSuccess", "destroy": "0"},
                  shim={}, findings=[("opportunistic-flush", "forward")]),
@@ -422,6 +426,12 @@ def check_flushes(name, recs, steps, shim_steps, real, build, log_path):
         expect(f.get("blocked_ns", 0) >= MS200 and "sticky" in f["msg"] and f["state"]["live"] == 0,
                f"{name}: finding {f}")
         expect(transport["communicators_created"] == 0, f"{name}: {transport}")
+    if name == "nonblocking":
+        expect(init["res"] == 7 and init["live"] == 1 and init.get("suppressed") is True,
+               f"{name}: the in-progress init {init}")
+        expect(findings[0]["state"]["live"] == 1, f"{name}: {findings[0]}")
+        destroy = next(r for r in nccl if r["event"] == "destroy")
+        expect(destroy["live"] == 0 and destroy["comm"] == init["comm"], f"{name}: {destroy}")
     if name in ("trim", "trim-defer"):
         f = findings[0]
         expect(f["api"] == "cudaMemPoolTrimTo" and f["state"]["target"] == "trim" and
@@ -444,8 +454,8 @@ def check_flushes(name, recs, steps, shim_steps, real, build, log_path):
                f"{name}: {transport}")
 
 
-FLUSH_CASES = ("P17", "P17-defer", "P18", "P18-limit", "P19", "sticky-failed", "trim", "trim-defer",
-               "capi-race", "capi-ctypes")
+FLUSH_CASES = ("P17", "P17-defer", "P18", "P18-limit", "P19", "sticky-failed", "nonblocking",
+               "trim", "trim-defer", "capi-race", "capi-ctypes")
 
 
 def case_specific(name, recs, steps):

@@ -299,6 +299,28 @@ int sticky_failed() {
   return 0;
 }
 
+// A non-blocking init (config.blocking = 0) answers ncclInProgress: the communicator counts as
+// live from then on, and a flush made while its setup still runs is an opportunistic one.
+int nonblocking() {
+  CHECK_CUDA(cudaSetDevice(0));
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr;
+  step("get_id", ncclGetUniqueId(&id));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  step("init", ncclCommInitRankConfig(&comm, 1, id, 0, &cfg));
+  cached_block(8 * kMiB);
+  step("flush.released", fakecache_empty_cache());
+  ncclResult_t async = ncclInProgress;
+  for (int i = 0; i < 1000 && async == ncclInProgress; ++i) {
+    ncclCommGetAsyncError(comm, &async);
+    if (async == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  step("async", async);
+  step("destroy", ncclCommDestroy(comm));
+  return 0;
+}
+
 // The cudaMallocAsync backend's flush: a trim of the default pool under CudaMallocAsyncAllocator.
 int trim() {
   CHECK_CUDA(cudaSetDevice(0));
@@ -373,7 +395,8 @@ int main(int argc, char **argv) {
   if (c == "p19") return p19();
   if (c == "sticky-failed") return sticky_failed();
   if (c == "trim") return trim();
+  if (c == "nonblocking") return nonblocking();
   if (c == "capi-race") return capi_race();
-  std::fprintf(stderr, "usage: flush_cases p17|p18|p19|sticky-failed|trim|capi-race\n");
+  std::fprintf(stderr, "usage: flush_cases p17|p18|p19|sticky-failed|nonblocking|trim|capi-race\n");
   return 64;
 }
