@@ -78,6 +78,15 @@ int site_for(const FrameSym *const *fs, const std::uintptr_t *pc, int n, const F
   return it->second;
 }
 
+// Lock held.
+std::vector<const Site *> most_blocked_first(const Sites &st) {
+  std::vector<const Site *> rows;
+  for (const Site &r : st.rows) rows.push_back(&r);
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Site *a, const Site *b) { return a->blocked_ns > b->blocked_ns; });
+  return rows;
+}
+
 std::string policy_name(FlushPolicy p) {
   switch (p) {
     case FlushPolicy::Allow:
@@ -187,10 +196,7 @@ std::string transport_summary_json() {
   std::lock_guard lk(st.mu);
   o += ",\"flushes\":" + std::to_string(st.findings) + ",\"bytes\":" + std::to_string(st.bytes) +
        ",\"blocked_ns\":" + std::to_string(st.blocked_ns) + ",\"sites\":[";
-  std::vector<const Site *> rows;
-  for (const Site &r : st.rows) rows.push_back(&r);
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const Site *a, const Site *b) { return a->blocked_ns > b->blocked_ns; });
+  std::vector<const Site *> rows = most_blocked_first(st);
   if (rows.size() > 64) rows.resize(64);  // the log has every finding; the summary the worst
   first = true;
   for (const Site *r : rows) {
@@ -241,10 +247,7 @@ std::string transport_summary_text() {
   std::snprintf(line, sizeof line, "    %7s %12s %12s %9s  %s\n", "count", "bytes", "blocked",
                 "deferred", "site (flush <- caller)");
   out += line;
-  std::vector<const Site *> rows;
-  for (const Site &r : st.rows) rows.push_back(&r);
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const Site *a, const Site *b) { return a->blocked_ns > b->blocked_ns; });
+  std::vector<const Site *> rows = most_blocked_first(st);
   for (const Site *r : rows) {
     std::snprintf(line, sizeof line, "    %7llu %12s %12s %9llu  ",
                   static_cast<unsigned long long>(r->count), human_bytes(r->bytes).c_str(),
