@@ -1,44 +1,334 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport registry (see transport.h).
+// Transport registry, flush classification and flush policy (see transport.h).
 #include "transport.h"
 
+#include <cstdio>
 #include <new>
 
 namespace cmg {
+namespace {
 
-void Transport::set_suppressed() {
-  if (suppressed_.load(std::memory_order_acquire)) return;
-  // Wait for a flush already in progress, then publish: no flush straddles the transition.
-  std::lock_guard lk(flush_mu_);
-  suppressed_.store(true, std::memory_order_release);
+// The registry whose run_flush() this thread is inside (nullptr: none).
+thread_local const Transport *t_flushing = nullptr;
+
+int slot_of(int dev) {
+  return dev >= 0 && dev < Transport::kMaxDevices ? dev : Transport::kMaxDevices;
 }
 
-void Transport::on_create_enter() {
-  pending_.fetch_add(1, std::memory_order_relaxed);
-  set_suppressed();
+}  // namespace
+
+// ---- registry ----------------------------------------------------------------------------------
+
+bool Transport::set_suppressed(const EventRef &ev) {
+  // Publish first, so that every flush request from now on declines; then wait for the flushes
+  // that already passed their check (each holds the lock shared until it is done). A thread that
+  // turns suppression on from inside its own permitted flush cannot wait for itself.
+  const bool was = suppressed_.exchange(true, std::memory_order_acq_rel);
+  if (!was) {
+    suppressed_by_ = ev;
+    by_ready_.store(true, std::memory_order_release);
+  }
+  if (!flushing_here()) {
+    std::unique_lock lk(flush_mu_);  // taken only once every running flush is done
+  }
+  return !was;
 }
 
-void Transport::on_create_exit(int created) {
-  pending_.fetch_sub(1, std::memory_order_relaxed);
-  if (created > 0) {
-    live_.fetch_add(created, std::memory_order_relaxed);
-    created_total_.fetch_add(static_cast<std::uint64_t>(created), std::memory_order_relaxed);
+bool Transport::on_create_enter(const EventRef &ev) {
+  return set_suppressed(ev);
+}
+
+void Transport::on_create_exit(std::span<const CommOnDevice> created) {
+  std::lock_guard lk(comm_mu_);
+  for (const CommOnDevice &c : created) {
+    if (c.comm == 0 || !comms_.emplace(c.comm, c.dev).second) continue;
+    live_dev_[slot_of(c.dev)].fetch_add(1, std::memory_order_relaxed);
+    live_.fetch_add(1, std::memory_order_relaxed);
+    created_total_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-void Transport::on_destroy() {
-  int v = live_.load(std::memory_order_relaxed);
-  while (v > 0 && !live_.compare_exchange_weak(v, v - 1, std::memory_order_relaxed)) {
-  }
+int Transport::on_destroy(std::uint64_t comm) {
+  std::lock_guard lk(comm_mu_);
+  auto it = comms_.find(comm);
+  if (it == comms_.end()) return -1;
+  const int dev = it->second;
+  comms_.erase(it);
+  live_dev_[slot_of(dev)].fetch_sub(1, std::memory_order_relaxed);
+  live_.fetch_sub(1, std::memory_order_relaxed);
+  return dev;
 }
 
-void Transport::suppress_external() { set_suppressed(); }
+bool Transport::suppress_external(const EventRef &ev) {
+  return set_suppressed(ev);
+}
+
+int Transport::live_on(int dev) const {
+  return live_dev_[slot_of(dev)].load(std::memory_order_relaxed);
+}
+
+std::vector<std::pair<int, int>> Transport::live_by_device() const {
+  std::vector<std::pair<int, int>> out;
+  for (int i = 0; i <= kMaxDevices; ++i)
+    if (int n = live_dev_[i].load(std::memory_order_relaxed))
+      out.emplace_back(i == kMaxDevices ? -1 : i, n);
+  return out;
+}
+
+int Transport::device_of(std::uint64_t comm) const {
+  std::lock_guard lk(comm_mu_);
+  auto it = comms_.find(comm);
+  return it == comms_.end() ? -1 : it->second;
+}
+
+EventRef Transport::suppressed_by() const {
+  return by_ready_.load(std::memory_order_acquire) ? suppressed_by_ : EventRef{};
+}
+
+bool Transport::flushing_here() const {
+  return t_flushing == this;
+}
+
+bool Transport::run_flush(void (*flush)(void *), void *arg) {
+  if (!flush) return false;
+  if (flushing_here()) {
+    // A request from inside this thread's own permitted flush: the lock is already held shared.
+    if (suppressed()) {
+      flushes_declined_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    flush(arg);
+    flushes_run_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  std::shared_lock lk(flush_mu_);
+  if (suppressed()) {
+    flushes_declined_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  struct Scope {
+    const Transport *prev;
+    explicit Scope(const Transport *t) : prev(t_flushing) { t_flushing = t; }
+    ~Scope() { t_flushing = prev; }
+  } scope(this);
+  flush(arg);
+  flushes_run_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 void Transport::reset() {
-  new (&flush_mu_) std::mutex();
+  new (&flush_mu_) std::shared_mutex();
+  new (&comm_mu_) std::mutex();
+  comms_.clear();
   live_.store(0);
-  pending_.store(0);
-  // Sticky across fork too: the child inherits whatever the parent's transports left behind.
+  for (auto &d : live_dev_) d.store(0);
+}
+
+// ---- classification ----------------------------------------------------------------------------
+
+namespace {
+
+// PyTorch's flush entry points (nccl-and-cleanup.md 4.2, 4.4; local symbols in the 2.11 wheel).
+// DeviceCachingAllocator::emptyCache is inlined in 2.11 and out of line in other releases.
+constexpr std::string_view kBuiltinFlush[] = {
+    "NativeCachingAllocator::emptyCache",
+    "CudaMallocAsyncAllocator::emptyCache",
+    "DeviceCachingAllocator::emptyCache",
+};
+
+// PyTorch's allocation path that releases cached blocks to satisfy an allocation (4.3): the OOM
+// retry and the garbage collection. Whether DeviceCachingAllocator::malloc stays out of line is
+// not known for every release, so the Native entry points that call it are listed too.
+constexpr std::string_view kBuiltinRetry[] = {
+    "DeviceCachingAllocator::malloc",  "DeviceCachingAllocator::alloc_block",
+    "NativeCachingAllocator::malloc",  "NativeCachingAllocator::allocate",
+    "release_available_cached_blocks", "garbage_collect_cached_blocks",
+};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool contains_any(std::string_view name, const std::vector<std::string> &pats) {
+  if (name.empty()) return false;
+  for (const std::string &p : pats)
+    if (name.find(p) != std::string_view::npos) return true;
+  return false;
+}
+
+std::string_view basename(std::string_view path) {
+  auto slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+std::span<const std::string_view> FlushPatterns::builtin_flush() {
+  return kBuiltinFlush;
+}
+std::span<const std::string_view> FlushPatterns::builtin_retry() {
+  return kBuiltinRetry;
+}
+
+FlushPatterns FlushPatterns::from_option(std::string_view extra) {
+  FlushPatterns p;
+  for (std::string_view s : kBuiltinFlush) p.flush_.emplace_back(s);
+  for (std::string_view s : kBuiltinRetry) p.retry_.emplace_back(s);
+  while (!extra.empty()) {
+    const auto comma = extra.find(',');
+    std::string_view item = trim(extra.substr(0, comma));
+    extra = comma == std::string_view::npos ? std::string_view() : extra.substr(comma + 1);
+    if (!item.empty() && item.front() == '!') {
+      item = trim(item.substr(1));
+      if (!item.empty()) p.retry_.emplace_back(item);
+    } else if (!item.empty()) {
+      p.flush_.emplace_back(item);
+    }
+  }
+  return p;
+}
+
+FrameKind FlushPatterns::classify(std::string_view mangled, std::string_view demangled,
+                                  std::string_view module_path) const {
+  // NCCL's frees (destroy, abort, lazy connect, failure cleanup) are its own buffers
+  // (nccl-and-cleanup.md 1.7), reached from libnccl's text.
+  if (basename(module_path).substr(0, 7) == "libnccl") return FrameKind::Nccl;
+  if (contains_any(demangled, retry_) || contains_any(mangled, retry_)) return FrameKind::Retry;
+  if (contains_any(demangled, flush_) || contains_any(mangled, flush_)) return FrameKind::Flush;
+  return FrameKind::Other;
+}
+
+FlushVerdict classify_stack(std::span<const FrameKind> frames) {
+  FlushVerdict v;
+  bool nccl = false, retry = false;
+  const int n = static_cast<int>(frames.size());
+  for (int i = 0; i < n; ++i) {
+    switch (frames[i]) {
+      case FrameKind::Nccl:
+        nccl = true;
+        break;
+      case FrameKind::Retry:
+        retry = true;
+        break;
+      case FrameKind::Flush:
+        if (v.flush_frame < 0) v.flush_frame = i;
+        break;
+      case FrameKind::Other:
+        break;
+    }
+  }
+  if (nccl) {
+    v.why = FlushVerdict::Why::FromNccl;
+  } else if (retry) {
+    v.why = FlushVerdict::Why::RetryFrame;
+  } else if (v.flush_frame >= 0) {
+    v.why = FlushVerdict::Why::Flush;
+    int top = v.flush_frame;
+    while (top + 1 < n && frames[top + 1] == FrameKind::Flush) ++top;
+    v.caller_frame = top + 1 < n ? top + 1 : -1;
+  }
+  return v;
+}
+
+// ---- policy ------------------------------------------------------------------------------------
+
+Action decide_flush(const Options &o, FlushTarget target) {
+  const auto override_ = o.action[static_cast<std::size_t>(FindingClass::OpportunisticFlush)];
+  if (o.action_for(FindingClass::OpportunisticFlush) == Action::Abort) return Action::Abort;
+  if (override_ == ActionOverride::Forward) return Action::Forward;
+  if (o.opportunistic == FlushPolicy::Defer)
+    return target == FlushTarget::Trim ? Action::Skip : Action::Defer;
+  return Action::Forward;
+}
+
+std::string human_bytes(std::uint64_t b) {
+  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, unit[u]);
+  return buf;
+}
+
+std::string human_ns(std::uint64_t ns) {
+  char buf[32];
+  if (ns < 1000)
+    std::snprintf(buf, sizeof buf, "%llu ns", static_cast<unsigned long long>(ns));
+  else if (ns < 1000000)
+    std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1e3);
+  else if (ns < 1000000000)
+    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
+Finding flush_finding(const FlushEvent &e) {
+  Finding f;
+  f.cls = FindingClass::OpportunisticFlush;
+  const bool trim = e.target == FlushTarget::Trim;
+  std::string msg(e.api);
+  if (!trim) msg += " of " + human_bytes(e.bytes);
+  msg += " in a cache flush (";
+  msg.append(e.flush_frame.empty() ? std::string_view("?") : e.flush_frame);
+  msg += ") ";
+  const bool external =
+      e.suppressed_by.api && std::string_view(e.suppressed_by.api).rfind("cumemguard_", 0) == 0;
+  if (e.live > 0)
+    msg += "while " + std::to_string(e.live) +
+           (e.live == 1 ? " NCCL communicator is" : " NCCL communicators are") + " live";
+  else if (external)
+    msg += "after the program announced a transport (cumemguard_suppress_opportunistic_cleanup)";
+  else
+    msg += "after NCCL was set up (suppression is sticky; no communicator is live now)";
+  msg += ": ";
+  switch (e.action) {
+    case Action::Forward:
+      if (e.over_limit)
+        msg += "forwarded and took " + human_ns(e.blocked_ns) +
+               ", because holding it would pass "
+               "CUMEMGUARD_DEFER_LIMIT (" +
+               human_bytes(e.defer_limit) + "; " + human_bytes(e.held_bytes) + " held)";
+      else if (trim)
+        msg += "took " + human_ns(e.blocked_ns) +
+               "; a trim does not wait for the device itself, "
+               "the synchronization PyTorch makes before it does (docs/transport.md)";
+      else
+        msg += "took " + human_ns(e.blocked_ns) +
+               " (a synchronizing free waits for all work on "
+               "the device); remove the flush from the per-iteration path or run it through "
+               "cumemguard_maybe_empty_cache()";
+      break;
+    case Action::Defer:
+      msg += "held back (" + human_bytes(e.held_bytes) +
+             " deferred); released at out-of-memory, "
+             "by cumemguard_release_deferred(), past CUMEMGUARD_DEFER_LIMIT or at exit";
+      break;
+    case Action::Skip:
+      msg +=
+          "not made: a pool trim returns only memory already free in the pool, which keeps it "
+          "for its next allocations";
+      break;
+    case Action::Abort:
+      msg += "strict mode";
+      break;
+  }
+  f.msg = std::move(msg);
+  f.bytes = e.bytes;
+  f.blocked_ns = e.blocked_ns;
+  f.state_json = "{\"flush_frame\":\"" + json_escape(e.flush_frame) + "\",\"site\":\"" +
+                 json_escape(e.site) + "\",\"target\":\"" + (trim ? "trim" : "free") +
+                 "\",\"live\":" + std::to_string(e.live) +
+                 ",\"held_bytes\":" + std::to_string(e.held_bytes) +
+                 ",\"over_limit\":" + (e.over_limit ? "true" : "false") + "}";
+  if (e.suppressed_by.known()) f.related.push_back(Related{"suppressed from", e.suppressed_by});
+  return f;
 }
 
 }  // namespace cmg

@@ -1,45 +1,168 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport registry: live NCCL communicators (and transports announced through the C API), and the
-// sticky "opportunistic cleanup suppressed" state that follows from them.
+// Transport-aware opportunistic cleanup, the pure half: the registry of live NCCL communicators
+// (and transports announced through the C API), the sticky "opportunistic cleanup suppressed"
+// state with the seed's flush contract, the classification of a free's stack as a cache flush,
+// and what the policy does with one.
 //
 // A communicator counts from the *entry* of its init call: NCCL starts proxy threads and lazily
-// connects peers inside collectives (NCCL_RUNTIME_CONNECT, nccl-and-cleanup.md 1.2), so device work
-// may be in flight before the init returns. Suppression is sticky: an empty communicator list does
-// not prove the transports are quiet (seed 000's contract).
+// connects peers inside collectives (NCCL_RUNTIME_CONNECT, nccl-and-cleanup.md 1.2 and 6.1), so
+// device work may be in flight before the init returns. Suppression is sticky: an empty
+// communicator list does not prove the transports are quiet (seed 000's contract).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "event.h"
+#include "options.h"
 
 namespace cmg {
 
+// ---- the registry ------------------------------------------------------------------------------
+
+struct CommOnDevice {
+  std::uint64_t comm = 0;
+  int dev = -1;  // -1: not known
+};
+
 class Transport {
  public:
-  // An init/split/shrink call begins: suppression starts now, before the real call runs.
-  void on_create_enter();
-  // It returned: `created` communicators exist now (0 on failure; non-blocking init counts).
-  void on_create_exit(int created);
-  void on_destroy();  // destroy or abort of one communicator
-  // cumemguard_suppress_opportunistic_cleanup(): a transport the shim cannot see has started.
-  void suppress_external();
+  static constexpr int kMaxDevices = 64;
+
+  // An init/split/shrink begins: suppression starts now, before the real call starts background
+  // work, and this returns only once a flush already running under run_flush() has finished.
+  // Returns true when this call turned suppression on.
+  bool on_create_enter(const EventRef &ev);
+  // It returned: these communicators exist now (none when it failed; a non-blocking init that
+  // answered ncclInProgress has its communicator and counts as live).
+  void on_create_exit(std::span<const CommOnDevice> created);
+  // A destroy or abort succeeded. Returns the communicator's device, -1 when it was not known.
+  int on_destroy(std::uint64_t comm);
+  // cumemguard_suppress_opportunistic_cleanup(): a transport the shim cannot see (UCXX, a custom
+  // one) is about to start. Same serialization as on_create_enter. True when it turned it on.
+  bool suppress_external(const EventRef &ev);
 
   int live() const { return live_.load(std::memory_order_relaxed); }
-  bool suppressed() const { return suppressed_.load(std::memory_order_acquire); }
+  int live_on(int dev) const;
+  std::vector<std::pair<int, int>> live_by_device() const;  // (device, live), devices with any
+  int device_of(std::uint64_t comm) const;                  // -1 when not known
   std::uint64_t created_total() const { return created_total_.load(std::memory_order_relaxed); }
 
-  // A flush runs under this lock so the transition to suppressed is serialized with a flush that
-  // is already running (it completes first; the next one sees the new state).
-  std::mutex &flush_mutex() { return flush_mu_; }
-  void reset();  // after fork(): the child has no communicators
+  bool suppressed() const { return suppressed_.load(std::memory_order_acquire); }
+  // The event that turned suppression on (known once suppressed() has been true for a moment:
+  // the first caller publishes it right after the flag).
+  EventRef suppressed_by() const;
+
+  // The seed's contract (cumemguard_maybe_empty_cache): runs flush(arg) only while not
+  // suppressed and returns whether it ran. Flushes run concurrently with each other; a transition
+  // to suppressed waits for the ones running, and every request after the transition declines.
+  bool run_flush(void (*flush)(void *), void *arg);
+  // This thread is inside run_flush() of this registry: its frees are the program's adopted,
+  // permitted flush, not an opportunistic one.
+  bool flushing_here() const;
+  std::uint64_t flushes_run() const { return flushes_run_.load(std::memory_order_relaxed); }
+  std::uint64_t flushes_declined() const {
+    return flushes_declined_.load(std::memory_order_relaxed);
+  }
+
+  // After fork(): the child has no communicators and no flush running; suppression stays (the
+  // child inherits whatever the parent's transports left behind).
+  void reset();
 
  private:
-  void set_suppressed();
+  bool set_suppressed(const EventRef &ev);
   std::atomic<int> live_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<bool> suppressed_{false};
+  std::atomic<int> live_dev_[kMaxDevices + 1]{};  // the last slot: device not known
   std::atomic<std::uint64_t> created_total_{0};
-  std::mutex flush_mu_;
+  mutable std::mutex comm_mu_;
+  std::unordered_map<std::uint64_t, int> comms_;  // live communicator -> device
+  std::atomic<bool> suppressed_{false};
+  std::atomic<bool> by_ready_{false};
+  EventRef suppressed_by_{};  // written once, by the caller that turned suppression on
+  std::atomic<std::uint64_t> flushes_run_{0}, flushes_declined_{0};
+  std::shared_mutex flush_mu_;  // shared: a flush runs; exclusive: a transition waits for them
 };
+
+// ---- flush classification ----------------------------------------------------------------------
+
+// What one stack frame says about a free made below it.
+enum class FrameKind : std::uint8_t {
+  Other,
+  Flush,  // a cache flush (PyTorch's emptyCache, or a CUMEMGUARD_FLUSH_FRAMES pattern)
+  Retry,  // an allocation that releases cached memory to retry (PyTorch's OOM path): intentional
+  Nccl,   // code of libnccl itself: NCCL's own buffers, never the program's cache
+};
+
+// Function-name patterns: a frame matches when its demangled or mangled name contains one.
+class FlushPatterns {
+ public:
+  // Built-in patterns (PyTorch 2.x, nccl-and-cleanup.md 4.2-4.5) plus CUMEMGUARD_FLUSH_FRAMES:
+  // comma-separated; an entry starting with '!' marks an intentional-release frame instead.
+  static FlushPatterns from_option(std::string_view extra);
+  static std::span<const std::string_view> builtin_flush();
+  static std::span<const std::string_view> builtin_retry();
+
+  FrameKind classify(std::string_view mangled, std::string_view demangled,
+                     std::string_view module_path) const;
+  const std::vector<std::string> &flush() const { return flush_; }
+  const std::vector<std::string> &retry() const { return retry_; }
+
+ private:
+  std::vector<std::string> flush_, retry_;
+};
+
+// A stack (innermost frame first) judged as a whole.
+struct FlushVerdict {
+  enum class Why : std::uint8_t { NoFlushFrame, Flush, RetryFrame, FromNccl };
+  Why why = Why::NoFlushFrame;
+  int flush_frame = -1;   // the innermost flush frame
+  int caller_frame = -1;  // the first frame above the flush frames: where the flush was called
+  bool opportunistic() const { return why == Why::Flush; }
+};
+// A free is opportunistic when a flush frame is on its stack, no allocation-retry frame is (an
+// OOM retry releases cached blocks from inside malloc: intentional), and no frame is libnccl's.
+FlushVerdict classify_stack(std::span<const FrameKind> frames);
+
+// ---- what the policy does ----------------------------------------------------------------------
+
+enum class FlushTarget : std::uint8_t { Free, Trim };
+
+// For an opportunistic flush while suppressed (CUMEMGUARD_OPPORTUNISTIC is not allow):
+//   Forward - report it and let it run (report); also what an explicit ACTION_..=forward asks
+//   Defer   - hold the free back (defer); the caller forwards it after all when the held bytes
+//             would exceed CUMEMGUARD_DEFER_LIMIT
+//   Skip    - a pool trim under defer: not made at all (it only returns memory already free in
+//             the pool, which keeps it for its next allocations; see docs/transport.md)
+//   Abort   - strict mode or ACTION_OPPORTUNISTIC_FLUSH=abort
+Action decide_flush(const Options &o, FlushTarget target);
+
+// Everything a finding about one opportunistic flush says.
+struct FlushEvent {
+  std::string_view api;  // the call the program made
+  FlushTarget target = FlushTarget::Free;
+  Action action = Action::Forward;
+  bool over_limit = false;       // would have been deferred; the limit made it go through
+  std::uint64_t bytes = 0;       // the free's size (0 for a trim)
+  std::uint64_t blocked_ns = 0;  // how long the call itself took (0 when not made now)
+  std::uint64_t held_bytes = 0;  // deferred bytes held after this call
+  std::uint64_t defer_limit = 0;
+  std::string_view flush_frame;  // the matching function
+  std::string_view site;         // "flush <- caller": where the flush was called
+  int live = 0;                  // communicators live now
+  EventRef suppressed_by;        // the init or C API call that turned suppression on
+};
+Finding flush_finding(const FlushEvent &e);
+
+// "8.0 MiB", "301.2 ms": used in messages and the exit summary.
+std::string human_bytes(std::uint64_t b);
+std::string human_ns(std::uint64_t ns);
 
 }  // namespace cmg

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
+#include "flush.h"
 #include "held.h"
 #include "loader.h"
 #include "state.h"
@@ -13,6 +15,8 @@
 namespace cmg::shim {
 
 thread_local inline ThreadVmmState t_vmm;
+// This thread is inside an NCCL communicator-lifecycle call (nccl_call).
+thread_local inline bool t_in_nccl = false;
 
 // Frees accepted by each family of free calls.
 inline constexpr KindMask kDeviceFrees =
@@ -38,12 +42,27 @@ R call_with_oom_retry(Real &&real, bool &retried) {
   return r;
 }
 
+// An allocation made inside another intercepted call is not recorded, but one that NCCL makes
+// inside ncclCommInitRank* (its buffers) still gets the release-and-retry: memory the shim holds
+// back must never make a communicator's setup fail (bug-patterns.md P19).
+template <class R, class Real>
+R untracked_alloc(Real &&real) {
+  if (!t_in_nccl) return real();
+  bool retried = false;
+  return call_with_oom_retry<R>(real, retried);
+}
+
+// The frees that wait for all work on the device (real-driver.md section 3): the ones the
+// quarantine and the flush policy may hold back. Stream-ordered memory is never among them.
+inline bool sync_free(Api api, MemKind kind) {
+  const bool api_syncs = api == Api::cudaFree || api == Api::cuMemFree_v2 ||
+                         api == Api::cudaFreeHost || api == Api::cuMemFreeHost;
+  return api_syncs && kind != MemKind::Ipc && kind != MemKind::Async;
+}
+
 // Quarantine applies to synchronous frees of linear, managed and host memory.
 inline bool quarantined(Api api, MemKind kind) {
-  if (state().opts.quarantine == 0) return false;
-  const bool sync_free = api == Api::cudaFree || api == Api::cuMemFree_v2 ||
-                         api == Api::cudaFreeHost || api == Api::cuMemFreeHost;
-  return sync_free && kind != MemKind::Ipc;
+  return state().opts.quarantine != 0 && sync_free(api, kind);
 }
 
 // Linear allocation (cudaMalloc, cuMemAlloc_v2, host, managed, async, pitch). `out` reads the new
@@ -51,7 +70,7 @@ inline bool quarantined(Api api, MemKind kind) {
 template <class R, class Size, class Real, class Out>
 R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
   Call c(api, StackWhen::Sampled);
-  if (!c.tracked()) return real();
+  if (!c.tracked()) return untracked_alloc<R>(real);
   bool retried = false;
   R r = call_with_oom_retry<R>(real, retried);
   Args args;
@@ -86,6 +105,55 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
   return r;
 }
 
+// The free of a live allocation: held back (a deferred cache flush, the quarantine) or forwarded,
+// with the finding of an opportunistic flush (docs/transport.md). Intentional frees are never
+// held by the flush policy; a flush that would pass CUMEMGUARD_DEFER_LIMIT goes through.
+template <class R, class Real>
+R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
+  State &s = state();
+  const auto delta = -static_cast<std::int64_t>(v.rec.size);
+  const Call::Extra freed{v.rec.dev, v.rec.kind, delta};
+  args.u("size", v.rec.size);
+  FlushCheck fc;
+  if (sync_free(api, v.rec.kind)) fc = flush_check(c, FlushTarget::Free);
+  if (fc.opportunistic && fc.action == Action::Defer) {
+    const Held h{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Deferred, c.ev()};
+    if (held().hold_within(h, s.opts.defer_limit)) {
+      s.counters.add(v.rec.dev, v.rec.kind, delta);
+      flush_report(c, fc, args, 0, v.rec.size, 0);
+      Call::Extra x = freed;
+      x.deferred = true;
+      c.log(0, args, x);
+      return R(0);
+    }
+    fc.action = Action::Forward;
+    fc.over_limit = true;
+  }
+  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.rec.size, 0);
+  if (quarantined(api, v.rec.kind)) {
+    // Answer success now, free later: the address is not re-issued while it is held.
+    held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Quarantine,
+                     c.ev()});
+    s.counters.add(v.rec.dev, v.rec.kind, delta);
+    args.s("held", "quarantine");
+    if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, 0);
+    c.log(0, args, freed);
+    held().release_down_to(HoldReason::Quarantine, s.opts.quarantine);
+    return R(0);
+  }
+  const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
+  R r = real();
+  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), v.rec.size, now_ns() - t0);
+  if (r != R(0)) {
+    s.linear.rollback(v);
+    c.log(static_cast<int>(r), args);
+    return r;
+  }
+  s.counters.add(v.rec.dev, v.rec.kind, delta);
+  c.log(0, args, freed);
+  return r;
+}
+
 // Linear free (cudaFree, cuMemFree_v2, host frees, async frees).
 template <class R, class Real>
 R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
@@ -95,30 +163,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
   FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
   Args args;
   args.hex("ptr", ptr);
-  if (v.cls == FreeClass::Live) {
-    if (quarantined(api, v.rec.kind)) {
-      // Answer success now, free later: the address is not re-issued while it is held.
-      held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api,
-                       HoldReason::Quarantine, c.ev()});
-      const auto delta = -static_cast<std::int64_t>(v.rec.size);
-      s.counters.add(v.rec.dev, v.rec.kind, delta);
-      args.u("size", v.rec.size).s("held", "quarantine");
-      c.log(0, args, Call::Extra{v.rec.dev, v.rec.kind, delta});
-      held().release_down_to(HoldReason::Quarantine, s.opts.quarantine);
-      return R(0);
-    }
-    R r = real();
-    if (r != R(0)) {
-      s.linear.rollback(v);
-      c.log(static_cast<int>(r), args);
-      return r;
-    }
-    const auto delta = -static_cast<std::int64_t>(v.rec.size);
-    s.counters.add(v.rec.dev, v.rec.kind, delta);
-    args.u("size", v.rec.size);
-    c.log(0, args, Call::Extra{v.rec.dev, v.rec.kind, delta});
-    return r;
-  }
+  if (v.cls == FreeClass::Live) return free_live<R>(c, api, v, args, real);
   if (v.cls == FreeClass::Null) {
     R r = real();
     c.log(static_cast<int>(r), args);
@@ -162,6 +207,31 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
   return r;
 }
 
+// Pool trims (cuMemPoolTrimTo, cudaMemPoolTrimTo). Under a cache flush while transports are
+// live: reported, or not made at all under defer (a trim returns only memory already free in the
+// pool, which keeps it for its next allocations; it never waits for the device itself).
+template <class R, class Real>
+R trim_pool(Api api, std::uint64_t pool, std::uint64_t keep, Real &&real) {
+  Call c(api, StackWhen::Always);
+  if (!c.tracked()) return real();
+  Args args;
+  args.hex("pool", pool).u("keep", keep);
+  const FlushCheck fc = flush_check(c, FlushTarget::Trim);
+  if (fc.opportunistic && fc.action == Action::Skip) {
+    flush_report(c, fc, args, 0, 0, 0);
+    Call::Extra x;
+    x.skipped = true;
+    c.log(0, args, x);
+    return R(0);
+  }
+  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, 0, 0);
+  const std::uint64_t t0 = now_ns();
+  R r = real();
+  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), 0, now_ns() - t0);
+  c.log(static_cast<int>(r), args);
+  return r;
+}
+
 // VMM and IPC handlers (driver ABI; the runtime IPC hooks call them with a runtime forwarder).
 CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                     unsigned long long flags);
@@ -196,9 +266,11 @@ R route_after(R r, const char *symbol, void **pfn) {
   return r;
 }
 
-// NCCL communicator lifecycle (statuses are ncclResult_t values).
+// NCCL communicator lifecycle (statuses are ncclResult_t values). `after` runs when the call
+// succeeded or is in progress: it adds the arguments and lists the communicators created, each
+// with its device (-1: the device current at entry) or, for Finalize/Destroy, the one it names.
 enum class CommEvent : std::uint8_t { Create, Finalize, Destroy };
 int nccl_call(Api api, CommEvent ev, const std::function<int()> &real,
-              const std::function<void(Args &, int &created, std::uint64_t &comm)> &after);
+              const std::function<void(Args &, std::vector<CommOnDevice> &comms)> &after);
 
 }  // namespace cmg::shim

@@ -67,12 +67,14 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
                     unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); };
   Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
-  if (!c.tracked() || !prop || !h) return real();
+  if (!c.tracked()) return untracked_alloc<CUresult>(real);
+  if (!prop || !h) return real();
   bool retried = false;
   CUresult r = call_with_oom_retry<CUresult>(real, retried);
   Args args;
   args.u("size", size).i("loc_type", prop->location.type).i("loc_id", prop->location.id)
       .u("handle_types", static_cast<std::uint64_t>(prop->requestedHandleTypes)).u("flags", flags);
+  if (retried) args.u("retried_after_release", 1);
   if (r != CUDA_SUCCESS) {
     c.log(r, args);
     return r;
@@ -252,14 +254,8 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
 }
 
 CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep) {
-  auto real = [&] { return CMG_REAL(cuMemPoolTrimTo)(pool, keep); };
-  Call c(api, StackWhen::Always);
-  if (!c.tracked()) return real();
-  CUresult r = real();
-  Args args;
-  args.hex("pool", reinterpret_cast<std::uintptr_t>(pool)).u("keep", keep);
-  c.log(r, args);
-  return r;
+  return trim_pool<CUresult>(api, reinterpret_cast<std::uintptr_t>(pool), keep,
+                             [&] { return CMG_REAL(cuMemPoolTrimTo)(pool, keep); });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,6 +21,15 @@ void HeldFrees::hold(const Held &h) {
   bytes_[static_cast<int>(h.why)] += h.size;
 }
 
+bool HeldFrees::hold_within(const Held &h, std::uint64_t limit) {
+  std::lock_guard lk(mu_);
+  auto &b = bytes_[static_cast<int>(h.why)];
+  if (h.size > limit || b > limit - h.size) return false;
+  q_.push_back(h);
+  b += h.size;
+  return true;
+}
+
 void HeldFrees::really_free(const Held &h) {
   ReentryGuard guard;  // not a call of the program: nested driver calls stay unrecorded
   int r = -1;
@@ -56,6 +65,7 @@ std::uint64_t HeldFrees::release_down_to(HoldReason why, std::uint64_t keep_byte
         continue;
       }
       b -= it->size;
+      released_[static_cast<int>(why)] += it->size;
       go.push_back(*it);
       it = q_.erase(it);
     }
@@ -86,6 +96,11 @@ std::optional<Held> HeldFrees::find(std::uint64_t ptr) const {
   return std::nullopt;
 }
 
+std::uint64_t HeldFrees::released_bytes(HoldReason why) const {
+  std::lock_guard lk(mu_);
+  return released_[static_cast<int>(why)];
+}
+
 bool HeldFrees::empty() const {
   std::lock_guard lk(mu_);
   return q_.empty();
@@ -95,6 +110,7 @@ void HeldFrees::fork_child() {
   mu_.unlock();
   q_.clear();
   bytes_[0] = bytes_[1] = 0;
+  released_[0] = released_[1] = 0;
 }
 
 }  // namespace cmg::shim

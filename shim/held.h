@@ -31,6 +31,8 @@ struct Held {
 class HeldFrees {
  public:
   void hold(const Held &h);
+  // Holds h only if the bytes held for its reason stay within `limit`; false when they would not.
+  bool hold_within(const Held &h, std::uint64_t limit);
   // Releases the oldest entries of `why` until at most `keep_bytes` of it remain; returns bytes.
   std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes);
   // Releases everything (out-of-memory, explicit request, exit); returns bytes released.
@@ -39,6 +41,7 @@ class HeldFrees {
   std::uint64_t bytes(HoldReason why) const;
   // The entry holding ptr, if the shim holds it (a free of it is then a proven double free).
   std::optional<Held> find(std::uint64_t ptr) const;
+  std::uint64_t released_bytes(HoldReason why) const;  // all released so far
   bool empty() const;
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
@@ -49,6 +52,7 @@ class HeldFrees {
   mutable std::mutex mu_;
   std::deque<Held> q_;
   std::uint64_t bytes_[2] = {0, 0};
+  std::uint64_t released_[2] = {0, 0};
 };
 
 HeldFrees &held();

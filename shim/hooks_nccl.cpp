@@ -11,20 +11,32 @@
 #undef CMG_NCCL
 
 using namespace cmg::shim;
+using cmg::CommOnDevice;
 
 namespace {
 std::uint64_t id(ncclComm_t c) { return reinterpret_cast<std::uintptr_t>(c); }
+
+// The communicator a create call wrote (none when it wrote NULL), on `dev` (-1: current device).
+void one(Args &a, std::vector<CommOnDevice> &out, const ncclComm_t *comm, int dev = -1) {
+  const std::uint64_t c = (comm && *comm) ? id(*comm) : 0;
+  if (c) out.push_back(CommOnDevice{c, dev});
+  a.hex("comm", c);
+}
+
+// The communicator a finalize/destroy/abort names, on the device it was created on.
+void named(Args &a, std::vector<CommOnDevice> &out, ncclComm_t comm) {
+  a.hex("comm", id(comm));
+  out.push_back(CommOnDevice{id(comm), state().transport.device_of(id(comm))});
+}
 }  // namespace
 
 CMG_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId uid, int rank) {
   return static_cast<ncclResult_t>(nccl_call(
       Api::ncclCommInitRank, CommEvent::Create,
       [&] { return static_cast<int>(CMG_REAL(ncclCommInitRank)(comm, nranks, uid, rank)); },
-      [&](Args &a, int &n, std::uint64_t &c) {
+      [&](Args &a, std::vector<CommOnDevice> &out) {
         a.i("nranks", nranks).i("rank", rank);
-        n = comm ? 1 : 0;
-        c = comm ? id(*comm) : 0;
-        a.hex("comm", c);
+        one(a, out, comm);
       }));
 }
 
@@ -33,11 +45,9 @@ CMG_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncc
   return static_cast<ncclResult_t>(nccl_call(
       Api::ncclCommInitRankConfig, CommEvent::Create,
       [&] { return static_cast<int>(CMG_REAL(ncclCommInitRankConfig)(comm, nranks, uid, rank, config)); },
-      [&](Args &a, int &n, std::uint64_t &c) {
+      [&](Args &a, std::vector<CommOnDevice> &out) {
         a.i("nranks", nranks).i("rank", rank);
-        n = comm ? 1 : 0;
-        c = comm ? id(*comm) : 0;
-        a.hex("comm", c);
+        one(a, out, comm);
       }));
 }
 
@@ -45,10 +55,11 @@ CMG_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *
   return static_cast<ncclResult_t>(nccl_call(
       Api::ncclCommInitAll, CommEvent::Create,
       [&] { return static_cast<int>(CMG_REAL(ncclCommInitAll)(comms, ndev, devlist)); },
-      [&](Args &a, int &n, std::uint64_t &c) {
+      [&](Args &a, std::vector<CommOnDevice> &out) {
         a.i("ndev", ndev);
-        n = comms ? ndev : 0;
-        c = (comms && ndev > 0) ? id(comms[0]) : 0;
+        // One communicator per device of the list (devices 0..ndev-1 without one).
+        for (int i = 0; comms && i < ndev; ++i)
+          out.push_back(CommOnDevice{id(comms[i]), devlist ? devlist[i] : i});
       }));
 }
 
@@ -57,11 +68,9 @@ CMG_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, i
   return static_cast<ncclResult_t>(nccl_call(
       Api::ncclCommInitRankScalable, CommEvent::Create,
       [&] { return static_cast<int>(CMG_REAL(ncclCommInitRankScalable)(comm, nranks, rank, nid, ids, config)); },
-      [&](Args &a, int &n, std::uint64_t &c) {
+      [&](Args &a, std::vector<CommOnDevice> &out) {
         a.i("nranks", nranks).i("rank", rank).i("nids", nid);
-        n = comm ? 1 : 0;
-        c = comm ? id(*comm) : 0;
-        a.hex("comm", c);
+        one(a, out, comm);
       }));
 }
 
@@ -70,12 +79,10 @@ CMG_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
   return static_cast<ncclResult_t>(nccl_call(
       Api::ncclCommSplit, CommEvent::Create,
       [&] { return static_cast<int>(CMG_REAL(ncclCommSplit)(comm, color, key, newcomm, config)); },
-      [&](Args &a, int &n, std::uint64_t &c) {
+      [&](Args &a, std::vector<CommOnDevice> &out) {
         a.hex("parent", id(comm)).i("color", color).i("key", key);
-        // NCCL_SPLIT_NOCOLOR gives no new communicator.
-        n = (newcomm && *newcomm) ? 1 : 0;
-        c = n ? id(*newcomm) : 0;
-        a.hex("comm", c);
+        // NCCL_SPLIT_NOCOLOR gives no new communicator; a new one lives on the parent's device.
+        one(a, out, newcomm, state().transport.device_of(id(comm)));
       }));
 }
 
@@ -84,30 +91,28 @@ CMG_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclu
   return static_cast<ncclResult_t>(nccl_call(
       Api::ncclCommShrink, CommEvent::Create,
       [&] { return static_cast<int>(CMG_REAL(ncclCommShrink)(comm, exclude, nexclude, newcomm, config, flags)); },
-      [&](Args &a, int &n, std::uint64_t &c) {
+      [&](Args &a, std::vector<CommOnDevice> &out) {
         a.hex("parent", id(comm)).i("excluded", nexclude).i("flags", flags);
-        n = (newcomm && *newcomm) ? 1 : 0;
-        c = n ? id(*newcomm) : 0;
-        a.hex("comm", c);
+        one(a, out, newcomm, state().transport.device_of(id(comm)));
       }));
 }
 
 CMG_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   return static_cast<ncclResult_t>(nccl_call(Api::ncclCommFinalize, CommEvent::Finalize,
                    [&] { return static_cast<int>(CMG_REAL(ncclCommFinalize)(comm)); },
-                   [&](Args &a, int &, std::uint64_t &c) { a.hex("comm", c = id(comm)); }));
+                   [&](Args &a, std::vector<CommOnDevice> &out) { named(a, out, comm); }));
 }
 
 CMG_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return static_cast<ncclResult_t>(nccl_call(Api::ncclCommDestroy, CommEvent::Destroy,
                    [&] { return static_cast<int>(CMG_REAL(ncclCommDestroy)(comm)); },
-                   [&](Args &a, int &, std::uint64_t &c) { a.hex("comm", c = id(comm)); }));
+                   [&](Args &a, std::vector<CommOnDevice> &out) { named(a, out, comm); }));
 }
 
 CMG_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return static_cast<ncclResult_t>(nccl_call(Api::ncclCommAbort, CommEvent::Destroy,
                    [&] { return static_cast<int>(CMG_REAL(ncclCommAbort)(comm)); },
-                   [&](Args &a, int &, std::uint64_t &c) { a.hex("comm", c = id(comm)); }));
+                   [&](Args &a, std::vector<CommOnDevice> &out) { named(a, out, comm); }));
 }
 
 namespace cmg::shim {

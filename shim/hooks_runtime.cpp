@@ -88,10 +88,8 @@ CMG_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s) {
 }
 
 CMG_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
-  Call c(Api::cudaMemPoolTrimTo, StackWhen::Always);
-  cudaError_t r = CMG_REAL(cudaMemPoolTrimTo)(pool, keep);
-  c.log(r, Args().hex("pool", addr(pool)).u("keep", keep));
-  return r;
+  return trim_pool<cudaError_t>(Api::cudaMemPoolTrimTo, addr(pool), keep,
+                                [&] { return CMG_REAL(cudaMemPoolTrimTo)(pool, keep); });
 }
 
 CMG_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {

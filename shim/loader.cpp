@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "objects.h"
 #include "options.h"
 
 
@@ -97,13 +98,7 @@ void find_self() {
   dl_iterate_phdr(
       [](dl_phdr_info *info, size_t, void *data) -> int {
         auto *c = static_cast<Ctx *>(data);
-        std::uintptr_t lo = UINTPTR_MAX, hi = 0;
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto &ph = info->dlpi_phdr[i];
-          if (ph.p_type != PT_LOAD) continue;
-          lo = std::min<std::uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
-          hi = std::max<std::uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
-        }
+        const auto [lo, hi] = load_range(info);
         if (c->want >= lo && c->want < hi) {
           c->lo = lo;
           c->hi = hi;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "loader.h"
+#include "objects.h"
 #include "state.h"
 
 namespace cmg::shim {
@@ -104,13 +105,7 @@ void ensure_module_locked(Table &t, std::uintptr_t pc) {
   dl_iterate_phdr(
       [](dl_phdr_info *info, size_t, void *data) -> int {
         auto *c = static_cast<Ctx *>(data);
-        std::uintptr_t lo = UINTPTR_MAX, hi = 0;
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto &ph = info->dlpi_phdr[i];
-          if (ph.p_type != PT_LOAD) continue;
-          lo = std::min<std::uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
-          hi = std::max<std::uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
-        }
+        const auto [lo, hi] = load_range(info);
         if (c->pc < lo || c->pc >= hi) return 0;
         c->found = true;
         c->lo = lo;
@@ -139,34 +134,43 @@ void ensure_module_locked(Table &t, std::uintptr_t pc) {
 
 }  // namespace
 
-std::uint32_t capture_stack(int max_frames) {
+int capture_pcs(std::uintptr_t *pc, int max_frames) {
   Frames f;
   f.max = std::clamp(max_frames, 1, 64);
   _Unwind_Backtrace(on_frame, &f);
-  if (f.n == 0) return 0;
+  std::copy(f.pc, f.pc + f.n, pc);
+  return f.n;
+}
+
+std::uint32_t intern_stack(const std::uintptr_t *pc, int n) {
+  if (n <= 0) return 0;
+  n = std::min(n, 64);
   Table &t = table();
-  std::uint64_t h = hash_pcs(f.pc, f.n);
+  std::uint64_t h = hash_pcs(pc, n);
   std::lock_guard lk(t.mu);
   auto &ids = t.by_hash[h];
   for (std::uint32_t id : ids) {
     const auto &s = t.stacks[id - 1];
-    if (s.size() == static_cast<std::size_t>(f.n) &&
-        std::equal(s.begin(), s.end(), f.pc))
-      return id;
+    if (s.size() == static_cast<std::size_t>(n) && std::equal(s.begin(), s.end(), pc)) return id;
   }
-  t.stacks.emplace_back(f.pc, f.pc + f.n);
+  t.stacks.emplace_back(pc, pc + n);
   auto id = static_cast<std::uint32_t>(t.stacks.size());
   ids.push_back(id);
   if (state().log.is_open()) {
-    for (int i = 0; i < f.n; ++i) ensure_module_locked(t, f.pc[i]);
+    for (int i = 0; i < n; ++i) ensure_module_locked(t, pc[i]);
     char buf[64 * 24 + 64];
     JsonLine j(buf, sizeof buf);
     j.str("k", "stack").unum("id", id).begin_array("pcs");
-    for (int i = 0; i < f.n; ++i) j.elem_hex(f.pc[i]);
+    for (int i = 0; i < n; ++i) j.elem_hex(pc[i]);
     j.end_array();
     state().log.write(j.finish(), now_ns());
   }
   return id;
+}
+
+std::uint32_t capture_stack(int max_frames) {
+  std::uintptr_t pc[64];
+  return intern_stack(pc, capture_pcs(pc, max_frames));
 }
 
 void stacks_warm_up() {

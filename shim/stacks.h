@@ -11,6 +11,10 @@ namespace cmg::shim {
 // writes the `module` and `stack` records the first time they are seen, and returns the stack id
 // (0 when nothing was captured).
 std::uint32_t capture_stack(int max_frames);
+// The two halves of capture_stack: the return addresses alone (into pc[0..max), count returned),
+// and the id of such a list, writing its records the first time it is seen.
+int capture_pcs(std::uintptr_t *pc, int max_frames);
+std::uint32_t intern_stack(const std::uintptr_t *pc, int n);
 
 // Warm the unwinder once at activation (its first use may load or initialise data).
 void stacks_warm_up();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "diag.h"
+#include "flush.h"
 #include "handlers.h"
 #include "held.h"
 #include "loader.h"
@@ -97,14 +98,15 @@ void write_header() {
 }
 
 // fork(): every lock of the shim is held across it, taken in the one order the code nests them
-// (routing table, IPC imports, held frees, stack table, VMM model, linear shards, pending notes, the
-// log last: stacks and leaks write to the log while holding their own lock), so the child never
+// (routing table, IPC imports, held frees, flush sites and symbol cache, stack table, VMM model,
+// linear shards, pending notes, the log last: stacks and leaks write to the log while holding their own lock), so the child never
 // inherits a lock another thread held or a half-changed table.
 void fork_prepare() {
   State &s = state();
   loader_fork_prepare();
   ipc_fork_prepare();
   held().fork_prepare();
+  flush_fork_prepare();
   stacks_fork_prepare();
   s.vmm.fork_prepare();
   s.linear.fork_prepare();
@@ -119,6 +121,7 @@ void fork_parent() {
   s.linear.fork_parent();
   s.vmm.fork_parent();
   stacks_fork_parent();
+  flush_fork_parent();
   held().fork_parent();
   ipc_fork_parent();
   loader_fork_parent();
@@ -132,6 +135,7 @@ void fork_child() {
   s.linear.fork_child();
   s.vmm.fork_child();
   stacks_fork_child();
+  flush_fork_child();
   held().fork_child();
   ipc_fork_child();
   loader_fork_child();

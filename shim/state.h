@@ -116,6 +116,10 @@ class Call {
   bool tracked() const { return tracked_; }
   const EventRef &ev() const { return ev_; }
   Api api() const { return api_; }
+  // A stack captured for the call after all (the flush policy captures one when stacks are off).
+  void set_stack(std::uint32_t id) {
+    if (!ev_.stack) ev_.stack = id;
+  }
 
   struct Extra {
     int dev = -1;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "diag.h"
+#include "flush.h"
 #include "held.h"
 #include "loader.h"
 #include "state.h"
@@ -75,6 +76,7 @@ void write_summary_record(State &s) {
   for (std::size_t i = 0; i < kFindingClassCount; ++i)
     if (auto n = s.findings[i].load()) j.unum(finding_id(static_cast<FindingClass>(i)), n);
   j.end_object();
+  j.raw("transport", transport_summary_json());
   s.log.write(j.finish(), now_ns());
 }
 
@@ -131,6 +133,7 @@ void print_summary(State &s) {
       any = true;
     }
   out += any ? "\n" : " none\n";
+  out += transport_summary_text();
   if (s.log.is_open())
     out += fmt::format("  log: {} (cumemguard report {})\n", s.log.path(), s.log.path());
   ssize_t n = ::write(2, out.data(), out.size());
@@ -158,6 +161,7 @@ void exit_summary(bool from_abort) {
     s.log.flush_and_go_unbuffered();
   }
   if (s.opts.summary) print_summary(s);
+  flush_exit_line();
 }
 
 }  // namespace cmg::shim

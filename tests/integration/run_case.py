@@ -20,6 +20,12 @@ ANY_ERROR = object()  # any status other than success
 # driver's own answers, real-driver.md); `shim` = what changes with the shim in guard mode;
 # `findings` = the exact multiset of (class, action) the shim logs; `real` = also run on the GPU;
 # `shim_env` = options for the run with the shim.
+P17_ENV = {"FAKENCCL_COLL_NS": "300000000"}
+P17_BASE = {"pre.released": "1", "init": "0", "all_reduce": "0", "result_ok": "1", "destroy": "0",
+            "flush.released": "3", "sticky.released": "1", "release_errors": "0",
+            "flush_symbol_dynamic": "0"}
+MS200 = 200_000_000  # generous margins for a loaded machine: the device is busy 300 ms
+
 CASES = {
     "P01": dict(prog="vmm_cases", args=["P01"], real=True,
                 base={"sleep.unmap": S, "sleep.release": S, "free.unmap": S, "free.release": IV,
@@ -219,6 +225,73 @@ CASES = {
                               "ctypes.init": "0", "ctypes.all_reduce": "0",
                               "ctypes.result_ok": "1", "ctypes.destroy": "0"},
                         shim={"ctypes.init_from": "shim"}, findings=[]),
+    # Transport-aware cleanup (docs/transport.md). Each collective holds the fake device 300 ms.
+    "P17": dict(prog="flush_cases", args=["p17"], real=True, env=P17_ENV,
+                base=P17_BASE, shim={}, findings=[("opportunistic-flush", "forward")] * 4),
+    "P17-defer": dict(prog="flush_cases", args=["p17"], real=True, env=P17_ENV,
+                      shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
+                      base=P17_BASE, shim={}, findings=[("opportunistic-flush", "defer")] * 4),
+    "P18": dict(prog="flush_cases", args=["p18"], env={"FAKECUDA_DEVICE_MEMORY": "96M"},
+                shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
+                base={"init": "0", "flush1.released": "3", "big_alloc": "cudaSuccess",
+                      "flush2.released": "2", "linear_bytes_before_release": "0",
+                      "release_deferred": "absent", "linear_bytes_after_release": "0",
+                      "flush3.released": "1", "destroy": "0"},
+                shim={"linear_bytes_before_release": str(48 << 20),
+                      "release_deferred": str(48 << 20)},
+                findings=[("opportunistic-flush", "defer")] * 6),
+    # The third 24 MiB free of the first flush would take the held bytes past 50 MiB.
+    "P18-limit": dict(prog="flush_cases", args=["p18"], env={"FAKECUDA_DEVICE_MEMORY": "96M"},
+                      shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer",
+                                "CUMEMGUARD_DEFER_LIMIT": "50M"},
+                      base={"init": "0", "flush1.released": "3", "big_alloc": "cudaSuccess",
+                            "flush2.released": "2", "linear_bytes_after_release": "0",
+                            "flush3.released": "1", "destroy": "0"},
+                      shim={"linear_bytes_before_release": str(48 << 20),
+                            "release_deferred": str(48 << 20)},
+                      findings=[("opportunistic-flush", "defer")] * 5 +
+                               [("opportunistic-flush", "forward")]),
+    "P19": dict(prog="flush_cases", args=["p19"], env={"FAKECUDA_DEVICE_MEMORY": "96M"},
+                shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
+                base={"init": "0", "oom_path.result": "cudaSuccess", "oom_path.released": "3",
+                      "oom_path.cached_bytes": "0", "flush.released": "1",
+                      "intentional.freed_now": "1", "vmm.create": S, "vmm.release": S,
+                      "flush2.released": "2", "nccl_init2": "0", "destroy2": "0",
+                      "destroy": "0", "release_errors": "0"},
+                shim={}, findings=[("opportunistic-flush", "defer")] * 3),
+    "sticky-failed": dict(prog="flush_cases", args=["sticky-failed"],
+                          env={"FAKECUDA_FAIL": "cuMemCreate:1:OOM"},
+                          base={"pre.released": "1", "init": "1", "flush.released": "1",
+                                "flush_ms_at_least_200": "1"},
+                          shim={}, findings=[("opportunistic-flush", "forward")]),
+    "nonblocking": dict(prog="flush_cases", args=["nonblocking"], real=True,
+                        base={"get_id": "0", "init": "7", "flush.released": "1", "async": "0",
+                              "destroy": "0"},
+                        shim={}, findings=[("opportunistic-flush", "forward")]),
+    "trim": dict(prog="flush_cases", args=["trim"], real=True,
+                 base={"init": "0", "trim": "cudaSuccess", "destroy": "0"},
+                 shim={}, findings=[("opportunistic-flush", "forward")]),
+    "trim-defer": dict(prog="flush_cases", args=["trim"], real=True,
+                       shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
+                       base={"init": "0", "trim": "cudaSuccess", "destroy": "0"},
+                       shim={}, findings=[("opportunistic-flush", "skip")]),
+    "capi-race": dict(prog="flush_cases", args=["capi-race"], real=True,
+                      base={"capi": "absent"},
+                      shim={"capi": "present", "before.suppressed": "0", "init": "0",
+                            "race.ran": "1", "race.released": "1", "race.init_after_flush": "1",
+                            "race.init_waited_150ms": "1", "after.ran": "0",
+                            "after.callback_calls": "0", "after.suppressed": "1", "destroy": "0",
+                            "after_destroy.suppressed": "1"},
+                      findings=[]),
+    "capi-ctypes": dict(script="capi_ctypes.py", args=[], real=True,
+                        base={"api": "absent", "before.suppressed": "0", "before.ran": "1",
+                              "before.callback_calls": "1", "flush.free": "0", "suppressed": "0",
+                              "after.ran": "1", "after.callback_calls": "2",
+                              "release_deferred": "absent", "intentional.free": None},
+                        shim={"api": "present", "suppressed": "1", "after.ran": "0",
+                              "after.callback_calls": "1", "release_deferred": "0",
+                              "intentional.free": "0"},
+                        findings=[]),
 }
 
 
@@ -276,6 +349,156 @@ def check_log_basics(recs, path):
     expect(recs[-1].get("k") == "end", f"{path}: no end record (last: {recs[-1]})")
     kinds = [r.get("k") for r in recs]
     expect("summary" in kinds, f"{path}: no summary record")
+
+
+def check_flushes(name, recs, steps, shim_steps, real, build, log_path):
+    """P17-P19, sticky, trims and the C API: findings with their blocked time, bytes, call site and
+    what suppressed them; frees held and released; intentional frees never held."""
+    calls = [r for r in recs if r.get("k") == "call"]
+    findings = [r for r in recs if r.get("k") == "finding"]
+    summary = next(r for r in recs if r.get("k") == "summary")
+    transport = summary["transport"]
+    nccl = [r for r in recs if r.get("k") == "nccl"]
+    init = next((r for r in nccl if r["event"] == "init"), None)
+    deferred = [c for c in calls if c.get("deferred")]
+    released = [c for c in calls if c.get("released_from") == "deferred"]
+    flush_frees = [c for c in calls if c["api"] == "cudaFree" and c["args"].get("size") in
+                   (8 << 20, 24 << 20, 45 << 20, 48 << 20)]
+    for f in findings:
+        st = f["state"]
+        expect("emptyCache" in st["flush_frame"], f"{name}: flush frame {st['flush_frame']!r}")
+        expect(" <- " in st["site"], f"{name}: site {st['site']!r}")
+        expect("stack" in f, f"{name}: finding without a stack: {f}")
+        rel = {r["what"]: r for r in f.get("related", [])}
+        if init is not None:
+            expect(rel.get("suppressed from", {}).get("seq") == init["seq"],
+                   f"{name}: 'suppressed from' does not name the NCCL init: {f.get('related')}")
+    if name in ("P17", "P17-defer"):
+        expect(init and init.get("suppressed") is True, f"{name}: init record {init}")
+        for f in findings:
+            expect(f["bytes"] == 8 << 20, f"{name}: bytes {f.get('bytes')}")
+            expect("NativeCachingAllocator::emptyCache" in f["state"]["flush_frame"],
+                   f"{name}: flush frame {f['state']['flush_frame']}")
+            # The call site is the program's call into the caching library (p17 in flush_cases).
+            expect(f["state"]["site"].endswith("(flush_cases)") and "p17" in f["state"]["site"],
+                   f"{name}: site {f['state']['site']}")
+        expect([f["state"]["live"] for f in findings] == [1, 1, 1, 0],
+               f"{name}: live communicators at each flush {[f['state']['live'] for f in findings]}")
+        expect("sticky" in findings[-1]["msg"], f"{name}: {findings[-1]['msg']}")
+        # The flush before NCCL started is a plain free.
+        first = flush_frees[0]
+        expect(first["seq"] < init["seq"] and not first.get("deferred"), f"{name}: first free {first}")
+        # Two call sites: the flush in the training loop (3 times) and the one after teardown.
+        sites = sorted(transport["sites"], key=lambda x: -x["count"])
+        expect(len(sites) == 2 and [x["count"] for x in sites] == [3, 1] and
+               sites[0]["bytes"] == 3 * (8 << 20) and sites[0]["stack"] == findings[0]["stack"],
+               f"{name}: sites {sites}")
+        expect(transport["suppressed"] is True and transport["live"] == 0 and
+               transport["communicators_created"] == 1, f"{name}: transport {transport}")
+        if name == "P17":
+            expect(not deferred, f"{name}: frees held in report mode")
+            if not real:
+                blocked = [f.get("blocked_ns", 0) for f in findings]
+                expect(all(b >= MS200 for b in blocked), f"{name}: blocked {blocked}")
+                expect(sites[0]["blocked_ns"] >= 3 * MS200 and sites[0]["max_blocked_ns"] >= MS200,
+                       f"{name}: site {sites[0]}")
+                expect(int(shim_steps["flush.min_ms"]) >= 200 and
+                       int(shim_steps["intentional.max_ms"]) < 100, f"{name}: steps {shim_steps}")
+            # The report shows the local flush frame by name, its bytes and the blocked time.
+            rep = subprocess.run([os.path.join(build, "tools", "cumemguard"), "report", log_path],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            out = rep.stdout
+            expect("opportunistic-flush: 4 findings at 2 stacks" in out and
+                   "NativeCachingAllocator::emptyCache" in out and "blocked" in out,
+                   f"{name}: report output:\n{out}")
+        else:
+            expect(len(deferred) == 4 and all(c["args"]["size"] == 8 << 20 for c in deferred),
+                   f"{name}: deferred calls {deferred}")
+            expect(sorted(c["freed_seq"] for c in released) == sorted(c["seq"] for c in deferred),
+                   f"{name}: released at exit {released}")
+            expect(all(c["res"] == 0 for c in released), f"{name}: released {released}")
+            expect(transport["deferred_released_bytes"] == 4 * (8 << 20) and
+                   [x["deferred"] for x in sites] == [3, 1], f"{name}: transport {transport}")
+            if not real:
+                # The flushes returned at once; the program's own frees went to the driver and
+                # waited for the collective: they were not held.
+                expect(int(shim_steps["flush.max_ms"]) < 100 and
+                       int(shim_steps["intentional.min_ms"]) >= 200, f"{name}: steps {shim_steps}")
+            mine = [c for c in calls if c["api"] == "cudaFree" and c["args"].get("size") == 1 << 20]
+            expect(len(mine) == 3 and not any(c.get("deferred") for c in mine),
+                   f"{name}: intentional frees {mine}")
+    if name == "P18":
+        big = next(c for c in calls if c["api"] == "cudaMalloc" and c["args"].get("size") == 48 << 20)
+        expect(big["res"] == 0 and big["args"].get("retried_after_release") == 1,
+               f"{name}: the 48 MiB allocation {big}")
+        at_oom = [c for c in released if big["ts"] <= c["ts"] <= big["ts"] + big["dur"]]
+        expect(len(at_oom) == 3, f"{name}: released during the failed allocation: {at_oom}")
+        req = next(c for c in calls if c["api"] == "cumemguard_release_deferred")
+        expect(req["args"]["bytes"] == 48 << 20, f"{name}: release request {req}")
+        expect(len(released) == 6 and len(deferred) == 6, f"{name}: deferred {len(deferred)}, "
+               f"released {len(released)}")
+        expect(transport["deferred_released_bytes"] == 6 * (24 << 20), f"{name}: {transport}")
+    if name == "P18-limit":
+        fwd = [f for f in findings if f["action"] == "forward"]
+        expect(len(fwd) == 1 and fwd[0]["state"]["over_limit"] is True and
+               "CUMEMGUARD_DEFER_LIMIT" in fwd[0]["msg"] and fwd[0]["state"]["held_bytes"] == 48 << 20,
+               f"{name}: the free past the limit {fwd}")
+        fwd_call = next(c for c in calls if c["seq"] == fwd[0]["call_seq"])
+        expect(fwd_call["res"] == 0 and not fwd_call.get("deferred") and
+               fwd_call.get("delta") == -(24 << 20), f"{name}: its call {fwd_call}")
+        notes = [r for r in recs if r.get("k") == "note" and "CUMEMGUARD_DEFER_LIMIT" in r["msg"]]
+        expect(len(notes) == 1 and notes[0]["level"] == "warning", f"{name}: warnings {notes}")
+        expect(len(deferred) == 5 and len(released) == 5, f"{name}: deferred {len(deferred)}, "
+               f"released {len(released)}")
+    if name == "P19":
+        # The OOM path's frees (inside DeviceCachingAllocator::malloc) went through at once.
+        oom = [c for c in calls if c["api"] == "cudaFree" and c["args"].get("size") == 24 << 20]
+        expect(len(oom) == 3 and not any(c.get("deferred") for c in oom), f"{name}: {oom}")
+        create = next(c for c in calls if c["api"] == "cuMemCreate" and c["args"].get("size") == 64 << 20)
+        expect(create["res"] == 0 and create["args"].get("retried_after_release") == 1,
+               f"{name}: cuMemCreate {create}")
+        expect(len(deferred) == 3 and len(released) == 3, f"{name}: deferred {deferred}")
+        inits = [r for r in nccl if r["event"] == "init"]
+        expect(len(inits) == 2 and inits[1]["res"] == 0, f"{name}: inits {inits}")
+        # NCCL's buffer for the second communicator was allocated after the held frees went back.
+        expect(all(c["ts"] >= inits[1]["ts"] for c in released[-2:]), f"{name}: {released}")
+    if name == "sticky-failed":
+        expect(init["res"] == 1 and init.get("suppressed") is True and init["live"] == 0,
+               f"{name}: init {init}")
+        f = findings[0]
+        expect(f.get("blocked_ns", 0) >= MS200 and "sticky" in f["msg"] and f["state"]["live"] == 0,
+               f"{name}: finding {f}")
+        expect(transport["communicators_created"] == 0, f"{name}: {transport}")
+    if name == "nonblocking":
+        expect(init["res"] == 7 and init["live"] == 1 and init.get("suppressed") is True,
+               f"{name}: the in-progress init {init}")
+        expect(findings[0]["state"]["live"] == 1, f"{name}: {findings[0]}")
+        destroy = next(r for r in nccl if r["event"] == "destroy")
+        expect(destroy["live"] == 0 and destroy["comm"] == init["comm"], f"{name}: {destroy}")
+    if name in ("trim", "trim-defer"):
+        f = findings[0]
+        expect(f["api"] == "cudaMemPoolTrimTo" and f["state"]["target"] == "trim" and
+               "CudaMallocAsyncAllocator::emptyCache" in f["state"]["flush_frame"],
+               f"{name}: finding {f}")
+        trims = [c for c in calls if c["api"] == "cudaMemPoolTrimTo"]
+        expect(len(trims) == 1 and bool(trims[0].get("skipped")) == (name == "trim-defer"),
+               f"{name}: trim calls {trims}")
+    if name == "capi-race":
+        maybe = [c for c in calls if c["api"] == "cumemguard_maybe_empty_cache"]
+        expect([c["res"] for c in maybe] == [1, 0], f"{name}: {maybe}")
+        expect(transport["flush_requests"] == {"ran": 1, "declined": 1}, f"{name}: {transport}")
+    if name == "capi-ctypes":
+        sup = [r for r in nccl if r["event"] == "suppress"]
+        expect(len(sup) == 1 and sup[0].get("suppressed") is True and
+               sup[0]["api"] == "cumemguard_suppress_opportunistic_cleanup", f"{name}: {sup}")
+        maybe = [c for c in calls if c["api"] == "cumemguard_maybe_empty_cache"]
+        expect([c["res"] for c in maybe] == [1, 0], f"{name}: {maybe}")
+        expect(transport["suppressed_by"]["api"] == "cumemguard_suppress_opportunistic_cleanup",
+               f"{name}: {transport}")
+
+
+FLUSH_CASES = ("P17", "P17-defer", "P18", "P18-limit", "P19", "sticky-failed", "nonblocking",
+               "trim", "trim-defer", "capi-race", "capi-ctypes")
 
 
 def case_specific(name, recs, steps):
@@ -428,8 +651,11 @@ def main():
         print(f"{a.case}: fake-only case (needs fault injection or forced value reuse)")
         return 77
     build = os.path.abspath(a.build)
-    prog_name = c.get("real_prog", c["prog"]) if a.real else c["prog"]
-    prog = os.path.join(build, "tests", "integration", prog_name)
+    if "script" in c:
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), c["script"])]
+    else:
+        prog_name = c.get("real_prog", c["prog"]) if a.real else c["prog"]
+        cmd = [os.path.join(build, "tests", "integration", prog_name)]
     shim = os.path.join(build, "shim", "libcumemguard.so")
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
@@ -446,7 +672,7 @@ def main():
         env["LD_PRELOAD"] = other
 
     # 1. Without the shim: the driver's own answers.
-    rc, out, err = run([prog] + c["args"], env)
+    rc, out, err = run(cmd + c["args"], env)
     if rc == 77:
         print(f"{a.case}: skipped by the program ({err.strip()})")
         return 77
@@ -465,7 +691,7 @@ def main():
                                   else f"{other}:{shim}")
         senv["CUMEMGUARD_LOG"] = os.path.join(tmp, "log.%p")
         senv.update(c.get("shim_env", {}))
-        rc2, out2, err2 = run([prog] + c["args"], senv)
+        rc2, out2, err2 = run(cmd + c["args"], senv)
         expect(rc2 == 0, f"with shim: exit {rc2}\n{err2}")
         want = dict(base)
         want.update(shim_want)
@@ -495,6 +721,8 @@ def main():
                 expect(r and r[0]["ppid"] == recs[0]["pid"], f"fork: {p} header {r[:1]}")
                 expect(r[-1].get("k") == "end", f"fork: child log {p} not complete")
         case_specific(a.case, recs, steps)
+        if a.case in FLUSH_CASES:
+            check_flushes(a.case, recs, steps, parse_steps(out2), a.real, build, top[0])
         shutil.rmtree(tmp, ignore_errors=True)
     except Failure as e:
         print(f"FAIL {a.case}: {e}")

@@ -1,0 +1,338 @@
+// SPDX-License-Identifier: Apache-2.0
+// Opportunistic flushes: classification of a free's stack in process, findings, the call-site
+// table and the summary (see flush.h).
+#include "flush.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "diag.h"
+#include "held.h"
+#include "stacks.h"
+#include "symtab.h"
+
+namespace cmg::shim {
+namespace {
+
+// Deep enough for PyTorch's paths: cudaFree <- release_block <- release_blocks <-
+// release_cached_blocks <- emptyCache <- THCPModule_emptyCache, and the OOM retry below malloc
+// (nccl-and-cleanup.md 4.2, 4.3), with room for the frames above them.
+constexpr int kFrames = 32;
+
+const FlushPatterns &patterns() {
+  static const FlushPatterns *p =
+      new FlushPatterns(FlushPatterns::from_option(state().opts.flush_frames));
+  return *p;
+}
+
+struct Site {
+  std::string text;   // "flush function <- caller frame"
+  std::string flush;  // the flush function
+  std::uint32_t stack = 0;
+  std::uint64_t count = 0, bytes = 0, blocked_ns = 0, max_blocked_ns = 0;
+  std::uint64_t deferred = 0, deferred_bytes = 0, trims = 0, skipped = 0;
+};
+
+struct Sites {
+  std::mutex mu;
+  std::map<std::pair<std::uintptr_t, std::uintptr_t>, int> index;  // (flush start, caller pc)
+  std::vector<Site> rows;
+  std::uint64_t findings = 0, blocked_ns = 0, bytes = 0;
+  bool limit_warned = false;
+};
+
+Sites &sites() {
+  static Sites *s = new Sites;  // leaked: counted until the summary at exit
+  return *s;
+}
+
+// The call site of a flush: the first frame above the flush frames that lies outside the
+// flush's own library (the program's call into it, not the library's entry point wrapping it:
+// fakecache_empty_cache, or PyTorch's THCPModule_emptyCache whose caller is Python itself).
+int site_for(const FrameSym *const *fs, const std::uintptr_t *pc, int n, const FlushVerdict &v,
+             std::uint32_t stack) {
+  const FrameSym &flush = *fs[v.flush_frame];
+  int caller = v.caller_frame;
+  while (caller >= 0 && caller < n && fs[caller]->module == flush.module) ++caller;
+  if (caller >= n) caller = v.caller_frame;
+  const std::uintptr_t flush_key = flush.start ? flush.start : pc[v.flush_frame];
+  const std::uintptr_t caller_pc = caller >= 0 ? pc[caller] : 0;
+  Sites &s = sites();
+  std::lock_guard lk(s.mu);
+  auto [it, fresh] = s.index.try_emplace({flush_key, caller_pc}, static_cast<int>(s.rows.size()));
+  if (fresh) {
+    // Bounded: template-heavy names can run to kilobytes, and the summary record has one buffer.
+    auto cap = [](std::string t) { return t.size() > 300 ? t.substr(0, 297) + "..." : t; };
+    Site row;
+    row.flush =
+        cap(flush.demangled.empty() ? frame_text(flush, pc[v.flush_frame]) : flush.demangled);
+    row.text = row.flush + " <- " +
+               cap(caller >= 0 ? frame_text(*fs[caller], caller_pc) : std::string("?"));
+    row.stack = stack;
+    s.rows.push_back(std::move(row));
+  }
+  return it->second;
+}
+
+// Lock held.
+std::vector<const Site *> most_blocked_first(const Sites &st) {
+  std::vector<const Site *> rows;
+  for (const Site &r : st.rows) rows.push_back(&r);
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Site *a, const Site *b) { return a->blocked_ns > b->blocked_ns; });
+  return rows;
+}
+
+std::string policy_name(FlushPolicy p) {
+  switch (p) {
+    case FlushPolicy::Allow:
+      return "allow";
+    case FlushPolicy::Report:
+      return "report";
+    case FlushPolicy::Defer:
+      return "defer";
+  }
+  return "?";
+}
+
+}  // namespace
+
+FlushCheck flush_check(Call &c, FlushTarget target) {
+  FlushCheck fc;
+  fc.target = target;
+  State &s = state();
+  if (s.opts.opportunistic == FlushPolicy::Allow || !s.transport.suppressed() ||
+      s.transport.flushing_here())
+    return fc;
+  std::uintptr_t pc[kFrames];
+  const int n = capture_pcs(pc, kFrames);
+  const FrameSym *fs[kFrames];
+  frame_syms(pc, n, patterns(), fs);
+  FrameKind kinds[kFrames];
+  for (int i = 0; i < n; ++i) kinds[i] = fs[i]->kind;
+  const FlushVerdict v =
+      classify_stack(std::span<const FrameKind>(kinds, static_cast<std::size_t>(n)));
+  if (!v.opportunistic()) return fc;
+  fc.opportunistic = true;
+  fc.action = decide_flush(s.opts, target);
+  if (!c.ev().stack) c.set_stack(intern_stack(pc, n));
+  fc.site = site_for(fs, pc, n, v, c.ev().stack);
+  return fc;
+}
+
+void flush_report(const Call &c, const FlushCheck &fc, const Args &args, int res,
+                  std::uint64_t bytes, std::uint64_t blocked_ns) {
+  const Action action = fc.action;
+  const bool over_limit = fc.over_limit;
+  State &s = state();
+  Sites &st = sites();
+  FlushEvent e;
+  e.api = api_name(c.api());
+  e.target = fc.target;
+  e.action = action;
+  e.over_limit = over_limit;
+  e.bytes = bytes;
+  e.blocked_ns = blocked_ns;
+  e.held_bytes = held().bytes(HoldReason::Deferred);
+  e.defer_limit = s.opts.defer_limit;
+  e.live = s.transport.live();
+  e.suppressed_by = s.transport.suppressed_by();
+  std::string flush, site;
+  bool warn_limit = false;
+  {
+    std::lock_guard lk(st.mu);
+    Site &row = st.rows[static_cast<std::size_t>(fc.site)];
+    flush = row.flush;
+    site = row.text;
+    ++row.count;
+    row.bytes += bytes;
+    row.blocked_ns += blocked_ns;
+    row.max_blocked_ns = std::max(row.max_blocked_ns, blocked_ns);
+    if (action == Action::Defer) {
+      ++row.deferred;
+      row.deferred_bytes += bytes;
+    }
+    if (fc.target == FlushTarget::Trim) ++row.trims;
+    if (action == Action::Skip) ++row.skipped;
+    ++st.findings;
+    st.blocked_ns += blocked_ns;
+    st.bytes += bytes;
+    if (over_limit && !st.limit_warned) warn_limit = st.limit_warned = true;
+  }
+  e.flush_frame = flush;
+  e.site = site;
+  if (warn_limit)
+    note(LogLevel::Warn, "CUMEMGUARD_DEFER_LIMIT (" + human_bytes(s.opts.defer_limit) +
+                             ") reached: further opportunistic frees go to the driver (and block) "
+                             "until held ones are released");
+  report_finding(c, flush_finding(e), action, res, args);
+}
+
+std::string transport_summary_json() {
+  State &s = state();
+  const Transport &t = s.transport;
+  std::string o = "{\"suppressed\":";
+  o += t.suppressed() ? "true" : "false";
+  if (EventRef by = t.suppressed_by(); by.known())
+    o += ",\"suppressed_by\":{\"api\":\"" + json_escape(by.api ? by.api : "") +
+         "\",\"seq\":" + std::to_string(by.seq) + ",\"ts\":" + std::to_string(by.ts) + "}";
+  o += ",\"live\":" + std::to_string(t.live()) + ",\"live_by_device\":[";
+  bool first = true;
+  for (const auto &[dev, n] : t.live_by_device()) {
+    o += (first ? "" : ",") + std::string("{\"dev\":") + std::to_string(dev) +
+         ",\"live\":" + std::to_string(n) + "}";
+    first = false;
+  }
+  o += "],\"communicators_created\":" + std::to_string(t.created_total()) +
+       ",\"flush_requests\":{\"ran\":" + std::to_string(t.flushes_run()) +
+       ",\"declined\":" + std::to_string(t.flushes_declined()) + "}" + ",\"policy\":\"" +
+       policy_name(s.opts.opportunistic) + "\"" + ",\"deferred_released_bytes\":" +
+       std::to_string(held().released_bytes(HoldReason::Deferred));
+  Sites &st = sites();
+  std::lock_guard lk(st.mu);
+  o += ",\"flushes\":" + std::to_string(st.findings) + ",\"bytes\":" + std::to_string(st.bytes) +
+       ",\"blocked_ns\":" + std::to_string(st.blocked_ns) + ",\"sites\":[";
+  std::vector<const Site *> rows = most_blocked_first(st);
+  if (rows.size() > 64) rows.resize(64);  // the log has every finding; the summary the worst
+  first = true;
+  for (const Site *r : rows) {
+    o += (first ? "" : ",") + std::string("{\"site\":\"") + json_escape(r->text) +
+         "\",\"flush\":\"" + json_escape(r->flush) + "\",\"count\":" + std::to_string(r->count) +
+         ",\"bytes\":" + std::to_string(r->bytes) +
+         ",\"blocked_ns\":" + std::to_string(r->blocked_ns) +
+         ",\"max_blocked_ns\":" + std::to_string(r->max_blocked_ns) +
+         ",\"deferred\":" + std::to_string(r->deferred) +
+         ",\"deferred_bytes\":" + std::to_string(r->deferred_bytes) +
+         ",\"trims\":" + std::to_string(r->trims) + ",\"skipped\":" + std::to_string(r->skipped) +
+         (r->stack ? ",\"stack\":" + std::to_string(r->stack) : std::string()) + "}";
+    first = false;
+  }
+  o += "]}";
+  return o;
+}
+
+std::string transport_summary_text() {
+  State &s = state();
+  const Transport &t = s.transport;
+  Sites &st = sites();
+  std::lock_guard lk(st.mu);
+  if (!t.suppressed() && t.created_total() == 0 && st.rows.empty() && t.flushes_run() == 0)
+    return {};
+  std::string out = "  transport: ";
+  if (t.suppressed()) {
+    EventRef by = t.suppressed_by();
+    out += "opportunistic cleanup suppressed";
+    if (by.known())
+      out +=
+          " from " + std::string(by.api ? by.api : "?") + " (seq " + std::to_string(by.seq) + ")";
+  } else {
+    out += "opportunistic cleanup never suppressed";
+  }
+  out += "; " + std::to_string(t.created_total()) +
+         (t.created_total() == 1 ? " communicator created, " : " communicators created, ") +
+         std::to_string(t.live()) + " live at exit";
+  if (t.flushes_run() || t.flushes_declined())
+    out += "; cumemguard_maybe_empty_cache ran " + std::to_string(t.flushes_run()) + ", declined " +
+           std::to_string(t.flushes_declined());
+  out += "\n";
+  if (st.rows.empty()) return out;
+  out += "  opportunistic flushes (CUMEMGUARD_OPPORTUNISTIC=" + policy_name(s.opts.opportunistic) +
+         "): " + std::to_string(st.findings) + " calls, " + human_bytes(st.bytes) + ", blocked " +
+         human_ns(st.blocked_ns) + ", at " + std::to_string(st.rows.size()) + " call sites\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "    %7s %12s %12s %9s  %s\n", "count", "bytes", "blocked",
+                "deferred", "site (flush <- caller)");
+  out += line;
+  std::vector<const Site *> rows = most_blocked_first(st);
+  for (const Site *r : rows) {
+    std::snprintf(line, sizeof line, "    %7llu %12s %12s %9llu  ",
+                  static_cast<unsigned long long>(r->count), human_bytes(r->bytes).c_str(),
+                  human_ns(r->blocked_ns).c_str(), static_cast<unsigned long long>(r->deferred));
+    out += line + r->text + "\n";
+  }
+  return out;
+}
+
+void flush_exit_line() {
+  State &s = state();
+  Sites &st = sites();
+  std::string msg;
+  {
+    std::lock_guard lk(st.mu);
+    if (st.findings == 0 || s.opts.summary) return;
+    std::uint64_t held_back = 0;
+    for (const Site &r : st.rows) held_back += r.deferred + r.skipped;
+    msg = std::to_string(st.findings) +
+          " opportunistic cache flushes after NCCL or another "
+          "transport started (" +
+          human_bytes(st.bytes) + "; " + std::to_string(held_back) + " held back, " +
+          human_ns(st.blocked_ns) + " blocked in the driver) at " + std::to_string(st.rows.size()) +
+          " call sites; CUMEMGUARD_SUMMARY=1";
+  }
+  if (s.log.is_open()) msg += " or 'cumemguard report " + s.log.path() + "'";
+  msg += " lists them by call site";
+  diag_line(LogLevel::Warn, msg);
+}
+
+void capi_call_record(const char *api, const EventRef &ev, int res, std::uint64_t dur,
+                      const char *arg_key, std::uint64_t arg) {
+  State &s = state();
+  if (!s.log.is_open()) return;
+  char buf[512];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "call")
+      .unum("seq", ev.seq)
+      .unum("ts", ev.ts)
+      .unum("tid", ev.tid)
+      .str("api", api)
+      .num("res", res)
+      .unum("dur", dur)
+      .begin_object("args")
+      .unum(arg_key, arg)
+      .end_object();
+  s.log.write(j.finish(), ev.ts + dur);
+}
+
+void capi_suppress_record(const EventRef &ev, bool turned_on) {
+  State &s = state();
+  char buf[512];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "nccl")
+      .unum("seq", ev.seq)
+      .unum("ts", ev.ts)
+      .unum("tid", ev.tid)
+      .str("event", "suppress")
+      .str("api", ev.api)
+      .num("dev", -1)
+      .num("res", 0)
+      .num("live", s.transport.live());
+  if (turned_on) j.boolean("suppressed", true);
+  write_or_keep(std::string(j.finish()));
+}
+
+void flush_fork_prepare() {
+  sites().mu.lock();
+  symtab_fork_prepare();
+}
+
+void flush_fork_parent() {
+  symtab_fork_parent();
+  sites().mu.unlock();
+}
+
+void flush_fork_child() {
+  symtab_fork_child();
+  Sites &s = sites();
+  s.mu.unlock();
+  // The child's log starts empty: its findings and sites are its own.
+  s.index.clear();
+  s.rows.clear();
+  s.findings = s.blocked_ns = s.bytes = 0;
+  s.limit_warned = false;
+}
+
+}  // namespace cmg::shim
