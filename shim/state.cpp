@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bridge.h"
 #include "diag.h"
 #include "held.h"
 #include "loader.h"
@@ -94,6 +95,7 @@ void write_header() {
 
 void fork_prepare() {
   State &s = state();
+  bridge::fork_prepare();
   held().fork_prepare();
   s.log.fork_prepare();
   stacks_fork_prepare();
@@ -108,6 +110,7 @@ void fork_parent() {
   stacks_fork_parent();
   s.log.fork_parent();
   held().fork_parent();
+  bridge::fork_parent();
 }
 
 void fork_child() {
@@ -117,6 +120,7 @@ void fork_child() {
   stacks_fork_child();
   s.log.fork_child();
   held().fork_child();
+  bridge::fork_child();
   s.transport.reset();
   s.counters.reset();
   for (auto &c : s.calls) c.store(0);
