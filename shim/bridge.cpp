@@ -38,6 +38,7 @@ static_assert(ipc::kHandleSize == sizeof(CUipcMemHandle) &&
 
 constexpr int kReplyTimeoutMs = 30000;  // an importer waits this long for each broker message
 constexpr int kSendTimeoutMs = 5000;    // the broker gives a slow importer this long per message
+constexpr int kReleaseTimeoutMs = 2000; // a close waits this long for the broker to count it
 constexpr std::size_t kMaxConns = 256;
 constexpr int kLoudWarnings = 8;        // broker refusals printed; later ones go to the log only
 
@@ -631,11 +632,12 @@ int connect_peer(const ipc::Handle &h, Failure &f) {
 
 // Sends a request and reads the reply header. A broker that refuses a connection answers before
 // reading anything, so the reply is read even when the send failed.
-int rpc(int fd, const ipc::Request &req, ipc::Reply &rep, std::string &detail) {
+int rpc(int fd, const ipc::Request &req, ipc::Reply &rep, std::string &detail,
+        int timeout_ms = kReplyTimeoutMs) {
   const auto b = ipc::encode_request(req);
   const int se = send_msg(fd, b.data(), b.size(), nullptr, 0, kSendTimeoutMs);
   Msg m;
-  const int re = recv_msg(fd, ipc::kReplySize, m, se ? 100 : kReplyTimeoutMs);
+  const int re = recv_msg(fd, ipc::kReplySize, m, se ? 100 : timeout_ms);
   if (re != 0) {
     detail = re < 0 ? "the broker closed the connection" : errno_text("receiving the reply", re);
     if (se) detail += " (" + errno_text("sending the request", se) + ")";
@@ -927,17 +929,19 @@ Closed close(std::uint64_t ptr, const Codes &codes) {
       if (CUresult r = unmap(m.off, m.size); r != CUDA_SUCCESS && worst == CUDA_SUCCESS) worst = r;
   if (auto afree = CMG_REAL(cuMemAddressFree))
     if (CUresult r = afree(imp->span_va, imp->span); r != CUDA_SUCCESS && worst == CUDA_SUCCESS) worst = r;
+  // The release is answered before the close returns: an exporter told "closed" by the importer
+  // and freeing its memory then must not be reported as freeing memory still open (P16). Closing
+  // the connection would release it too, but the broker learns that only later.
   const PeerKey pk{imp->key.pid, imp->key.tag};
-  if (imports().from_exporter(pk.first, pk.second) == 0) {
-    drop_peer(pk);  // closing the connection releases it at the broker
-  } else if (auto it = peers().find(pk); it != peers().end()) {
+  if (auto it = peers().find(pk); it != peers().end()) {
     ipc::Request rel;
     rel.op = ipc::Op::Release;
     rel.export_id = imp->key.export_id;
     ipc::Reply ignored;
     std::string d;
-    if (rpc(it->second, rel, ignored, d) != 0) drop_peer(pk);
+    if (rpc(it->second, rel, ignored, d, kReleaseTimeoutMs) != 0) drop_peer(pk);
   }
+  if (imports().from_exporter(pk.first, pk.second) == 0) drop_peer(pk);
   if (worst != CUDA_SUCCESS) {
     note(LogLevel::Warn, "ipc bridge: closing the import at " + hex(ptr) + ": " + cu_text(worst));
     c.status = codes.invalid_value;

@@ -191,6 +191,12 @@ Peer spawn(const char *role, const char *cas, int uid_to_drop = -1) {
     }
     std::string rfd = std::to_string(a[0]), wfd = std::to_string(b[1]);
     execl("/proc/self/exe", "ipc_bridge", role, cas, rfd.c_str(), wfd.c_str(), nullptr);
+    if (uid_to_drop >= 0) {
+      // The build tree is not reachable for that user here: nothing to observe.
+      std::printf("imp.open n/a\nimp.raw_status n/a\n");
+      std::fflush(stdout);
+      _exit(77);
+    }
     _exit(6);
   }
   close(a[0]);
@@ -408,9 +414,13 @@ int importer(const std::string &cas, int rfd, int wfd) {
       out_fake(step("reserved_bytes").c_str(), static_cast<long long>(res - res0));
       check_pattern(pre, q, j.off, j.len, j.seed);
       if (cas == "multi") {
-        // Granule 3 was not mapped at export: inside the span, but nothing is there.
+        // Granule 3 was not mapped at export: inside the span, but nothing is there. (Not tried
+        // on the real driver: a device fault there would end the context.)
         unsigned v;
-        out(step("gap_read").c_str(), cuMemcpyDtoH(&v, q + 3 * G, sizeof v));
+        if (on_fake_driver())
+          out(step("gap_read").c_str(), cuMemcpyDtoH(&v, q + 3 * G, sizeof v));
+        else
+          std::printf("%s n/a\n", step("gap_read").c_str());
         check_pattern(pre + "page4.", q, 4 * G, G, j.seed);
       }
       if (cas == "P14") {
@@ -519,7 +529,14 @@ int p14() {
   write_all(p.to, &j2, sizeof j2);
   wait_ack(p.from);
   out_n("importer_exit", finish(p));
-  out_fake("exp.fd_delta", count_fds() - fds_after_first);
+  // The broker closes its end of the importer's connection when it sees it closed, on its own
+  // thread: a leak stays, a late close does not.
+  int delta = count_fds() - fds_after_first;
+  for (int i = 0; i < 100 && delta > 0; ++i) {
+    usleep(10000);
+    delta = count_fds() - fds_after_first;
+  }
+  out_fake("exp.fd_delta", delta);
   release(s);
   return 0;
 }
@@ -695,7 +712,11 @@ int peer_uid() {
   Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 0, G, seed, true);
   write_all(p.to, &j, sizeof j);
   wait_ack(p.from);
-  out_n("importer_exit", finish(p));
+  const int rc = finish(p);
+  if (rc == 77)
+    std::printf("importer_exit n/a\n");
+  else
+    out_n("importer_exit", rc);
   release(s);
   return 0;
 }
