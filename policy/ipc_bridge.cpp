@@ -501,8 +501,18 @@ std::string bridge_blocker(const Subject &s) {
   return {};
 }
 
-Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, DiagMode mode,
-                        std::string_view blocker) {
+ExportPlan plan_export(IpcMode mode, const Subject &s, bool handle_given) {
+  using W = ExportPlan::What;
+  if (mode == IpcMode::Deny) return {W::Deny, {}};
+  if (mode != IpcMode::Bridge || !handle_given) return {W::Report, {}};
+  std::string why = bridge_blocker(s);
+  if (why.empty()) return {W::Bridge, {}};
+  return {W::BridgeImpossible, std::move(why)};
+}
+
+Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPlan &plan) {
+  using W = ExportPlan::What;
+  const std::string_view blocker = plan.blocker;
   Finding f;
   f.cls = FindingClass::IpcVmm;
   std::uint64_t mapped = 0;
@@ -527,15 +537,16 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, DiagMode mode,
   if (torch.expandable)
     f.msg += ". PyTorch's " + torch.var + " has '" + torch.token +
              "', so its caching allocator makes every segment this way";
-  switch (mode) {
-    case DiagMode::Report: break;
-    case DiagMode::Deny: f.msg += "; refused without calling the driver (CUMEMGUARD_IPC=deny)"; break;
-    case DiagMode::BridgeImpossible:
+  switch (plan.what) {
+    case W::Bridge:
+    case W::Report: break;
+    case W::Deny: f.msg += "; refused without calling the driver (CUMEMGUARD_IPC=deny)"; break;
+    case W::BridgeImpossible:
       f.msg += "; CUMEMGUARD_IPC=bridge cannot export it either: " + std::string(blocker) +
                "; the call went to the driver";
       break;
   }
-  if (mode != DiagMode::BridgeImpossible) {
+  if (plan.what != W::BridgeImpossible) {
     f.msg += ". Ways out: run exporter and importer with CUMEMGUARD_IPC=bridge (the shim then "
              "returns a handle that cudaIpcOpenMemHandle opens in the other process), or ";
     f.msg += torch.expandable
@@ -551,8 +562,8 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, DiagMode mode,
     pages_json += (i ? ",{" : "{") + std::string("\"off\":") + std::to_string(s.pages[i].off) +
                   ",\"size\":" + std::to_string(s.pages[i].size) + ",\"types\":\"" +
                   handle_type_names(s.pages[i].handle_types) + "\"}";
-  const char *mode_name = mode == DiagMode::Report ? "report"
-                          : mode == DiagMode::Deny ? "deny"
+  const char *mode_name = plan.what == W::Deny     ? "deny"
+                          : plan.what == W::Report ? "report"
                                                    : "bridge";
   f.state_json = "{\"reservation\":\"" + hex(s.res_base) + "\",\"size\":" +
                  std::to_string(s.res_size) + ",\"mapped_pages\":" +

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "event.h"
+#include "options.h"
 #include "torch_conf.h"
 
 namespace cmg::ipc {
@@ -301,11 +302,24 @@ unsigned widened_types(unsigned requested, bool device_located, bool device_supp
 // Why the bridge cannot export this reservation; empty when it can.
 std::string bridge_blocker(const Subject &s);
 
-enum class DiagMode : std::uint8_t { Report, Deny, BridgeImpossible };
-// The ipc-vmm finding at the export call: the reservation, its mapped pages and handle types,
-// PyTorch's variable and token when expandable segments are on, and the ways out.
-Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, DiagMode mode,
-                        std::string_view blocker);
+// What cudaIpcGetMemHandle / cuIpcGetMemHandle of VMM memory does under CUMEMGUARD_IPC.
+struct ExportPlan {
+  enum class What : std::uint8_t {
+    Bridge,            // export through the broker
+    Report,            // forward to the driver, ipc-vmm finding if it refuses
+    Deny,              // refuse without the driver, ipc-vmm finding
+    BridgeImpossible,  // bridge mode, but `blocker` says why not: forward, ipc-vmm finding
+  };
+  What what = What::Report;
+  std::string blocker;
+};
+// handle_given: the caller passed somewhere to write the handle (else the driver answers).
+ExportPlan plan_export(IpcMode mode, const Subject &s, bool handle_given);
+
+// The ipc-vmm finding at the export call (plan.what is not Bridge): the reservation, its mapped
+// pages and handle types, PyTorch's variable and token when expandable segments are on, and the
+// ways out.
+Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPlan &plan);
 
 // The exporter freed (unmapped) pages of an export that importers still hold open (P16).
 Finding free_exported_finding(const ExportTable::Dropped &d, const char *api, std::uint64_t va,

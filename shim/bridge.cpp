@@ -744,10 +744,11 @@ Exported export_pages(std::uint64_t res_base, std::uint64_t res_size,
   h.nonce = m->nonce;
   h.res_base = res_base;
   h.pages = static_cast<std::uint32_t>(pages.size());
-  x.bytes = ipc::encode_handle(h);
+  x.handle = ipc::encode_handle(h);
   x.ok = true;
   x.id = m->id;
   x.reused = m->reused;
+  for (const auto &p : pages) x.bytes += p.size;
   return x;
 }
 

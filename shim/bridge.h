@@ -31,8 +31,9 @@ ipc::ExportTable &exports();
 
 struct Exported {
   bool ok = false;
-  std::array<std::uint8_t, ipc::kHandleSize> bytes{};
+  std::array<std::uint8_t, ipc::kHandleSize> handle{};
   std::uint64_t id = 0;
+  std::uint64_t bytes = 0;  // of the exported pages
   bool reused = false;
   std::string blocker;  // why not, when !ok
 };

@@ -84,29 +84,22 @@ int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, const std::functio
     return r;
   }
   args.hex("reservation", v->s.res_base).u("pages", v->s.pages.size());
-  std::string blocker;
-  if (s.opts.ipc == IpcMode::Bridge && handle) {
-    blocker = ipc::bridge_blocker(v->s);
-    if (blocker.empty()) {
-      bridge::Exported x = bridge::export_pages(v->s.res_base, v->s.res_size, v->pages, v->dev, c.ev());
-      if (x.ok) {
-        std::memcpy(handle, x.bytes.data(), x.bytes.size());
-        std::uint64_t bytes = 0;
-        for (const auto &p : v->pages) bytes += p.size;
-        args.u("export", x.id).u("bytes", bytes).s("bridge", x.reused ? "same export" : "new export");
-        Call::Extra e;
-        e.skipped = true;  // answered by the shim; the driver would refuse VMM memory
-        c.log(k.codes.success, args, e);
-        return k.codes.success;
-      }
-      blocker = x.blocker;
+  ipc::ExportPlan plan = ipc::plan_export(s.opts.ipc, v->s, handle != nullptr);
+  if (plan.what == ipc::ExportPlan::What::Bridge) {
+    bridge::Exported x = bridge::export_pages(v->s.res_base, v->s.res_size, v->pages, v->dev, c.ev());
+    if (x.ok) {
+      std::memcpy(handle, x.handle.data(), x.handle.size());
+      args.u("export", x.id).u("bytes", x.bytes).s("bridge", x.reused ? "same export" : "new export");
+      Call::Extra e;
+      e.skipped = true;  // answered by the shim; the driver would refuse VMM memory
+      c.log(k.codes.success, args, e);
+      return k.codes.success;
     }
+    plan = {ipc::ExportPlan::What::BridgeImpossible, x.blocker};
   }
-  const ipc::DiagMode mode = !blocker.empty()              ? ipc::DiagMode::BridgeImpossible
-                             : s.opts.ipc == IpcMode::Deny ? ipc::DiagMode::Deny
-                                                           : ipc::DiagMode::Report;
-  Finding f = ipc::ipc_vmm_finding(v->s, torch_now(), mode, blocker);
-  if (mode == ipc::DiagMode::Deny) return answer_error(c, std::move(f), k.codes.invalid_value, args);
+  Finding f = ipc::ipc_vmm_finding(v->s, torch_now(), plan);
+  if (plan.what == ipc::ExportPlan::What::Deny)
+    return answer_error(c, std::move(f), k.codes.invalid_value, args);
   const Action a = decide(f, false);
   int r = real();
   // The finding stands only if the driver refuses (real-driver.md section 2); a driver that

@@ -503,6 +503,10 @@ def ipc_checks(name, recs, children):
             expect([c["args"]["bridge"] for c in exp] == ["new export", "same export"],
                    f"{name}: {exp}")
         expect(any("opened by pid" in n for n in notes), f"{name}: the broker's open is not logged")
+        own = next(r for r in recs if r.get("k") == "summary")["calls"]
+        expect(not any(a in own for a in ("cuMemRetainAllocationHandle",
+                                          "cuMemExportToShareableHandle")),
+               f"{name}: the broker's driver calls are recorded as the program's: {own}")
         imp = [r for ch in children for r in ch if r.get("k") == "call"]
         opens = [c for c in imp if "OpenMemHandle" in c["api"]]
         closes = [c for c in imp if "CloseMemHandle" in c["api"] and "opens" in c["args"]]

@@ -466,7 +466,12 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
   s.res_size = 4 * G;
   s.reserved = EventRef{3, 0, 1, 0, "cuMemAddressReserve"};
   s.pages = {{0, G, kTypePosixFd, true}, {G, G, kTypePosixFd, true}};
-  Finding f = ipc_vmm_finding(s, {}, DiagMode::Report, "");
+  using W = ExportPlan::What;
+  CHECK(plan_export(IpcMode::Report, s, true).what == W::Report);
+  CHECK(plan_export(IpcMode::Deny, s, true).what == W::Deny);
+  CHECK(plan_export(IpcMode::Bridge, s, true).what == W::Bridge);
+  CHECK(plan_export(IpcMode::Bridge, s, false).what == W::Report);  // nowhere to write a handle
+  Finding f = ipc_vmm_finding(s, {}, {W::Report, {}});
   CHECK(f.cls == FindingClass::IpcVmm);
   CHECK_THAT(f.msg, Catch::Contains("VMM reservation 0x7f0000000000 (8 MiB"));
   CHECK_THAT(f.msg, Catch::Contains("2 mapped page(s): +0 (2 MiB), +2097152 (2 MiB)"));
@@ -483,7 +488,7 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
   CHECK(f.related[0].ev.seq == 3);
 
   TorchHint t{true, "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"};
-  f = ipc_vmm_finding(s, t, DiagMode::Report, "");
+  f = ipc_vmm_finding(s, t, {W::Report, {}});
   CHECK_THAT(f.msg, Catch::Contains("PyTorch's PYTORCH_CUDA_ALLOC_CONF has 'expandable_segments:True'"));
   CHECK_THAT(f.msg, Catch::Contains("_set_allocator_settings(\"expandable_segments:False\")"));
   CHECK_THAT(f.msg, Catch::Contains("CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:False"));
@@ -491,14 +496,16 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
   CHECK(st["torch_var"] == "PYTORCH_CUDA_ALLOC_CONF");
   CHECK(st["torch_token"] == "expandable_segments:True");
 
-  f = ipc_vmm_finding(s, {}, DiagMode::Deny, "");
+  f = ipc_vmm_finding(s, {}, {W::Deny, {}});
   CHECK_THAT(f.msg, Catch::Contains("CUMEMGUARD_IPC=deny"));
 
   Subject fabric = s;
   fabric.pages = {{0, G, kTypeFabric, true}};
-  const std::string why = bridge_blocker(fabric);
+  const ExportPlan plan = plan_export(IpcMode::Bridge, fabric, true);
+  REQUIRE(plan.what == W::BridgeImpossible);
+  const std::string why = plan.blocker;
   CHECK_THAT(why, Catch::Contains("handle types FABRIC, without POSIX_FD"));
-  f = ipc_vmm_finding(fabric, {}, DiagMode::BridgeImpossible, why);
+  f = ipc_vmm_finding(fabric, {}, plan);
   CHECK_THAT(f.msg, Catch::Contains("CUMEMGUARD_IPC=bridge cannot export it either"));
   CHECK_THAT(f.msg, !Catch::Contains("Ways out"));
   st = nlohmann::json::parse(f.state_json);
