@@ -19,7 +19,8 @@ void put(std::uint8_t *p, T v) {
 template <class T>
 T get(const std::uint8_t *p) {
   T v = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>(v | (static_cast<T>(p[i]) << (8 * i)));
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    v = static_cast<T>(v | (static_cast<T>(p[i]) << (8 * i)));
   return v;
 }
 
@@ -98,12 +99,18 @@ std::array<std::uint8_t, kHandleSize> encode_handle(const Handle &h) {
 
 std::string_view handle_status_text(HandleStatus s) {
   switch (s) {
-    case HandleStatus::Ok: return "ok";
-    case HandleStatus::NotOurs: return "not a bridge handle";
-    case HandleStatus::Truncated: return "shorter than 64 bytes";
-    case HandleStatus::BadCheck: return "checksum mismatch (corrupted or cut off)";
-    case HandleStatus::BadVersion: return "unknown handle version";
-    case HandleStatus::BadFields: return "a field is out of range";
+    case HandleStatus::Ok:
+      return "ok";
+    case HandleStatus::NotOurs:
+      return "not a bridge handle";
+    case HandleStatus::Truncated:
+      return "shorter than 64 bytes";
+    case HandleStatus::BadCheck:
+      return "checksum mismatch (corrupted or cut off)";
+    case HandleStatus::BadVersion:
+      return "unknown handle version";
+    case HandleStatus::BadFields:
+      return "a field is out of range";
   }
   return "?";
 }
@@ -111,7 +118,8 @@ std::string_view handle_status_text(HandleStatus s) {
 HandleStatus decode_handle(std::span<const std::uint8_t> bytes, Handle &out) {
   // A shorter buffer that still starts with the magic is one of ours, cut off.
   const std::size_t m = std::min(bytes.size(), kHandleMagic.size());
-  if (m == 0 || std::memcmp(bytes.data(), kHandleMagic.data(), m) != 0) return HandleStatus::NotOurs;
+  if (m == 0 || std::memcmp(bytes.data(), kHandleMagic.data(), m) != 0)
+    return HandleStatus::NotOurs;
   if (bytes.size() < kHandleSize) return HandleStatus::Truncated;
   const std::uint8_t *b = bytes.data();
   if (get<std::uint32_t>(b + 60) != fnv1a(b, 60)) return HandleStatus::BadCheck;
@@ -138,7 +146,7 @@ std::string socket_name(std::uint32_t pid, std::uint64_t tag) {
   return s;
 }
 
-// ---- wire ----------------------------------------------------------------------------------------
+// ---- wire --------------------------------------------------------------------------------------
 std::array<std::uint8_t, kRequestSize> encode_request(const Request &r) {
   std::array<std::uint8_t, kRequestSize> b{};
   std::memcpy(b.data(), kReqMagic.data(), 4);
@@ -151,12 +159,18 @@ std::array<std::uint8_t, kRequestSize> encode_request(const Request &r) {
 
 std::string_view parse_error_text(ParseError e) {
   switch (e) {
-    case ParseError::None: return "ok";
-    case ParseError::Size: return "wrong message size";
-    case ParseError::Magic: return "wrong magic";
-    case ParseError::Version: return "unknown protocol version";
-    case ParseError::Op: return "unknown operation";
-    case ParseError::Fields: return "a field is out of range";
+    case ParseError::None:
+      return "ok";
+    case ParseError::Size:
+      return "wrong message size";
+    case ParseError::Magic:
+      return "wrong magic";
+    case ParseError::Version:
+      return "unknown protocol version";
+    case ParseError::Op:
+      return "unknown operation";
+    case ParseError::Fields:
+      return "a field is out of range";
   }
   return "?";
 }
@@ -180,13 +194,20 @@ ParseError parse_request(std::span<const std::uint8_t> bytes, Request &out) {
 
 std::string_view reply_status_text(ReplyStatus s) {
   switch (s) {
-    case ReplyStatus::Ok: return "ok";
-    case ReplyStatus::Malformed: return "malformed request";
-    case ReplyStatus::UnknownExport: return "unknown export";
-    case ReplyStatus::BadNonce: return "wrong nonce";
-    case ReplyStatus::Denied: return "denied: another user";
-    case ReplyStatus::ExportFailed: return "the exporter's driver refused to export a page";
-    case ReplyStatus::Busy: return "too many connections";
+    case ReplyStatus::Ok:
+      return "ok";
+    case ReplyStatus::Malformed:
+      return "malformed request";
+    case ReplyStatus::UnknownExport:
+      return "unknown export";
+    case ReplyStatus::BadNonce:
+      return "wrong nonce";
+    case ReplyStatus::Denied:
+      return "denied: another user";
+    case ReplyStatus::ExportFailed:
+      return "the exporter's driver refused to export a page";
+    case ReplyStatus::Busy:
+      return "too many connections";
   }
   return "?";
 }
@@ -251,7 +272,8 @@ ParseError parse_chunk(std::span<const std::uint8_t> bytes, std::uint32_t &first
   if (!has_magic(b, kChunkMagic)) return ParseError::Magic;
   if (get<std::uint16_t>(b + 4) != kVersion) return ParseError::Version;
   const std::size_t n = get<std::uint16_t>(b + 6);
-  if (n == 0 || n > kPagesPerChunk || bytes.size() != kChunkHeader + 16 * n) return ParseError::Size;
+  if (n == 0 || n > kPagesPerChunk || bytes.size() != kChunkHeader + 16 * n)
+    return ParseError::Size;
   if (get<std::uint32_t>(b + 12) != 0) return ParseError::Fields;
   first = get<std::uint32_t>(b + 8);
   pages.clear();
@@ -278,7 +300,8 @@ PeerVerdict check_peer(const PeerCred &peer, std::uint32_t self_uid) {
   return peer.uid == self_uid ? PeerVerdict::Allowed : PeerVerdict::OtherUser;
 }
 
-ServerVerdict check_server(const PeerCred &server, std::uint32_t handle_pid, std::uint32_t self_uid) {
+ServerVerdict check_server(const PeerCred &server, std::uint32_t handle_pid,
+                           std::uint32_t self_uid) {
   if (server.pid <= 0 || static_cast<std::uint32_t>(server.pid) != handle_pid)
     return ServerVerdict::NotExporter;
   return server.uid == self_uid ? ServerVerdict::Exporter : ServerVerdict::OtherUser;
@@ -372,7 +395,8 @@ ExportTable::UnmapToken ExportTable::begin_unmap(std::uint64_t va, std::uint64_t
     }
     if (!hit) continue;
     e.dying = true;
-    t.exports.push_back(Dropped{id, e.importer_count(), e.pages.size(), e.bytes(), e.res_base, e.made});
+    t.exports.push_back(
+        Dropped{id, e.importer_count(), e.pages.size(), e.bytes(), e.res_base, e.made});
   }
   return t;
 }
@@ -528,8 +552,8 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
     list += (i ? ", +" : "+") + std::to_string(s.pages[i].off) + " (" + mib(s.pages[i].size) + ")";
   if (s.pages.size() > 8) list += ", and " + std::to_string(s.pages.size() - 8) + " more";
   f.msg = std::string(s.api) + " of " + hex(s.ptr) + ", which lies in the VMM reservation " +
-          hex(s.res_base) + " (" + mib(s.res_size) + ", reserved at " + at_seq(s.reserved) +
-          "; " + std::to_string(s.pages.size()) + " mapped page(s)" +
+          hex(s.res_base) + " (" + mib(s.res_size) + ", reserved at " + at_seq(s.reserved) + "; " +
+          std::to_string(s.pages.size()) + " mapped page(s)" +
           (list.empty() ? std::string() : ": " + list) + "; handle types " +
           (s.pages.empty() ? std::string("none mapped") : handle_type_names(types)) +
           "): legacy CUDA IPC cannot export memory made with cuMemCreate, and the driver answers "
@@ -539,16 +563,20 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
              "', so its caching allocator makes every segment this way";
   switch (plan.what) {
     case W::Bridge:
-    case W::Report: break;
-    case W::Deny: f.msg += "; refused without calling the driver (CUMEMGUARD_IPC=deny)"; break;
+    case W::Report:
+      break;
+    case W::Deny:
+      f.msg += "; refused without calling the driver (CUMEMGUARD_IPC=deny)";
+      break;
     case W::BridgeImpossible:
       f.msg += "; CUMEMGUARD_IPC=bridge cannot export it either: " + std::string(blocker) +
                "; the call went to the driver";
       break;
   }
   if (plan.what != W::BridgeImpossible) {
-    f.msg += ". Ways out: run exporter and importer with CUMEMGUARD_IPC=bridge (the shim then "
-             "returns a handle that cudaIpcOpenMemHandle opens in the other process), or ";
+    f.msg +=
+        ". Ways out: run exporter and importer with CUMEMGUARD_IPC=bridge (the shim then "
+        "returns a handle that cudaIpcOpenMemHandle opens in the other process), or ";
     f.msg += torch.expandable
                  ? "allocate this buffer with expandable segments off: "
                    "torch.cuda.memory._set_allocator_settings(\"expandable_segments:False\") "
@@ -565,11 +593,12 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
   const char *mode_name = plan.what == W::Deny     ? "deny"
                           : plan.what == W::Report ? "report"
                                                    : "bridge";
-  f.state_json = "{\"reservation\":\"" + hex(s.res_base) + "\",\"size\":" +
-                 std::to_string(s.res_size) + ",\"mapped_pages\":" +
-                 std::to_string(s.pages.size()) + ",\"mapped_bytes\":" + std::to_string(mapped) +
-                 ",\"handle_types\":\"" + (s.pages.empty() ? "" : handle_type_names(types)) +
-                 "\",\"pages\":[" + pages_json + "],\"mode\":\"" + mode_name + "\"";
+  f.state_json = "{\"reservation\":\"" + hex(s.res_base) +
+                 "\",\"size\":" + std::to_string(s.res_size) +
+                 ",\"mapped_pages\":" + std::to_string(s.pages.size()) +
+                 ",\"mapped_bytes\":" + std::to_string(mapped) + ",\"handle_types\":\"" +
+                 (s.pages.empty() ? "" : handle_type_names(types)) + "\",\"pages\":[" + pages_json +
+                 "],\"mode\":\"" + mode_name + "\"";
   if (torch.expandable)
     f.state_json += ",\"torch_var\":\"" + json_escape(torch.var) + "\",\"torch_token\":\"" +
                     json_escape(torch.token) + "\"";
@@ -594,9 +623,9 @@ Finding free_exported_finding(const ExportTable::Dropped &d, const char *api, st
           "reservation, and new opens of the handle are refused";
   f.related.push_back({"export", d.made});
   f.state_json = "{\"export\":" + std::to_string(d.id) + ",\"reservation\":\"" + hex(d.res_base) +
-                 "\",\"pages\":" + std::to_string(d.pages) + ",\"bytes\":" +
-                 std::to_string(d.bytes) + ",\"importer_opens\":" + std::to_string(d.importers) +
-                 "}";
+                 "\",\"pages\":" + std::to_string(d.pages) +
+                 ",\"bytes\":" + std::to_string(d.bytes) +
+                 ",\"importer_opens\":" + std::to_string(d.importers) + "}";
   f.bytes = d.bytes;
   return f;
 }
@@ -607,12 +636,15 @@ Finding open_failure_finding(OpenFailure why, const char *api, const Handle &h,
   f.cls = FindingClass::IpcVmm;
   std::string what;
   switch (why) {
-    case OpenFailure::CorruptHandle: what = "the handle carries the bridge's magic but is corrupt"; break;
+    case OpenFailure::CorruptHandle:
+      what = "the handle carries the bridge's magic but is corrupt";
+      break;
     case OpenFailure::SameProcess:
       what = "the handle was exported by this very process (legacy IPC refuses that too)";
       break;
     case OpenFailure::ExporterGone:
-      what = "the exporter (pid " + std::to_string(h.pid) + ") is gone: nothing listens at its "
+      what = "the exporter (pid " + std::to_string(h.pid) +
+             ") is gone: nothing listens at its "
              "broker's address";
       break;
     case OpenFailure::NotExporter:
@@ -620,7 +652,8 @@ Finding open_failure_finding(OpenFailure why, const char *api, const Handle &h,
              std::to_string(h.pid) + ") of this user";
       break;
     case OpenFailure::OtherUser:
-      what = "the exporter (pid " + std::to_string(h.pid) + ") runs as another user, and the "
+      what = "the exporter (pid " + std::to_string(h.pid) +
+             ") runs as another user, and the "
              "bridge shares memory only between processes of one user";
       break;
     case OpenFailure::UnknownExport:
@@ -635,16 +668,21 @@ Finding open_failure_finding(OpenFailure why, const char *api, const Handle &h,
       what = "the exporter's broker (pid " + std::to_string(h.pid) + ") did not answer properly";
       break;
     case OpenFailure::ExportFailed:
-      what = "the exporter's driver refused to export a page of export " +
-             std::to_string(h.export_id);
+      what =
+          "the exporter's driver refused to export a page of export " + std::to_string(h.export_id);
       break;
-    case OpenFailure::ImportFailed: what = "this process could not import the exported pages"; break;
-    case OpenFailure::NoContext: what = "there is no current CUDA context on this thread"; break;
+    case OpenFailure::ImportFailed:
+      what = "this process could not import the exported pages";
+      break;
+    case OpenFailure::NoContext:
+      what = "there is no current CUDA context on this thread";
+      break;
   }
   f.msg = std::string(api) + " of a cumemguard bridge handle failed: " + what;
   if (!detail.empty()) f.msg += " (" + std::string(detail) + ")";
-  f.state_json = "{\"exporter_pid\":" + std::to_string(h.pid) + ",\"export\":" +
-                 std::to_string(h.export_id) + ",\"exporter_base\":\"" + hex(h.res_base) + "\"}";
+  f.state_json = "{\"exporter_pid\":" + std::to_string(h.pid) +
+                 ",\"export\":" + std::to_string(h.export_id) + ",\"exporter_base\":\"" +
+                 hex(h.res_base) + "\"}";
   return f;
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The legacy-IPC bridge without CUDA: the 64-byte handle, the broker's wire protocol, the export and
-// import bookkeeping, the peer check, and the `ipc-vmm` diagnosis text. docs/ipc-bridge.md is the
-// specification; the shim (shim/ipc_bridge.cpp) does the socket I/O and the driver calls.
+// The legacy-IPC bridge without CUDA: the 64-byte handle, the broker's wire protocol, the export
+// and import bookkeeping, the peer check, and the `ipc-vmm` diagnosis text. docs/ipc-bridge.md is
+// the specification; the shim (shim/bridge.cpp) does the socket I/O and the driver calls.
 #pragma once
 
 #include <array>
@@ -34,9 +34,10 @@ std::string handle_type_names(unsigned types);
 
 using Nonce = std::array<std::uint8_t, 16>;
 
-// ---- the handle (docs/ipc-bridge.md, "Handle layout") ---------------------------------------------
+// ---- the handle (docs/ipc-bridge.md, "Handle layout") ------------------------------------------
 inline constexpr std::size_t kHandleSize = 64;  // CU_IPC_HANDLE_SIZE == CUDA_IPC_HANDLE_SIZE
-inline constexpr std::array<std::uint8_t, 8> kHandleMagic = {'C', 'M', 'G', 'B', 'R', 'I', 'D', 'G'};
+inline constexpr std::array<std::uint8_t, 8> kHandleMagic = {'C', 'M', 'G', 'B',
+                                                             'R', 'I', 'D', 'G'};
 inline constexpr std::uint16_t kVersion = 1;
 
 struct Handle {
@@ -54,11 +55,11 @@ std::array<std::uint8_t, kHandleSize> encode_handle(const Handle &h);
 
 enum class HandleStatus : std::uint8_t {
   Ok,
-  NotOurs,      // no magic: a driver handle, to be passed to the driver untouched
-  Truncated,    // fewer than 64 bytes
-  BadCheck,     // magic present, checksum wrong: corrupted or cut off
-  BadVersion,   // a layout this shim does not know
-  BadFields,    // checksum right but a field out of range (pid 0, id 0, no pages, flags set)
+  NotOurs,     // no magic: a driver handle, to be passed to the driver untouched
+  Truncated,   // fewer than 64 bytes
+  BadCheck,    // magic present, checksum wrong: corrupted or cut off
+  BadVersion,  // a layout this shim does not know
+  BadFields,   // checksum right but a field out of range (pid 0, id 0, no pages, flags set)
 };
 std::string_view handle_status_text(HandleStatus s);
 HandleStatus decode_handle(std::span<const std::uint8_t> bytes, Handle &out);
@@ -111,7 +112,8 @@ struct Reply {
   std::uint32_t pages = 0;
   std::uint32_t driver_error = 0;
   std::uint64_t bytes = 0;
-  std::uint64_t first_off = 0, span = 0;  // layout_for(pages): the importer reserves before the pages arrive
+  // layout_for(pages), so that the importer reserves the span before the pages arrive
+  std::uint64_t first_off = 0, span = 0;
   bool operator==(const Reply &) const = default;
 };
 std::array<std::uint8_t, kReplySize> encode_reply(const Reply &r);
@@ -140,7 +142,8 @@ PeerVerdict check_peer(const PeerCred &peer, std::uint32_t self_uid);
 // The importer's side: the socket it reached must belong to the exporter the handle names (no
 // other process squatting the name) and to this user (no descriptors taken from another user).
 enum class ServerVerdict : std::uint8_t { Exporter, NotExporter, OtherUser };
-ServerVerdict check_server(const PeerCred &server, std::uint32_t handle_pid, std::uint32_t self_uid);
+ServerVerdict check_server(const PeerCred &server, std::uint32_t handle_pid,
+                           std::uint32_t self_uid);
 
 bool nonce_equal(const Nonce &a, const Nonce &b);  // constant time
 
@@ -157,9 +160,9 @@ struct Export {
   Nonce nonce{};
   std::uint64_t res_base = 0, res_size = 0;
   std::vector<ExportPage> pages;
-  EventRef made;               // the cudaIpcGetMemHandle / cuIpcGetMemHandle call
-  int dev = -1;                // device of the pages (for a context if the driver asks for one)
-  bool dying = false;          // an unmap of one of its pages is in flight
+  EventRef made;       // the cudaIpcGetMemHandle / cuIpcGetMemHandle call
+  int dev = -1;        // device of the pages (for a context if the driver asks for one)
+  bool dying = false;  // an unmap of one of its pages is in flight
   std::map<std::uint64_t, unsigned> importers;  // connection id -> open count
   unsigned importer_count() const;
   std::uint64_t bytes() const;
@@ -272,7 +275,7 @@ class ImportTable {
   std::map<std::uint64_t, ImportKey> by_ptr_;
 };
 
-// ---- the diagnosis -------------------------------------------------------------------------------
+// ---- the diagnosis -----------------------------------------------------------------------------
 struct SubjectPage {
   std::uint64_t off = 0, size = 0;
   unsigned handle_types = 0;  // what the allocation really has
@@ -327,17 +330,17 @@ Finding free_exported_finding(const ExportTable::Dropped &d, const char *api, st
 
 // Importer-side failures, one line each (class ipc-vmm).
 enum class OpenFailure : std::uint8_t {
-  CorruptHandle,   // decode_handle said so
-  SameProcess,     // opened in the exporting process (legacy IPC: INVALID_CONTEXT, measured)
-  ExporterGone,    // nothing listens at the handle's address
-  NotExporter,     // something else listens there (SO_PEERCRED of the server)
-  OtherUser,       // the broker refused: another user
-  UnknownExport,   // the broker does not know the export (never made, or freed since)
-  BadNonce,        // forged or altered handle
-  ProtocolError,   // the broker's answer did not parse or timed out
-  ExportFailed,    // the exporter's driver refused to export a page
-  ImportFailed,    // this process's driver refused the import, reservation, map or access
-  NoContext,       // no current context
+  CorruptHandle,  // decode_handle said so
+  SameProcess,    // opened in the exporting process (legacy IPC: INVALID_CONTEXT, measured)
+  ExporterGone,   // nothing listens at the handle's address
+  NotExporter,    // something else listens there (SO_PEERCRED of the server)
+  OtherUser,      // the broker refused: another user
+  UnknownExport,  // the broker does not know the export (never made, or freed since)
+  BadNonce,       // forged or altered handle
+  ProtocolError,  // the broker's answer did not parse or timed out
+  ExportFailed,   // the exporter's driver refused to export a page
+  ImportFailed,   // this process's driver refused the import, reservation, map or access
+  NoContext,      // no current context
 };
 Finding open_failure_finding(OpenFailure why, const char *api, const Handle &h,
                              std::string_view detail);

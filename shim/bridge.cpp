@@ -36,14 +36,16 @@ static_assert(ipc::kTypeFabric == CU_MEM_HANDLE_TYPE_FABRIC);
 static_assert(ipc::kHandleSize == sizeof(CUipcMemHandle) &&
               ipc::kHandleSize == sizeof(cudaIpcMemHandle_t));
 
-constexpr int kReplyTimeoutMs = 30000;  // an importer waits this long for each broker message
-constexpr int kSendTimeoutMs = 5000;    // the broker gives a slow importer this long per message
-constexpr int kReleaseTimeoutMs = 2000; // a close waits this long for the broker to count it
+constexpr int kReplyTimeoutMs = 30000;   // an importer waits this long for each broker message
+constexpr int kSendTimeoutMs = 5000;     // the broker gives a slow importer this long per message
+constexpr int kReleaseTimeoutMs = 2000;  // a close waits this long for the broker to count it
 constexpr std::size_t kMaxConns = 256;
-constexpr int kLoudWarnings = 8;        // broker refusals printed; later ones go to the log only
+constexpr int kLoudWarnings = 8;  // broker refusals printed; later ones go to the log only
 
 // ---- small helpers ----------------------------------------------------------------------------
-std::string errno_text(const char *what, int e) { return std::string(what) + ": " + std::strerror(e); }
+std::string errno_text(const char *what, int e) {
+  return std::string(what) + ": " + std::strerror(e);
+}
 
 // Driver functions the shim does not wrap, each with a single ABI variant.
 template <class F>
@@ -66,8 +68,8 @@ std::string cu_text(CUresult r) {
   return "CUresult " + std::to_string(static_cast<int>(r));
 }
 
-#define CMG_REAL_OR(name, err)          \
-  auto name##_fn = CMG_REAL(name);      \
+#define CMG_REAL_OR(name, err)     \
+  auto name##_fn = CMG_REAL(name); \
   if (!name##_fn) return (err)
 
 bool random_bytes(std::uint8_t *p, std::size_t n) {
@@ -103,7 +105,8 @@ socklen_t make_addr(sockaddr_un &a, const std::string &name) {
 int remaining_ms(const timespec &deadline) {
   timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
-  const long long ms = (deadline.tv_sec - now.tv_sec) * 1000LL + (deadline.tv_nsec - now.tv_nsec) / 1000000;
+  const long long ms =
+      (deadline.tv_sec - now.tv_sec) * 1000LL + (deadline.tv_nsec - now.tv_nsec) / 1000000;
   return ms < 0 ? 0 : static_cast<int>(ms);
 }
 
@@ -204,8 +207,8 @@ int recv_msg(int fd, std::size_t max, Msg &out, int timeout_ms) {
 
 // ---- the broker (exporter side) -------------------------------------------------------------
 struct Broker {
-  std::mutex mu;           // the fields below; never held across socket I/O or a driver call
-  pid_t owner = 0;         // the process this broker serves (0: none; a forked child has none)
+  std::mutex mu;    // the fields below; never held across socket I/O or a driver call
+  pid_t owner = 0;  // the process this broker serves (0: none; a forked child has none)
   std::uint64_t tag = 0;
   int listen_fd = -1, wake_fd = -1;
   std::vector<int> conn_fds;  // closed by a forked child
@@ -215,8 +218,8 @@ Broker &broker() {
   static auto *b = new Broker;  // leaked: used until exit
   return *b;
 }
-std::atomic<bool> g_stop{false};      // exit began: serve nothing more
-std::atomic<bool> g_serving{false};   // the broker is inside the driver for a request
+std::atomic<bool> g_stop{false};     // exit began: serve nothing more
+std::atomic<bool> g_serving{false};  // the broker is inside the driver for a request
 std::atomic<bool> g_thread_done{false};
 std::atomic<int> g_refusals{0};
 
@@ -231,7 +234,8 @@ struct Conn {
   ipc::PeerCred cred;
 };
 
-void send_status(int fd, ipc::ReplyStatus st, std::uint64_t id = 0, std::uint32_t driver_error = 0) {
+void send_status(int fd, ipc::ReplyStatus st, std::uint64_t id = 0,
+                 std::uint32_t driver_error = 0) {
   ipc::Reply r;
   r.status = st;
   r.export_id = id;
@@ -274,7 +278,8 @@ CUresult export_fds(const ipc::Export &e, std::vector<int> &fds) {
     int fd = -1;
     r = export_one(e.res_base + p.off, fd);
     if (r == CUDA_ERROR_INVALID_CONTEXT && borrowed < 0 && e.dev >= 0) {
-      auto retain = unwrapped<PFN_cuDevicePrimaryCtxRetain_v7000>(g_prim_retain, "cuDevicePrimaryCtxRetain");
+      auto retain =
+          unwrapped<PFN_cuDevicePrimaryCtxRetain_v7000>(g_prim_retain, "cuDevicePrimaryCtxRetain");
       auto set = unwrapped<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent");
       CUcontext ctx = nullptr;
       if (retain && set && retain(&ctx, e.dev) == CUDA_SUCCESS) {
@@ -288,7 +293,8 @@ CUresult export_fds(const ipc::Export &e, std::vector<int> &fds) {
   }
   if (borrowed >= 0) {
     if (auto set = unwrapped<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent")) set(nullptr);
-    if (auto rel = unwrapped<PFN_cuDevicePrimaryCtxRelease_v11000>(g_prim_release, "cuDevicePrimaryCtxRelease_v2"))
+    if (auto rel = unwrapped<PFN_cuDevicePrimaryCtxRelease_v11000>(g_prim_release,
+                                                                   "cuDevicePrimaryCtxRelease_v2"))
       rel(borrowed);
   }
   if (r != CUDA_SUCCESS) {
@@ -311,7 +317,8 @@ bool serve_open(const Conn &c, const ipc::Request &req) {
       refusal("pid " + std::to_string(c.cred.pid) + " asked for export " +
               std::to_string(req.export_id) + " with a wrong nonce; connection closed");
       return false;
-    case ipc::ExportTable::Lookup::Ok: break;
+    case ipc::ExportTable::Lookup::Ok:
+      break;
   }
   std::vector<int> fds;
   g_serving.store(true);
@@ -564,7 +571,7 @@ std::uint64_t start_broker(std::string &err) {
   return tag;
 }
 
-// ---- the importer --------------------------------------------------------------------------------
+// ---- the importer ------------------------------------------------------------------------------
 std::mutex g_imp_mu;  // opens and closes, whole (an open is a setup-time call)
 ipc::ImportTable &imports() {
   static auto *t = new ipc::ImportTable;
@@ -613,8 +620,10 @@ int connect_peer(const ipc::Handle &h, Failure &f) {
   ucred uc{};
   socklen_t ul = sizeof uc;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) != 0) uc = ucred{};
-  switch (ipc::check_server({uc.pid, uc.uid, uc.gid}, h.pid, static_cast<std::uint32_t>(geteuid()))) {
-    case ipc::ServerVerdict::Exporter: break;
+  switch (
+      ipc::check_server({uc.pid, uc.uid, uc.gid}, h.pid, static_cast<std::uint32_t>(geteuid()))) {
+    case ipc::ServerVerdict::Exporter:
+      break;
     case ipc::ServerVerdict::NotExporter:
       ::close(fd);
       f = {ipc::OpenFailure::NotExporter,
@@ -622,8 +631,8 @@ int connect_peer(const ipc::Handle &h, Failure &f) {
       return -1;
     case ipc::ServerVerdict::OtherUser:
       ::close(fd);
-      f = {ipc::OpenFailure::OtherUser,
-           "exporter uid " + std::to_string(uc.uid) + ", this process uid " + std::to_string(geteuid())};
+      f = {ipc::OpenFailure::OtherUser, "exporter uid " + std::to_string(uc.uid) +
+                                            ", this process uid " + std::to_string(geteuid())};
       return -1;
   }
   peers()[key] = fd;
@@ -647,7 +656,8 @@ int rpc(int fd, const ipc::Request &req, ipc::Reply &rep, std::string &detail,
   m.close_fds();
   const ipc::ParseError pe = ipc::parse_reply(m.data, rep);
   if (fds || m.truncated || pe != ipc::ParseError::None) {
-    detail = "unexpected reply (" + std::string(fds ? "with descriptors" : ipc::parse_error_text(pe)) + ")";
+    detail = "unexpected reply (" +
+             std::string(fds ? "with descriptors" : ipc::parse_error_text(pe)) + ")";
     return EPROTO;
   }
   return 0;
@@ -672,7 +682,8 @@ CUresult map_one(CUdeviceptr at, std::uint64_t size, int fd, int dev,
   CMG_REAL_OR(cuMemSetAccess, CUDA_ERROR_NOT_INITIALIZED);
   CUmemGenericAllocationHandle h = 0;
   CUresult r = cuMemImportFromShareableHandle_fn(
-      &h, reinterpret_cast<void *>(static_cast<std::intptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      &h, reinterpret_cast<void *>(static_cast<std::intptr_t>(fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS) {
     where = "cuMemImportFromShareableHandle";
     return r;
@@ -759,8 +770,10 @@ bool device_supports_posix_fd(int dev) {
   if (v) return v > 0;
   auto f = unwrapped<PFN_cuDeviceGetAttribute_v2000>(g_dev_attr, "cuDeviceGetAttribute");
   int val = 0;
-  const bool yes = f && f(&val, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) ==
-                            CUDA_SUCCESS && val != 0;
+  const bool yes = f &&
+                   f(&val, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) ==
+                       CUDA_SUCCESS &&
+                   val != 0;
   cache[dev].store(yes ? 1 : -1, std::memory_order_relaxed);
   return yes;
 }
@@ -819,7 +832,8 @@ Opened open(const char *api, const ipc::Handle &h, const Codes &codes, bool runt
     return fail(ipc::OpenFailure::ProtocolError, codes.map_failed, detail);
   }
   switch (rep.status) {
-    case ipc::ReplyStatus::Ok: break;
+    case ipc::ReplyStatus::Ok:
+      break;
     case ipc::ReplyStatus::UnknownExport:
       forget_peer_if_unused();
       return fail(ipc::OpenFailure::UnknownExport, codes.invalid_handle, "");
@@ -828,7 +842,8 @@ Opened open(const char *api, const ipc::Handle &h, const Codes &codes, bool runt
       return fail(ipc::OpenFailure::BadNonce, codes.invalid_handle, "");
     case ipc::ReplyStatus::Denied:
       drop_peer(pk);
-      return fail(ipc::OpenFailure::OtherUser, codes.map_failed, "refused by the exporter's broker");
+      return fail(ipc::OpenFailure::OtherUser, codes.map_failed,
+                  "refused by the exporter's broker");
     case ipc::ReplyStatus::ExportFailed:
       forget_peer_if_unused();
       return fail(ipc::OpenFailure::ExportFailed, codes.map_failed,
@@ -836,7 +851,8 @@ Opened open(const char *api, const ipc::Handle &h, const Codes &codes, bool runt
     case ipc::ReplyStatus::Busy:
     case ipc::ReplyStatus::Malformed:
       drop_peer(pk);
-      return fail(ipc::OpenFailure::ProtocolError, codes.map_failed, ipc::reply_status_text(rep.status));
+      return fail(ipc::OpenFailure::ProtocolError, codes.map_failed,
+                  ipc::reply_status_text(rep.status));
   }
   if (rep.export_id != h.export_id || rep.pages != h.pages || rep.span == 0 ||
       rep.first_off > rep.res_size || rep.span > rep.res_size - rep.first_off) {
@@ -867,7 +883,8 @@ Opened open(const char *api, const ipc::Handle &h, const Codes &codes, bool runt
     }
     for (std::size_t i = 0; !broken && i < chunk.size(); ++i) {
       const ipc::PageRange &p = chunk[i];
-      const std::uint64_t prev_end = pages.empty() ? layout.first_off : pages.back().off + pages.back().size;
+      const std::uint64_t prev_end =
+          pages.empty() ? layout.first_off : pages.back().off + pages.back().size;
       // Inside the span, in order: nothing is ever mapped outside the range reserved for it.
       if (p.size == 0 || p.off < prev_end || p.off - layout.first_off > layout.span ||
           p.size > layout.span - (p.off - layout.first_off)) {
@@ -898,7 +915,8 @@ Opened open(const char *api, const ipc::Handle &h, const Codes &codes, bool runt
       std::string d;
       if (rpc(fd, rel, ignored, d) != 0) drop_peer(pk);
     }
-    return fail(ipc::OpenFailure::ImportFailed, status_for(codes, err), where + ": " + cu_text(err));
+    return fail(ipc::OpenFailure::ImportFailed, status_for(codes, err),
+                where + ": " + cu_text(err));
   }
   ipc::Import imp;
   imp.key = key;
@@ -929,7 +947,8 @@ Closed close(std::uint64_t ptr, const Codes &codes) {
     for (const auto &m : imp->maps)
       if (CUresult r = unmap(m.off, m.size); r != CUDA_SUCCESS && worst == CUDA_SUCCESS) worst = r;
   if (auto afree = CMG_REAL(cuMemAddressFree))
-    if (CUresult r = afree(imp->span_va, imp->span); r != CUDA_SUCCESS && worst == CUDA_SUCCESS) worst = r;
+    if (CUresult r = afree(imp->span_va, imp->span); r != CUDA_SUCCESS && worst == CUDA_SUCCESS)
+      worst = r;
   // The release is answered before the close returns: an exporter told "closed" by the importer
   // and freeing its memory then must not be reported as freeing memory still open (P16). Closing
   // the connection would release it too, but the broker learns that only later.

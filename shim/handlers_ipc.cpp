@@ -86,10 +86,13 @@ int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, const std::functio
   args.hex("reservation", v->s.res_base).u("pages", v->s.pages.size());
   ipc::ExportPlan plan = ipc::plan_export(s.opts.ipc, v->s, handle != nullptr);
   if (plan.what == ipc::ExportPlan::What::Bridge) {
-    bridge::Exported x = bridge::export_pages(v->s.res_base, v->s.res_size, v->pages, v->dev, c.ev());
+    bridge::Exported x =
+        bridge::export_pages(v->s.res_base, v->s.res_size, v->pages, v->dev, c.ev());
     if (x.ok) {
       std::memcpy(handle, x.handle.data(), x.handle.size());
-      args.u("export", x.id).u("bytes", x.bytes).s("bridge", x.reused ? "same export" : "new export");
+      args.u("export", x.id)
+          .u("bytes", x.bytes)
+          .s("bridge", x.reused ? "same export" : "new export");
       Call::Extra e;
       e.skipped = true;  // answered by the shim; the driver would refuse VMM memory
       c.log(k.codes.success, args, e);
@@ -115,7 +118,8 @@ int ipc_open(const IpcApi &k, const void *handle, unsigned flags, bool out_ok,
   Call c(k.api, StackWhen::Always);
   if (!c.tracked()) return real();
   ipc::Handle h;
-  const auto st = ipc::decode_handle({static_cast<const std::uint8_t *>(handle), ipc::kHandleSize}, h);
+  const auto st =
+      ipc::decode_handle({static_cast<const std::uint8_t *>(handle), ipc::kHandleSize}, h);
   Args args;
   if (st == ipc::HandleStatus::NotOurs) {
     int r = real();
@@ -133,8 +137,9 @@ int ipc_open(const IpcApi &k, const void *handle, unsigned flags, bool out_ok,
     return r;
   }
   if (st != ipc::HandleStatus::Ok)
-    return answer_error(c, ipc::open_failure_finding(ipc::OpenFailure::CorruptHandle, api_name(k.api),
-                                                     h, ipc::handle_status_text(st)),
+    return answer_error(c,
+                        ipc::open_failure_finding(ipc::OpenFailure::CorruptHandle, api_name(k.api),
+                                                  h, ipc::handle_status_text(st)),
                         k.codes.invalid_value, args);
   args.u("exporter_pid", h.pid).u("export", h.export_id).hex("exporter_base", h.res_base);
   if (!out_ok || (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) {

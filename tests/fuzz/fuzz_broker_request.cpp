@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
   std::uint32_t first = 0;
   std::vector<ipc::PageRange> pages;
   if (ipc::parse_chunk(in, first, pages) == ipc::ParseError::None) {
-    if (ipc::encode_chunk(first, pages) != std::vector<std::uint8_t>(data, data + size)) __builtin_trap();
+    if (ipc::encode_chunk(first, pages) != std::vector<std::uint8_t>(data, data + size))
+      __builtin_trap();
     (void)ipc::pages_valid(pages, UINT64_MAX);
   }
   return 0;

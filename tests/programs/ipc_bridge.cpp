@@ -2,10 +2,10 @@
 // Legacy IPC on VMM memory between two processes (bug-patterns.md P11-P16): an exporter fills VMM
 // pages with a pattern and exports them with cudaIpcGetMemHandle / cuIpcGetMemHandle; an importer
 // (this program again, exec'd with the handle on a pipe) opens the handle and reads the pattern
-// back. Without the shim the export fails (real-driver.md section 2); with CUMEMGUARD_IPC=bridge the
-// bytes arrive. Each process prints one "step VALUE" line per result that matters (importer lines
-// start with "imp."). Handles are forged here from the layout in docs/ipc-bridge.md, independently
-// of the shim's own encoder.
+// back. Without the shim the export fails (real-driver.md section 2); with CUMEMGUARD_IPC=bridge
+// the bytes arrive. Each process prints one "step VALUE" line per result that matters (importer
+// lines start with "imp."). Handles are forged here from the layout in docs/ipc-bridge.md,
+// independently of the shim's own encoder.
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -32,9 +32,15 @@ namespace {
 
 size_t G = 0;  // granularity, read from the driver
 
-void out(const char *step, CUresult r) { std::printf("%s %s\n", step, cu_name(r)); }
-void out_rt(const char *step, cudaError_t r) { std::printf("%s %s\n", step, cudaGetErrorName(r)); }
-void out_n(const char *step, long long v) { std::printf("%s %lld\n", step, v); }
+void out(const char *step, CUresult r) {
+  std::printf("%s %s\n", step, cu_name(r));
+}
+void out_rt(const char *step, cudaError_t r) {
+  std::printf("%s %s\n", step, cudaGetErrorName(r));
+}
+void out_n(const char *step, long long v) {
+  std::printf("%s %lld\n", step, v);
+}
 // Observations only the fake driver can make print "n/a" on the real one.
 void out_fake(const char *step, long long v) {
   if (on_fake_driver())
@@ -43,7 +49,7 @@ void out_fake(const char *step, long long v) {
     std::printf("%s n/a\n", step);
 }
 
-// ---- the pattern: word w of the exporter's reservation holds w * 2654435761 ^ seed -------------------
+// ---- the pattern: word w of the exporter's reservation holds w * 2654435761 ^ seed -------------
 void fill(std::vector<unsigned> &buf, unsigned long long off, size_t len, unsigned seed) {
   buf.resize(len / 4);
   for (size_t i = 0; i < buf.size(); ++i)
@@ -125,7 +131,7 @@ CUdeviceptr range_start(CUdeviceptr p) {
   return base;
 }
 
-// ---- two processes ------------------------------------------------------------------------------
+// ---- two processes -----------------------------------------------------------------------------
 // What the exporter sends: the handle and, as vLLM's custom all-reduce does, the offset of the
 // buffer from the base the handle stands for.
 struct Job {
@@ -239,9 +245,11 @@ bool fake_state(unsigned long long &reserved, unsigned long long &mappings) {
   return true;
 }
 
-CUresult export_drv(CUipcMemHandle &h, CUdeviceptr p) { return cuIpcGetMemHandle(&h, p); }
+CUresult export_drv(CUipcMemHandle &h, CUdeviceptr p) {
+  return cuIpcGetMemHandle(&h, p);
+}
 
-// ---- handles from the documented layout (docs/ipc-bridge.md) ------------------------------------
+// ---- handles from the documented layout (docs/ipc-bridge.md) -----------------------------------
 unsigned fnv1a(const unsigned char *p, size_t n) {
   unsigned h = 2166136261u;
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
@@ -251,8 +259,12 @@ void reseal(unsigned char *h) {
   const unsigned c = fnv1a(h, 60);
   for (int i = 0; i < 4; ++i) h[60 + i] = static_cast<unsigned char>(c >> (8 * i));
 }
-bool is_bridge_handle(const unsigned char *h) { return std::memcmp(h, "CMGBRIDG", 8) == 0; }
-unsigned le32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | static_cast<unsigned>(p[3]) << 24; }
+bool is_bridge_handle(const unsigned char *h) {
+  return std::memcmp(h, "CMGBRIDG", 8) == 0;
+}
+unsigned le32(const unsigned char *p) {
+  return p[0] | p[1] << 8 | p[2] << 16 | static_cast<unsigned>(p[3]) << 24;
+}
 unsigned long long le64(const unsigned char *p) {
   return le32(p) | static_cast<unsigned long long>(le32(p + 4)) << 32;
 }
@@ -268,7 +280,8 @@ int raw_request(const unsigned char *handle, const void *msg, size_t len, bool w
   std::memcpy(a.sun_path, name, static_cast<size_t>(n));
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr *>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n)) != 0) {
+  if (connect(fd, reinterpret_cast<sockaddr *>(&a),
+              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n)) != 0) {
     close(fd);
     return -1;
   }
@@ -296,7 +309,7 @@ int raw_request(const unsigned char *handle, const void *msg, size_t len, bool w
   return rep[6] | rep[7] << 8;
 }
 
-// ---- the importer ---------------------------------------------------------------------------------
+// ---- the importer ------------------------------------------------------------------------------
 CUresult open_handle(const Job &j, const unsigned char *handle, CUdeviceptr &q) {
   if (j.runtime) {
     cudaIpcMemHandle_t h;
@@ -361,7 +374,7 @@ int importer(const std::string &cas, int rfd, int wfd) {
     if (cas == "forged") {
       // Each forgery is one change to a genuine handle, resealed where the checksum should pass.
       unsigned char h[64];
-      auto with = [&](const char *name, auto change, bool seal) {
+      auto with = [&](const char *name, bool seal, auto change) {
         std::memcpy(h, j.handle, 64);
         change();
         if (seal) reseal(h);
@@ -370,18 +383,18 @@ int importer(const std::string &cas, int rfd, int wfd) {
         print_open(j, step(name).c_str(), r);
         if (r == CUDA_SUCCESS) close_handle(j, x);
       };
-      with("bad_check", [&] { h[40] ^= 1; }, false);
-      with("truncated", [&] { std::memset(h + 32, 0, 32); }, false);
-      with("bad_nonce", [&] { h[40] ^= 1; }, true);
-      with("unknown_export", [&] { h[24] = 99; }, true);
-      with("wrong_tag", [&] { h[16] ^= 0x55; }, true);
-      with("same_process", [&] {
+      with("bad_check", false, [&] { h[40] ^= 1; });
+      with("truncated", false, [&] { std::memset(h + 32, 0, 32); });
+      with("bad_nonce", true, [&] { h[40] ^= 1; });
+      with("unknown_export", true, [&] { h[24] = 99; });
+      with("wrong_tag", true, [&] { h[16] ^= 0x55; });
+      with("same_process", true, [&] {
         const unsigned me = static_cast<unsigned>(getpid());
         for (int i = 0; i < 4; ++i) h[12 + i] = static_cast<unsigned char>(me >> (8 * i));
-      }, true);
-      with("not_ours", [&] {
+      });
+      with("not_ours", false, [&] {
         for (int i = 0; i < 64; ++i) h[i] = static_cast<unsigned char>(i * 37 + 1);
-      }, false);
+      });
       // A hostile client at the broker's address: each is answered "malformed" (status 1).
       const unsigned char shortmsg[5] = {1, 2, 3, 4, 5};
       out_n(step("hostile_short").c_str(), raw_request(j.handle, shortmsg, sizeof shortmsg, false));
@@ -465,6 +478,20 @@ Job job_for(const unsigned char *h, unsigned long long off, unsigned long long l
   return j;
 }
 
+// One importer process for one job: it opens, checks and closes; its exit status is printed.
+void import_in_child(const char *cas, const void *handle, unsigned long long off,
+                     unsigned long long len, unsigned seed, bool runtime, int uid_to_drop = -1) {
+  Peer p = spawn("importer", cas, uid_to_drop);
+  Job j = job_for(static_cast<const unsigned char *>(handle), off, len, seed, runtime);
+  write_all(p.to, &j, sizeof j);
+  wait_ack(p.from);
+  const int rc = finish(p);
+  if (rc == 77)  // the child could not run as the other user (peer-uid)
+    std::printf("importer_exit n/a\n");
+  else
+    out_n("importer_exit", rc);
+}
+
 // P11/P12 and the vLLM custom all-reduce flow: base = RANGE_START_ADDR of the buffer,
 // cudaIpcGetMemHandle(base), the importer adds the buffer's offset to what it opens.
 int vllm_flow(const std::string &cas) {
@@ -479,15 +506,9 @@ int vllm_flow(const std::string &cas) {
   out_rt("export", r);
   out_fake("driver_export_calls", static_cast<long long>(calls("cuIpcGetMemHandle") - before));
   out_n("bridge_handle", is_bridge_handle(reinterpret_cast<unsigned char *>(h.reserved)) ? 1 : 0);
-  if (r == cudaSuccess) {
-    // P12: a handle for an interior pointer stands for its reservation, like legacy IPC's for its
-    // allocation: the importer's pointer is the base.
-    Peer p = spawn("importer", cas.c_str());
-    Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), buf - s.v, 8192, seed, true);
-    write_all(p.to, &j, sizeof j);
-    wait_ack(p.from);
-    out_n("importer_exit", finish(p));
-  }
+  // P12: a handle for an interior pointer stands for its reservation, like legacy IPC's for its
+  // allocation: the importer's pointer is the base.
+  if (r == cudaSuccess) import_in_child(cas.c_str(), h.reserved, buf - s.v, 8192, seed, true);
   release(s);
   return 0;
 }
@@ -498,13 +519,7 @@ int multi() {
   CUipcMemHandle h{};
   CUresult r = export_drv(h, s.v + 2 * G);
   out("export", r);
-  if (r == CUDA_SUCCESS) {
-    Peer p = spawn("importer", "multi");
-    Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), G + G / 2, G, seed, false);
-    write_all(p.to, &j, sizeof j);
-    wait_ack(p.from);
-    out_n("importer_exit", finish(p));
-  }
+  if (r == CUDA_SUCCESS) import_in_child("multi", h.reserved, G + G / 2, G, seed, false);
   release(s);
   return 0;
 }
@@ -523,7 +538,8 @@ int p14() {
     return 0;
   }
   Peer p = spawn("importer", "P14");
-  Job j1 = job_for(reinterpret_cast<unsigned char *>(h1.reserved), 100 * 4, 2 * G - 800, seed, false);
+  Job j1 =
+      job_for(reinterpret_cast<unsigned char *>(h1.reserved), 100 * 4, 2 * G - 800, seed, false);
   Job j2 = job_for(reinterpret_cast<unsigned char *>(h2.reserved), 0, 0, seed, false);
   write_all(p.to, &j1, sizeof j1);
   write_all(p.to, &j2, sizeof j2);
@@ -547,15 +563,7 @@ int forged() {
   CUipcMemHandle h{};
   CUresult r = export_drv(h, s.v);
   out("export", r);
-  if (r != CUDA_SUCCESS) {
-    release(s);
-    return 0;
-  }
-  Peer p = spawn("importer", "forged");
-  Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 0, G, seed, false);
-  write_all(p.to, &j, sizeof j);
-  wait_ack(p.from);
-  out_n("importer_exit", finish(p));
+  if (r == CUDA_SUCCESS) import_in_child("forged", h.reserved, 0, G, seed, false);
   release(s);
   return 0;
 }
@@ -566,15 +574,7 @@ int p13() {
   cudaIpcMemHandle_t h{};
   cudaError_t r = cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(s.v));
   out_rt("export", r);
-  if (r != cudaSuccess) {
-    release(s);
-    return 0;
-  }
-  Peer p = spawn("importer", "P13");
-  Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 2 * G, G, seed, true);
-  write_all(p.to, &j, sizeof j);
-  wait_ack(p.from);
-  out_n("importer_exit", finish(p));
+  if (r == cudaSuccess) import_in_child("P13", h.reserved, 2 * G, G, seed, true);
   release(s);
   return 0;
 }
@@ -599,8 +599,8 @@ int p15(const std::string &cas) {
       out("create_posix", r);
     } else {
       int fd = -1;
-      out("export_fabric_fd", cuMemExportToShareableHandle(&fd, s.pages[0].second,
-                                                           CU_MEM_HANDLE_TYPE_FABRIC, 0));
+      out("export_fabric_fd",
+          cuMemExportToShareableHandle(&fd, s.pages[0].second, CU_MEM_HANDLE_TYPE_FABRIC, 0));
     }
   }
   if (r != CUDA_SUCCESS) return 3;
@@ -608,13 +608,7 @@ int p15(const std::string &cas) {
   cudaIpcMemHandle_t h{};
   cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(s.v));
   out_rt("export", e);
-  if (e == cudaSuccess) {
-    Peer p = spawn("importer", cas.c_str());
-    Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 0, G, seed, true);
-    write_all(p.to, &j, sizeof j);
-    wait_ack(p.from);
-    out_n("importer_exit", finish(p));
-  }
+  if (e == cudaSuccess) import_in_child(cas.c_str(), h.reserved, 0, G, seed, true);
   release(s);
   return 0;
 }
@@ -642,7 +636,9 @@ int p16() {
   }
   // Legacy IPC of cudaMalloc memory, freed while open: no finding.
   void *lin = nullptr;
-  if (cudaMalloc(&lin, G) != cudaSuccess || !write_pattern(reinterpret_cast<CUdeviceptr>(lin), 0, G, seed ^ 1)) return 3;
+  if (cudaMalloc(&lin, G) != cudaSuccess ||
+      !write_pattern(reinterpret_cast<CUdeviceptr>(lin), 0, G, seed ^ 1))
+    return 3;
   cudaIpcMemHandle_t lh{};
   out_rt("legacy.export", cudaIpcGetMemHandle(&lh, lin));
   Job lj = job_for(reinterpret_cast<unsigned char *>(lh.reserved), 0, G, seed ^ 1, true, 1);
@@ -704,19 +700,7 @@ int peer_uid() {
   CUipcMemHandle h{};
   CUresult r = export_drv(h, s.v);
   out("export", r);
-  if (r != CUDA_SUCCESS) {
-    release(s);
-    return 0;
-  }
-  Peer p = spawn("importer", "peer-uid", 65534);
-  Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 0, G, seed, true);
-  write_all(p.to, &j, sizeof j);
-  wait_ack(p.from);
-  const int rc = finish(p);
-  if (rc == 77)
-    std::printf("importer_exit n/a\n");
-  else
-    out_n("importer_exit", rc);
+  if (r == CUDA_SUCCESS) import_in_child("peer-uid", h.reserved, 0, G, seed, true, 65534);
   release(s);
   return 0;
 }
@@ -771,11 +755,7 @@ int forked() {
     release(s);
     return 0;
   }
-  Peer p = spawn("importer", "fork");
-  Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 0, G, seed, false);
-  write_all(p.to, &j, sizeof j);
-  wait_ack(p.from);
-  out_n("importer_exit", finish(p));
+  import_in_child("fork", h.reserved, 0, G, seed, false);
   release(s);
   return 0;
 }
@@ -789,7 +769,9 @@ int main(int argc, char **argv) {
   if (argc == 5 && std::string(argv[1]) == "exporter-exit")
     return exporter_exit(std::atoi(argv[3]), std::atoi(argv[4]));
   if (argc != 2) {
-    std::fprintf(stderr, "usage: ipc_bridge P11|P12|P13|P14|P15|P15-host|P16|multi|forged|exited|peer-uid|fork\n");
+    std::fprintf(
+        stderr,
+        "usage: ipc_bridge P11|P12|P13|P14|P15|P15-host|P16|multi|forged|exited|peer-uid|fork\n");
     return 64;
   }
   const std::string c = argv[1];

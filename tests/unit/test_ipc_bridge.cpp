@@ -48,7 +48,9 @@ void reseal(std::array<std::uint8_t, kHandleSize> &b) {
   for (int i = 0; i < 4; ++i) b[60 + i] = static_cast<std::uint8_t>(h >> (8 * i));
 }
 
-bool valid_json(const std::string &s) { return nlohmann::json::accept(s); }
+bool valid_json(const std::string &s) {
+  return nlohmann::json::accept(s);
+}
 
 Nonce nonce_of(std::uint8_t v) {
   Nonce n;
@@ -112,7 +114,8 @@ TEST_CASE("handle: truncated, corrupt, unknown version, bad fields") {
   const auto good = encode_handle(sample());
   Handle out;
   for (std::size_t n = 1; n < kHandleSize; ++n)  // any prefix of ours, even of the magic alone
-    CHECK(decode_handle(std::span<const std::uint8_t>(good.data(), n), out) == HandleStatus::Truncated);
+    CHECK(decode_handle(std::span<const std::uint8_t>(good.data(), n), out) ==
+          HandleStatus::Truncated);
   // Every single-bit flip past the magic is caught by the checksum.
   for (std::size_t byte = 8; byte < kHandleSize; ++byte)
     for (int bit = 0; bit < 8; ++bit) {
@@ -151,9 +154,14 @@ TEST_CASE("handle: deterministic fuzz of the decoder") {
     std::vector<std::uint8_t> b(rng.next() % 81);
     for (auto &x : b) x = rng.byte();
     switch (rng.next() % 4) {
-      case 0: std::memcpy(b.data(), good.data(), std::min(b.size(), good.size())); break;
-      case 1: std::memcpy(b.data(), "CMGBRIDG", std::min<std::size_t>(b.size(), 8)); break;
-      default: break;
+      case 0:
+        std::memcpy(b.data(), good.data(), std::min(b.size(), good.size()));
+        break;
+      case 1:
+        std::memcpy(b.data(), "CMGBRIDG", std::min<std::size_t>(b.size(), 8));
+        break;
+      default:
+        break;
     }
     if (b.size() >= 64 && rng.next() % 2) {  // a sealed forgery: only field checks stand
       std::array<std::uint8_t, 64> a;
@@ -233,7 +241,8 @@ TEST_CASE("requests, replies and chunks: deterministic fuzz of the parsers") {
     std::vector<std::uint8_t> b(rng.next() % (kChunkMax + 40));
     for (auto &x : b) x = rng.byte();
     if (rng.next() % 3 == 0) {
-      const auto &src = (i & 1) ? std::span<const std::uint8_t>(req) : std::span<const std::uint8_t>(repb);
+      const auto &src =
+          (i & 1) ? std::span<const std::uint8_t>(req) : std::span<const std::uint8_t>(repb);
       std::memcpy(b.data(), src.data(), std::min(b.size(), src.size()));
       if (rng.next() % 2) b.resize(src.size());
       if (!b.empty() && rng.next() % 2) b[rng.next() % b.size()] ^= rng.byte();
@@ -339,7 +348,8 @@ TEST_CASE("exports: the same pages give the same export, new pages a new one") {
   auto remapped = two;
   remapped[0].map_seq = 99;
   CHECK(t.find_or_add(0x1000000, 4 * G, remapped, {}, 0, rnd)->id != a->id);
-  CHECK_FALSE(t.find_or_add(0x2000000, G, two, {}, 0, [](std::uint8_t *, std::size_t) { return false; }));
+  CHECK_FALSE(
+      t.find_or_add(0x2000000, G, two, {}, 0, [](std::uint8_t *, std::size_t) { return false; }));
   CHECK(t.size() == 3);
 }
 
@@ -359,7 +369,8 @@ TEST_CASE("exports: lookups check id and nonce") {
 TEST_CASE("exports: an unmap of an exported page drops the export and counts its importers (P16)") {
   ExportTable t;
   auto rnd = counter_random();
-  auto a = t.find_or_add(0x1000000, 4 * G, {{0, G, 1, 1}, {G, G, 2, 2}}, EventRef{5, 0, 1, 0, "cuIpcGetMemHandle"}, 0, rnd);
+  auto a = t.find_or_add(0x1000000, 4 * G, {{0, G, 1, 1}, {G, G, 2, 2}},
+                         EventRef{5, 0, 1, 0, "cuIpcGetMemHandle"}, 0, rnd);
   auto b = t.find_or_add(0x1000000 + 8 * G, 2 * G, {{0, G, 3, 3}}, {}, 0, rnd);
   REQUIRE(a);
   REQUIRE(b);
@@ -489,7 +500,8 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
 
   TorchHint t{true, "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"};
   f = ipc_vmm_finding(s, t, {W::Report, {}});
-  CHECK_THAT(f.msg, Catch::Contains("PyTorch's PYTORCH_CUDA_ALLOC_CONF has 'expandable_segments:True'"));
+  CHECK_THAT(f.msg,
+             Catch::Contains("PyTorch's PYTORCH_CUDA_ALLOC_CONF has 'expandable_segments:True'"));
   CHECK_THAT(f.msg, Catch::Contains("_set_allocator_settings(\"expandable_segments:False\")"));
   CHECK_THAT(f.msg, Catch::Contains("CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:False"));
   st = nlohmann::json::parse(f.state_json);
@@ -530,7 +542,8 @@ TEST_CASE("bridge blockers and the widened handle types") {
 }
 
 TEST_CASE("free-exported and importer-side findings") {
-  ExportTable::Dropped d{3, 2, 5, 5 * G, 0x7f0000000000ull, EventRef{9, 0, 1, 0, "cudaIpcGetMemHandle"}};
+  ExportTable::Dropped d{
+      3, 2, 5, 5 * G, 0x7f0000000000ull, EventRef{9, 0, 1, 0, "cudaIpcGetMemHandle"}};
   Finding f = free_exported_finding(d, "cuMemUnmap", 0x7f0000000000ull, G);
   CHECK(f.cls == FindingClass::FreeExported);
   CHECK_THAT(f.msg, Catch::Contains("bridge export 3"));
@@ -547,7 +560,8 @@ TEST_CASE("free-exported and importer-side findings") {
                    OpenFailure::ImportFailed, OpenFailure::NoContext}) {
     Finding o = open_failure_finding(why, "cudaIpcOpenMemHandle", h, "detail");
     CHECK(o.cls == FindingClass::IpcVmm);
-    CHECK_THAT(o.msg, Catch::StartsWith("cudaIpcOpenMemHandle of a cumemguard bridge handle failed: "));
+    CHECK_THAT(o.msg,
+               Catch::StartsWith("cudaIpcOpenMemHandle of a cumemguard bridge handle failed: "));
     CHECK_THAT(o.msg, Catch::EndsWith("(detail)"));
     CHECK(valid_json(o.state_json));
     msgs.insert(o.msg);
