@@ -730,6 +730,25 @@ std::optional<Reservation> VmmModel::reservation_containing(std::uint64_t p) con
   return *r;
 }
 
+std::optional<ReservationPages> VmmModel::pages_of(std::uint64_t p) const {
+  std::lock_guard lk(mu_);
+  const Reservation *r = res_containing_locked(p);
+  if (!r) return std::nullopt;
+  ReservationPages out{r->base, r->size, r->reserved, {}};
+  for (const auto &[o, m] : r->maps) {
+    PageView v{m.off, m.size, m.alloc_id, m.mapped.seq, 0, Location::Device, 0};
+    // By allocation, not by handle value: the handle may be released while the mapping lives
+    // (NCCL releases right after mapping; real-driver.md section 6).
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) {
+      v.handle_types = a->second.handle_types;
+      v.loc = a->second.loc;
+      v.loc_id = a->second.loc_id;
+    }
+    out.pages.push_back(v);
+  }
+  return out;
+}
+
 std::optional<PhysAlloc> VmmModel::alloc_of_handle(std::uint64_t handle) const {
   std::lock_guard lk(mu_);
   auto h = handles_.find(handle);

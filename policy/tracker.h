@@ -198,6 +198,22 @@ struct VmmVerdict {
   bool changed = false;             // begin_* changed the model (commit or rollback must follow)
 };
 
+// A reservation's mapped pages with what their allocations really are (legacy IPC diagnosis and
+// the bridge's exports).
+struct PageView {
+  std::uint64_t off = 0, size = 0;
+  std::uint64_t alloc_id = 0;
+  std::uint64_t map_seq = 0;   // the cuMemMap that made the mapping
+  unsigned handle_types = 0;   // CUmemAllocationHandleType bits the allocation has
+  Location loc = Location::Device;
+  int loc_id = 0;
+};
+struct ReservationPages {
+  std::uint64_t base = 0, size = 0;
+  EventRef reserved;
+  std::vector<PageView> pages;  // by offset
+};
+
 struct VmmCounts {
   std::size_t phys = 0, handles = 0, reservations = 0, mappings = 0;
   std::uint64_t phys_bytes = 0, va_bytes = 0;
@@ -252,6 +268,7 @@ class VmmModel {
 
   // Queries.
   std::optional<Reservation> reservation_containing(std::uint64_t p) const;
+  std::optional<ReservationPages> pages_of(std::uint64_t p) const;
   std::optional<PhysAlloc> alloc_of_handle(std::uint64_t handle) const;
   std::optional<HandleRec> handle(std::uint64_t value) const;
   // The physical allocation mapped at va, with the offset into it.

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "bridge.h"
 #include "flush.h"
 #include "held.h"
 #include "loader.h"
@@ -249,14 +250,24 @@ CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAlloca
 CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle, CUmemAllocationHandleType type);
 CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep);
 
-// Legacy IPC: `real` performs the call; the status type is the caller's (CUresult or cudaError_t).
-// deny_status is what IPC=deny answers for VMM memory.
+// fork(): the legacy-IPC import table's lock (see state.cpp for the order).
 void ipc_fork_prepare();
 void ipc_fork_parent();
 void ipc_fork_child();
-int ipc_get(Api api, std::uint64_t ptr, int deny_status, const std::function<int()> &real);
-int ipc_open(Api api, const std::function<int()> &real, const std::function<std::uint64_t()> &out);
-int ipc_close(Api api, std::uint64_t ptr, const std::function<int()> &real);
+
+// Legacy IPC (handlers_ipc.cpp): `real` performs the call; statuses are the caller's family's
+// (CUresult or cudaError_t), given by `codes`. `handle` is the caller's 64-byte handle: written by
+// ipc_get in bridge mode, read by ipc_open (a bridge handle never reaches the driver).
+struct IpcApi {
+  Api api;
+  bridge::Codes codes;
+  bool runtime;  // cudaIpc*: a missing context is created, as cudart does
+};
+int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, const std::function<int()> &real);
+int ipc_open(const IpcApi &k, const void *handle, unsigned flags, bool out_ok,
+             const std::function<int()> &real, const std::function<std::uint64_t()> &out,
+             const std::function<void(std::uint64_t)> &set_out);
+int ipc_close(const IpcApi &k, std::uint64_t ptr, const std::function<int()> &real);
 
 // cuGetProcAddress / cudaGetDriverEntryPoint*: forward, then hand back our wrapper of exactly the
 // export the driver returned.

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// VMM, legacy IPC, pool-trim and NCCL hook bodies (see handlers.h for the common shape).
-#include <mutex>
-#include <unordered_map>
-
+// VMM and pool-trim hook bodies (see handlers.h for the common shape; legacy IPC is in
+// handlers_ipc.cpp).
+#include "bridge.h"
 #include "handlers.h"
+#include "ipc_bridge.h"
 
 namespace cmg::shim {
 namespace {
@@ -65,24 +65,41 @@ Call::Extra freed_extra(const VmmModel::Freed &f) {
 
 CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                     unsigned long long flags) {
-  auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); };
   Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
-  if (!c.tracked()) return untracked_alloc<CUresult>(real);
-  if (!prop || !h) return real();
+  if (!c.tracked())
+    return untracked_alloc<CUresult>([&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); });
+  if (!prop || !h) return CMG_REAL(cuMemCreate)(h, size, prop, flags);
+  // Bridge mode: an allocation without POSIX_FD can never be exported, so the type is added
+  // where the device supports it; if the driver refuses the wider request, the program's own
+  // request is made as it was (never worse than without the shim).
+  const bool device = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+  const unsigned asked = static_cast<unsigned>(prop->requestedHandleTypes);
+  CUmemAllocationProp wide = *prop;
+  if (state().opts.ipc == IpcMode::Bridge && device && !(asked & ipc::kTypePosixFd))
+    wide.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(ipc::widened_types(
+        asked, device, bridge::device_supports_posix_fd(prop->location.id)));
+  const CUmemAllocationProp *use = wide.requestedHandleTypes != prop->requestedHandleTypes ? &wide : prop;
+  auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, use, flags); };
   bool retried = false;
   CUresult r = call_with_oom_retry<CUresult>(real, retried);
+  if (use != prop && r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
+    use = prop;
+    r = call_with_oom_retry<CUresult>(real, retried);
+  }
   Args args;
   args.u("size", size).i("loc_type", prop->location.type).i("loc_id", prop->location.id)
-      .u("handle_types", static_cast<std::uint64_t>(prop->requestedHandleTypes)).u("flags", flags);
+      .u("handle_types", asked).u("flags", flags);
   if (retried) args.u("retried_after_release", 1);
+  if (use != prop) args.u("granted_types", static_cast<unsigned>(use->requestedHandleTypes));
   if (r != CUDA_SUCCESS) {
     c.log(r, args);
     return r;
   }
   args.hex("handle", *h);
   const Location loc = location_of(prop);
+  // The types the allocation really has (bug-patterns.md P15), not the ones first asked for.
   state().vmm.on_create(*h, size, loc, prop->location.id,
-                        static_cast<unsigned>(prop->requestedHandleTypes), false, c.ev());
+                        static_cast<unsigned>(use->requestedHandleTypes), false, c.ev());
   VmmModel::break_pairing(t_vmm);
   Call::Extra x;
   x.mem = MemKind::Vmm;
@@ -176,15 +193,25 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   State &s = state();
   const char *before = s.vmm.range_state(ptr, size);
   VmmVerdict v = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm);
+  // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).
+  const auto exported = bridge::exports().begin_unmap(ptr, size);
   Args args;
   args.hex("ptr", ptr).u("size", size);
-  return with_verdict(
+  CUresult r = with_verdict(
       c, v, args, real,
       [&] {
         if (!v.changed && v.finding) return freed_extra(s.vmm.force_unmap(ptr, size, c.ev()));
         return freed_extra(s.vmm.commit_unmap(v));
       },
       [&] { s.vmm.rollback_unmap(v); }, before);
+  if (!exported.empty())
+    for (const auto &d : bridge::exports().end_unmap(exported, r == CUDA_SUCCESS))
+      if (d.importers) {
+        Finding f = ipc::free_exported_finding(d, api_name(c.api()), ptr, size);
+        const Action a = decide(f, false);
+        report_finding(c, std::move(f), a, r, args);
+      }
+  return r;
 }
 
 CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
@@ -256,102 +283,6 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
 CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep) {
   return trim_pool<CUresult>(api, reinterpret_cast<std::uintptr_t>(pool), keep,
                              [&] { return CMG_REAL(cuMemPoolTrimTo)(pool, keep); });
-}
-
-// ---------------------------------------------------------------------------------------------
-namespace {
-// Legacy IPC imports are reference counted by the driver (real-driver.md section 2): the same
-// handle opened twice gives the same pointer and needs two closes.
-std::mutex g_ipc_mu;
-std::unordered_map<std::uint64_t, unsigned> &ipc_refs() {
-  static auto *m = new std::unordered_map<std::uint64_t, unsigned>;  // leaked: used until exit
-  return *m;
-}
-}  // namespace
-
-void ipc_fork_prepare() { g_ipc_mu.lock(); }
-void ipc_fork_parent() { g_ipc_mu.unlock(); }
-void ipc_fork_child() { g_ipc_mu.unlock(); }
-
-int ipc_get(Api api, std::uint64_t ptr, int deny_status, const std::function<int()> &real) {
-  Call c(api, StackWhen::Always);
-  if (!c.tracked()) return real();
-  State &s = state();
-  Args args;
-  args.hex("ptr", ptr);
-  auto res = s.vmm.reservation_containing(ptr);
-  if (!res) {
-    int r = real();
-    c.log(r, args);
-    return r;
-  }
-  Finding f;
-  f.cls = FindingClass::IpcVmm;
-  std::uint64_t mapped = 0;
-  unsigned types = 0;
-  for (const auto &[o, m] : res->maps) {
-    mapped += m.size;
-    if (auto a = s.vmm.alloc_of_handle(m.handle)) types |= a->handle_types;
-  }
-  f.msg = std::string(api_name(api)) + " of " + hex(ptr) + ", which lies in the VMM reservation " +
-          hex(res->base) + " (+" + std::to_string(res->size) + " bytes, " +
-          std::to_string(res->maps.size()) + " mapping(s), " + std::to_string(mapped) +
-          " bytes mapped): legacy CUDA IPC cannot export memory made with cuMemCreate and the "
-          "driver answers invalid argument (real-driver.md section 2)";
-  f.state_json = "{\"reservation\":\"" + hex(res->base) + "\",\"size\":" +
-                 std::to_string(res->size) + ",\"mapped_bytes\":" + std::to_string(mapped) +
-                 ",\"handle_types\":" + std::to_string(types) + "}";
-  f.related.push_back({"reservation", res->reserved});
-  const Action a = decide(f, false);
-  if (s.opts.ipc == IpcMode::Deny) {
-    report_finding(c, std::move(f), a, deny_status, args);
-    Call::Extra x;
-    x.skipped = true;
-    c.log(deny_status, args, x);
-    return deny_status;
-  }
-  int r = real();
-  report_finding(c, std::move(f), a, r, args);
-  c.log(r, args);
-  return r;
-}
-
-int ipc_open(Api api, const std::function<int()> &real, const std::function<std::uint64_t()> &out) {
-  Call c(api, StackWhen::Always);
-  if (!c.tracked()) return real();
-  int r = real();
-  Args args;
-  if (r != 0) {
-    c.log(r, args);
-    return r;
-  }
-  const std::uint64_t p = out();
-  args.hex("ptr", p);
-  std::lock_guard lk(g_ipc_mu);
-  unsigned &n = ipc_refs()[p];
-  if (n++ == 0) state().linear.on_alloc(LinearRec{p, 0, current_device(), MemKind::Ipc, c.ev()});
-  args.u("opens", n);
-  c.log(r, args);
-  return r;
-}
-
-int ipc_close(Api api, std::uint64_t ptr, const std::function<int()> &real) {
-  Call c(api, StackWhen::Always);
-  if (!c.tracked()) return real();
-  int r = real();
-  Args args;
-  args.hex("ptr", ptr);
-  if (r == 0) {
-    std::lock_guard lk(g_ipc_mu);
-    auto it = ipc_refs().find(ptr);
-    if (it != ipc_refs().end() && --it->second == 0) {
-      ipc_refs().erase(it);
-      FreeVerdict v = state().linear.begin_free(ptr, kind_bit(MemKind::Ipc), c.ev());
-      (void)v;
-    }
-  }
-  c.log(r, args);
-  return r;
 }
 
 }  // namespace cmg::shim

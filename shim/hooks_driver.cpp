@@ -139,27 +139,37 @@ CMG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
   return vmm_import(h, os, type);
 }
 
+// Legacy IPC answers in the driver's codes (docs/ipc-bridge.md, "Errors").
+namespace {
+constexpr bridge::Codes kIpcCodes{CUDA_SUCCESS,          CUDA_ERROR_INVALID_VALUE,
+                                  CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_MAP_FAILED,
+                                  CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_OUT_OF_MEMORY};
+IpcApi ipc_api(Api a) { return IpcApi{a, kIpcCodes, false}; }
+}  // namespace
+
 CMG_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
-  return static_cast<CUresult>(ipc_get(Api::cuIpcGetMemHandle, p, CUDA_ERROR_INVALID_VALUE,
+  return static_cast<CUresult>(ipc_get(ipc_api(Api::cuIpcGetMemHandle), h ? h->reserved : nullptr, p,
                                        [&] { return static_cast<int>(CMG_REAL(cuIpcGetMemHandle)(h, p)); }));
 }
 
 CMG_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
   return static_cast<CUresult>(
-      ipc_open(Api::cuIpcOpenMemHandle,
+      ipc_open(ipc_api(Api::cuIpcOpenMemHandle), h.reserved, flags, p != nullptr,
                [&] { return static_cast<int>(CMG_REAL(cuIpcOpenMemHandle)(p, h, flags)); },
-               [&] { return static_cast<std::uint64_t>(*p); }));
+               [&] { return static_cast<std::uint64_t>(*p); },
+               [&](std::uint64_t v) { *p = static_cast<CUdeviceptr>(v); }));
 }
 
 CMG_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
   return static_cast<CUresult>(
-      ipc_open(Api::cuIpcOpenMemHandle_v2,
+      ipc_open(ipc_api(Api::cuIpcOpenMemHandle_v2), h.reserved, flags, p != nullptr,
                [&] { return static_cast<int>(CMG_REAL(cuIpcOpenMemHandle_v2)(p, h, flags)); },
-               [&] { return static_cast<std::uint64_t>(*p); }));
+               [&] { return static_cast<std::uint64_t>(*p); },
+               [&](std::uint64_t v) { *p = static_cast<CUdeviceptr>(v); }));
 }
 
 CMG_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   return static_cast<CUresult>(
-      ipc_close(Api::cuIpcCloseMemHandle, p,
+      ipc_close(ipc_api(Api::cuIpcCloseMemHandle), p,
                 [&] { return static_cast<int>(CMG_REAL(cuIpcCloseMemHandle)(p)); }));
 }

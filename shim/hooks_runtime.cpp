@@ -92,22 +92,34 @@ CMG_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
                                 [&] { return CMG_REAL(cudaMemPoolTrimTo)(pool, keep); });
 }
 
+// Legacy IPC answers in the runtime's codes (docs/ipc-bridge.md, "Errors").
+namespace {
+constexpr bridge::Codes kIpcCodes{cudaSuccess,
+                                  cudaErrorInvalidValue,
+                                  cudaErrorInvalidResourceHandle,
+                                  cudaErrorMapBufferObjectFailed,
+                                  cudaErrorDeviceUninitialized,  // CUDA_ERROR_INVALID_CONTEXT in cudart
+                                  cudaErrorMemoryAllocation};
+IpcApi ipc_api(Api a) { return IpcApi{a, kIpcCodes, true}; }
+}  // namespace
+
 CMG_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
   return static_cast<cudaError_t>(
-      ipc_get(Api::cudaIpcGetMemHandle, addr(p), cudaErrorInvalidValue,
+      ipc_get(ipc_api(Api::cudaIpcGetMemHandle), h ? h->reserved : nullptr, addr(p),
               [&] { return static_cast<int>(CMG_REAL(cudaIpcGetMemHandle)(h, p)); }));
 }
 
 CMG_EXPORT cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags) {
   return static_cast<cudaError_t>(
-      ipc_open(Api::cudaIpcOpenMemHandle,
+      ipc_open(ipc_api(Api::cudaIpcOpenMemHandle), h.reserved, flags, p != nullptr,
                [&] { return static_cast<int>(CMG_REAL(cudaIpcOpenMemHandle)(p, h, flags)); },
-               [&] { return static_cast<std::uint64_t>(addr(*p)); }));
+               [&] { return static_cast<std::uint64_t>(addr(*p)); },
+               [&](std::uint64_t v) { *p = reinterpret_cast<void *>(static_cast<std::uintptr_t>(v)); }));
 }
 
 CMG_EXPORT cudaError_t cudaIpcCloseMemHandle(void *p) {
   return static_cast<cudaError_t>(
-      ipc_close(Api::cudaIpcCloseMemHandle, addr(p),
+      ipc_close(ipc_api(Api::cudaIpcCloseMemHandle), addr(p),
                 [&] { return static_cast<int>(CMG_REAL(cudaIpcCloseMemHandle)(p)); }));
 }
 

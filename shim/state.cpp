@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bridge.h"
 #include "diag.h"
 #include "flush.h"
 #include "handlers.h"
@@ -98,13 +99,14 @@ void write_header() {
 }
 
 // fork(): every lock of the shim is held across it, taken in the one order the code nests them
-// (routing table, IPC imports, held frees, flush sites and symbol cache, stack table, VMM model,
+// (routing table, IPC imports, the IPC bridge, held frees, flush sites and symbol cache, stack table, VMM model,
 // linear shards, pending notes, the log last: stacks and leaks write to the log while holding their own lock), so the child never
 // inherits a lock another thread held or a half-changed table.
 void fork_prepare() {
   State &s = state();
   loader_fork_prepare();
   ipc_fork_prepare();
+  bridge::fork_prepare();
   held().fork_prepare();
   flush_fork_prepare();
   stacks_fork_prepare();
@@ -123,6 +125,7 @@ void fork_parent() {
   stacks_fork_parent();
   flush_fork_parent();
   held().fork_parent();
+  bridge::fork_parent();
   ipc_fork_parent();
   loader_fork_parent();
 }
@@ -137,6 +140,7 @@ void fork_child() {
   stacks_fork_child();
   flush_fork_child();
   held().fork_child();
+  bridge::fork_child();
   ipc_fork_child();
   loader_fork_child();
   s.transport.reset();

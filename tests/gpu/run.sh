@@ -12,25 +12,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   echo "gpu suite: no GPU here; skipped"
   exit 77
 fi
-# The toolkit's and the wheels' runtime libraries (the programs need libcudart.so.13 and
-# libnccl.so.2; the driver comes from the system).
-libs=$(python3 - <<'PY'
-import glob, os
-dirs = []
-for pat in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]:
-    if glob.glob(pat + "/libcudart.so.13*"): dirs.append(pat)
-try:
-    import nvidia, os.path
-    for base in nvidia.__path__:
-        for lib in glob.glob(os.path.join(base, "*", "lib")) + glob.glob(os.path.join(base, "*", "*", "lib")):
-            if glob.glob(lib + "/libcudart.so.13*") or glob.glob(lib + "/libnccl.so.2*"):
-                dirs.append(lib)
-except Exception:
-    pass
-print(":".join(dict.fromkeys(dirs)))
-PY
-)
-export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$here/libpath.sh"
 status=0
 {
   echo "# gpu suite $(date -u +%FT%TZ)"
@@ -72,4 +54,7 @@ for part in "$here"/parts/*.sh; do
   echo "$name: exit $rc"; tail -5 "$out/$name.txt"
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
 done
+# Legacy IPC on expandable-segment memory through the bridge, and its open latency for 1 GiB.
+python3 "$here/ipc_bridge_pair.py" "$build" "$out/ipc_bridge" 2>&1 | tee "$out/ipc_bridge_pair.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

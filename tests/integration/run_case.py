@@ -292,6 +292,116 @@ CASES = {
                               "after.callback_calls": "1", "release_deferred": "0",
                               "intentional.free": "0"},
                         findings=[]),
+
+    # Legacy IPC on VMM memory (bug-patterns.md P11-P16) and the bridge. The importer is the
+    # exporter's child; its steps start with "imp." and its findings are `child_findings`.
+    "P11": dict(prog="ipc_bridge", args=["P11"], real=True,
+                base={"base_is_reservation": "1", "export": RIV, "driver_export_calls": "1",
+                      "bridge_handle": "0"},
+                shim={}, findings=[("ipc-vmm", "forward")]),
+    "P11-torch": dict(prog="ipc_bridge", args=["P11"], real=True,
+                      env={"PYTORCH_ALLOC_CONF":
+                           "garbage_collection_threshold:0.8,expandable_segments:True"},
+                      base={"export": RIV}, shim={}, findings=[("ipc-vmm", "forward")]),
+    "P11-deny": dict(prog="ipc_bridge", args=["P11"], real=True,
+                     shim_env={"CUMEMGUARD_IPC": "deny"},
+                     base={"export": RIV, "driver_export_calls": "1"},
+                     shim={"driver_export_calls": "0"}, findings=[("ipc-vmm", "skip")]),
+    "P11-bridge": dict(prog="ipc_bridge", args=["P11"], real=True, bridge=True,
+                       base={"export": RIV, "bridge_handle": "0", "imp.open": None},
+                       shim={"export": RS, "driver_export_calls": "0", "bridge_handle": "1",
+                             "imp.open": RS, "imp.read": S, "imp.pattern_ok": "1",
+                             "imp.reserved_bytes": str(2 * 2 << 20), "imp.close": RS,
+                             "imp.reserved_after": "0", "imp.mappings_after": "0",
+                             "imp.fd_delta": "0", "importer_exit": "0"},
+                       findings=[], child_findings=[]),
+    "P12": dict(prog="ipc_bridge", args=["P12"], real=True,
+                base={"base_is_reservation": "0", "export": RIV}, shim={},
+                findings=[("ipc-vmm", "forward")]),
+    "P12-bridge": dict(prog="ipc_bridge", args=["P12"], real=True, bridge=True,
+                       base={"export": RIV},
+                       shim={"export": RS, "imp.open": RS, "imp.pattern_ok": "1",
+                             "imp.close": RS, "importer_exit": "0"},
+                       findings=[], child_findings=[]),
+    "P13": dict(prog="ipc_bridge", args=["P13"], real=True, bridge=True,
+                base={"export": RIV},
+                shim={"export": RS, "imp.seccomp_installed": "1", "imp.pidfd_open_blocked": "1",
+                      "imp.pidfd_getfd_blocked": "1", "imp.open": RS, "imp.pattern_ok": "1",
+                      "imp.reserved_bytes": str(3 * 2 << 20), "imp.close": RS,
+                      "importer_exit": "0"},
+                findings=[], child_findings=[]),
+    "P14": dict(prog="ipc_bridge", args=["P14"], real=True, bridge=True,
+                base={"export1": IV, "export2": IV, "imp.open": None},
+                shim={"export1": S, "export2": S, "handles_equal": "1", "imp.open": S,
+                      "imp.handles_equal": "1", "imp.open2": S, "imp.same_ptr": "1",
+                      "imp.pattern_ok": "1", "imp.close1": S, "imp.after_close1.pattern_ok": "1",
+                      "imp.close": S, "imp.close_again": ANY_ERROR, "imp.reserved_after": "0",
+                      "imp.mappings_after": "0", "imp.fd_delta": "0", "exp.fd_delta": "0",
+                      "importer_exit": "0"},
+                findings=[], child_findings=[]),
+    "P15": dict(prog="ipc_bridge", args=["P15"], real=True, bridge=True,
+                base={"create_fabric": "CUDA_ERROR_NOT_PERMITTED", "create_posix": S,
+                      "export": RIV},
+                shim={"export": RS, "imp.open": RS, "imp.pattern_ok": "1", "importer_exit": "0"},
+                findings=[], child_findings=[]),
+    "P15-accept": dict(prog="ipc_bridge", args=["P15"], bridge=True,
+                       env={"FAKECUDA_FABRIC": "accept"},
+                       base={"create_fabric": S, "export_fabric_fd": IV, "export": RIV},
+                       shim={"export": RS, "imp.open": RS, "imp.pattern_ok": "1",
+                             "importer_exit": "0"},
+                       findings=[], child_findings=[]),
+    "P15-report": dict(prog="ipc_bridge", args=["P15"], env={"FAKECUDA_FABRIC": "accept"},
+                       base={"create_fabric": S, "export_fabric_fd": IV, "export": RIV},
+                       shim={}, findings=[("ipc-vmm", "forward")]),
+    "P15-host": dict(prog="ipc_bridge", args=["P15-host"], bridge=True,
+                     base={"create_host": S, "export": RIV}, shim={},
+                     findings=[("ipc-vmm", "forward")]),
+    "P16": dict(prog="ipc_bridge", args=["P16"], real=True, bridge=True,
+                base={"export": RIV, "legacy.export": RS, "imp.j1.open": RS,
+                      "imp.j1.pattern_ok": "1", "legacy.free": RS, "imp.j1.close": RS},
+                shim={"export": RS, "imp.open": RS, "imp.pattern_ok": "1", "free.unmap0": S,
+                      "free.release0": S, "free.unmap1": S, "free.release1": S,
+                      "imp.after_free.pattern_ok": "1", "imp.close": RS, "importer_exit": "0"},
+                findings=[("free-exported", "forward")], child_findings=[]),
+    "ipc-multi": dict(prog="ipc_bridge", args=["multi"], real=True, bridge=True,
+                      base={"export": IV},
+                      shim={"export": S, "imp.open": S, "imp.reserved_bytes": str(4 * 2 << 20),
+                            "imp.pattern_ok": "1", "imp.gap_read": ANY_ERROR,
+                            "imp.page4.pattern_ok": "1", "imp.close": S,
+                            "imp.reserved_after": "0", "importer_exit": "0"},
+                      findings=[], child_findings=[]),
+    "ipc-forged": dict(prog="ipc_bridge", args=["forged"], real=True, bridge=True,
+                       base={"export": IV},
+                       shim={"export": S, "imp.bad_check": IV, "imp.truncated": IV,
+                             "imp.bad_nonce": "CUDA_ERROR_INVALID_HANDLE",
+                             "imp.unknown_export": "CUDA_ERROR_INVALID_HANDLE",
+                             "imp.wrong_tag": "CUDA_ERROR_MAP_FAILED",
+                             "imp.same_process": "CUDA_ERROR_INVALID_CONTEXT",
+                             "imp.not_ours": ANY_ERROR, "imp.hostile_short": "1",
+                             "imp.hostile_with_fd": "1", "imp.hostile_magic": "1",
+                             "imp.hostile_op": "1", "imp.hostile_big": "1", "imp.open": S,
+                             "imp.pattern_ok": "1", "imp.close": S, "imp.fd_delta": "0",
+                             "importer_exit": "0"},
+                       findings=[], child_findings=[("ipc-vmm", "skip")] * 6),
+    "ipc-exited": dict(prog="ipc_bridge", args=["exited"], real=True, bridge=True,
+                       # without the shim the handles are all zero: whatever the driver says
+                       base={"open": ANY_ERROR},
+                       shim={"open": S, "pattern_ok": "1", "exporter_exit": "0",
+                             "after_exit.pattern_ok": "1", "close": S,
+                             "open_after_exit_drv": "CUDA_ERROR_MAP_FAILED",
+                             "open_after_exit_rt": "cudaErrorMapBufferObjectFailed"},
+                       findings=[("ipc-vmm", "skip")] * 2, child_findings=[]),
+    "ipc-peer-uid": dict(prog="ipc_bridge", args=["peer-uid"], real=True, bridge=True,
+                         base={"export": IV},
+                         shim={"export": S, "imp.open": "cudaErrorMapBufferObjectFailed",
+                               "imp.raw_status": "4", "importer_exit": "0"},
+                         findings=[]),
+    "ipc-fork": dict(prog="ipc_bridge", args=["fork"], real=True, bridge=True,
+                     base={"export": IV, "child.listener_found": "0"},
+                     shim={"export": S, "child.listener_found": "1", "child.holds_listener": "0",
+                           "child_exit": "0", "imp.open": S, "imp.pattern_ok": "1",
+                           "importer_exit": "0"},
+                     findings=[], child_findings=[]),
 }
 
 
@@ -331,6 +441,8 @@ def compare_steps(got, want, label):
             expect(k not in got, f"{label}: step {k} should not appear; got {got.get(k)!r}")
             continue
         expect(k in got, f"{label}: step {k} missing; got {got}")
+        if got[k] == "n/a":  # an observation only the fake driver can make
+            continue
         if v is ANY_ERROR:
             expect(got[k] not in (S, RS), f"{label}: {k} should fail, got {got[k]}")
         else:
@@ -640,6 +752,100 @@ def variants(name, c, steps):
     return base, shim, findings
 
 
+def ipc_checks(name, recs, children):
+    """The IPC cases: what the findings say, and how the bridge's calls are logged."""
+    if not (name.startswith("P1") or name.startswith("ipc-")) or name in ("P10",):
+        return
+    findings = [r for r in recs if r.get("k") == "finding"]
+    calls = [r for r in recs if r.get("k") == "call"]
+    by_seq = {r["seq"]: r for r in calls}
+    notes = [r["msg"] for r in recs if r.get("k") == "note"]
+    ipc = [f for f in findings if f["class"] == "ipc-vmm"]
+    if name in ("P11", "P11-torch", "P11-deny", "P12"):
+        f = ipc[0]
+        st = f["state"]
+        expect(st["mapped_pages"] == 2 and st["mapped_bytes"] == 2 * (2 << 20) and
+               st["handle_types"] == "POSIX_FD" and st["size"] == 4 * (2 << 20),
+               f"{name}: reservation state {st}")
+        expect(st["reservation"] == f["args"]["reservation"], f"{name}: {f['args']}")
+        res = next(r for r in f["related"] if r["what"] == "reservation")
+        expect(by_seq[res["seq"]]["api"] == "cuMemAddressReserve", f"{name}: related {res}")
+        expect("CUMEMGUARD_IPC=bridge" in f["msg"], f"{name}: no way out named: {f['msg']}")
+        if name == "P11-torch":
+            expect(st.get("torch_var") == "PYTORCH_ALLOC_CONF" and
+                   st.get("torch_token") == "expandable_segments:True",
+                   f"{name}: PyTorch's variable and token not named: {st}")
+            expect("PYTORCH_ALLOC_CONF has 'expandable_segments:True'" in f["msg"] and
+                   "expandable_segments:False" in f["msg"], f"{name}: {f['msg']}")
+        else:
+            expect("torch_var" not in st and "PyTorch" not in f["msg"],
+                   f"{name}: PyTorch named without its variable set: {f['msg']}")
+        if name == "P11-deny":
+            expect(f["res"] == 1 and "CUMEMGUARD_IPC=deny" in f["msg"], f"{name}: {f}")
+            call = next(c for c in calls if c["api"] == "cudaIpcGetMemHandle")
+            expect(call.get("skipped") is True, f"{name}: the denied call is not marked skipped")
+    if name == "P15-report":
+        st = ipc[0]["state"]
+        expect(st["handle_types"] == "FABRIC" and "handle types FABRIC" in ipc[0]["msg"],
+               f"{name}: the allocation's real handle types are not named: {st}")
+    if name == "P15-host":
+        st = ipc[0]["state"]
+        expect(st["mode"] == "bridge" and "without POSIX_FD" in st.get("bridge_blocker", "") and
+               st["handle_types"] == "none", f"{name}: why the bridge cannot export: {st}")
+    if name == "P15-accept":
+        create = next(c for c in calls if c["api"] == "cuMemCreate" and c["res"] == 0)
+        expect(create["args"]["handle_types"] == 8 and create["args"].get("granted_types") == 9,
+               f"{name}: the shim did not add POSIX_FD to the FABRIC allocation: {create['args']}")
+    if name in ("P11-bridge", "P14", "P16"):
+        exp = [c for c in calls if c["api"] in ("cudaIpcGetMemHandle", "cuIpcGetMemHandle")
+               and "reservation" in c["args"]]
+        expect(exp and all(c["res"] == 0 and c.get("skipped") and c["args"].get("export") == 1
+                           for c in exp), f"{name}: export calls {exp}")
+        if name == "P14":
+            expect([c["args"]["bridge"] for c in exp] == ["new export", "same export"],
+                   f"{name}: {exp}")
+        expect(any("opened by pid" in n for n in notes), f"{name}: the broker's open is not logged")
+        own = next(r for r in recs if r.get("k") == "summary")["calls"]
+        expect(not any(a in own for a in ("cuMemRetainAllocationHandle",
+                                          "cuMemExportToShareableHandle")),
+               f"{name}: the broker's driver calls are recorded as the program's: {own}")
+        imp = [r for ch in children for r in ch if r.get("k") == "call"]
+        opens = [c for c in imp if "OpenMemHandle" in c["api"]]
+        closes = [c for c in imp if "CloseMemHandle" in c["api"] and "opens" in c["args"]]
+        expect(opens and opens[0]["res"] == 0 and opens[0]["args"]["export"] == 1 and
+               opens[0]["args"]["exporter_pid"] == recs[0]["pid"] and
+               opens[0]["mem"] == "ipc" and opens[0]["delta"] == opens[0]["args"]["bytes"],
+               f"{name}: importer's open {opens[:1]}")
+        expect(closes and closes[-1]["args"]["opens"] == 0 and
+               closes[-1]["delta"] == -opens[0]["args"]["bytes"], f"{name}: closes {closes}")
+        # The bridge's own driver calls are not the program's: none is recorded in the importer.
+        expect(not any(c["api"].startswith("cuMem") for c in imp),
+               f"{name}: the importer's log records the bridge's driver calls: "
+               f"{sorted({c['api'] for c in imp})}")
+        summ = next(r for ch in children for r in ch if r.get("k") == "summary")
+        ipc_rows = [b for b in summ["bytes"] if b["mem"] == "ipc"]
+        expect(ipc_rows and ipc_rows[0]["current"] == 0, f"{name}: ipc bytes {ipc_rows}")
+    if name == "P16":
+        f = next(f for f in findings if f["class"] == "free-exported")
+        expect(f["api"] == "cuMemUnmap" and f["state"]["importer_opens"] == 1 and
+               f["state"]["pages"] == 2, f"{name}: {f}")
+        made = next(r for r in f["related"] if r["what"] == "export")
+        expect(by_seq[made["seq"]]["api"] == "cudaIpcGetMemHandle", f"{name}: related {made}")
+    if name == "ipc-forged":
+        msgs = [f["msg"] for ch in children for f in ch if f.get("k") == "finding"]
+        for want in ("corrupt", "nonce is wrong", "has no export 99", "is gone",
+                     "exported by this very process"):
+            expect(any(want in m for m in msgs), f"{name}: no finding says '{want}': {msgs}")
+        expect(any("wrong nonce" in n for n in notes) and
+               sum("malformed request" in n or "sent file descriptors" in n for n in notes) == 5,
+               f"{name}: the broker's refusals in the exporter's log: {notes}")
+    if name == "ipc-exited":
+        expect(all("is gone" in f["msg"] for f in ipc), f"{name}: {[f['msg'] for f in ipc]}")
+    if name == "ipc-peer-uid":
+        expect(any("refused a connection" in n and "(uid 65534)" in n for n in notes),
+               f"{name}: the broker's SO_PEERCRED refusal is not in the exporter's log: {notes}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -690,6 +896,8 @@ def main():
             senv["LD_PRELOAD"] = (f"{shim}:{other}" if c.get("order") == "shim-first"
                                   else f"{other}:{shim}")
         senv["CUMEMGUARD_LOG"] = os.path.join(tmp, "log.%p")
+        if c.get("bridge"):
+            senv["CUMEMGUARD_IPC"] = "bridge"
         senv.update(c.get("shim_env", {}))
         rc2, out2, err2 = run(cmd + c["args"], senv)
         expect(rc2 == 0, f"with shim: exit {rc2}\n{err2}")
@@ -720,6 +928,15 @@ def main():
                 r = recs_by_log[p]
                 expect(r and r[0]["ppid"] == recs[0]["pid"], f"fork: {p} header {r[:1]}")
                 expect(r[-1].get("k") == "end", f"fork: child log {p} not complete")
+        children = [r for p, r in recs_by_log.items()
+                    if r and p != top[0] and r[0]["ppid"] == recs[0]["pid"]]
+        if c.get("child_findings") is not None:
+            expect(children, "with shim: no log of the child process")
+            got_c = sorted((f["class"], f["action"]) for r in children for f in r
+                           if f.get("k") == "finding")
+            expect(got_c == sorted(c["child_findings"]),
+                   f"child findings {got_c}, expected {sorted(c['child_findings'])}")
+        ipc_checks(a.case, recs, children)
         case_specific(a.case, recs, steps)
         if a.case in FLUSH_CASES:
             check_flushes(a.case, recs, steps, parse_steps(out2), a.real, build, top[0])
