@@ -101,13 +101,21 @@ class LinearModel {
     LinearRec rec;
     EventRef free;
   };
+  using LiveMap = std::map<std::uint64_t, LinearRec>;
+  using FreedMap = std::map<std::uint64_t, Freed>;
   struct alignas(64) Shard {
     mutable std::mutex mu;
-    std::map<std::uint64_t, LinearRec> live;
-    std::map<std::uint64_t, Freed> freed;
+    LiveMap live;
+    FreedMap freed;
     std::vector<std::uint64_t> freed_fifo;  // ring of freed keys, bounded history
     std::size_t fifo_head = 0;
+    // Map nodes taken out by erasures, reused by the next insertions: an allocation and its free
+    // move a record from `live` to `freed` and back, which would otherwise be two mallocs and two
+    // frees per pair (measured: a third of the instructions the model added, docs/performance.md).
+    std::vector<LiveMap::node_type> spare_live;
+    std::vector<FreedMap::node_type> spare_freed;
   };
+  static constexpr std::size_t kSpareNodes = 16;  // per shard and map
   static constexpr std::size_t kShards = 64;
   static constexpr std::size_t kFreedPerShard = 4096;
   static std::size_t shard_of(std::uint64_t p) {
@@ -117,6 +125,9 @@ class LinearModel {
     return static_cast<std::size_t>(x >> 58);
   }
   void remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev);
+  static void put_live(Shard &s, const LinearRec &rec);
+  static void put_freed(Shard &s, const Freed &f);
+  static void drop_freed(Shard &s, FreedMap::iterator it);
   std::array<Shard, kShards> shards_;
 };
 
@@ -275,13 +286,26 @@ class VmmModel {
   std::string describe_range_locked(const Reservation &r, std::uint64_t off,
                                     std::uint64_t size) const;
 
+  using Allocs = std::unordered_map<std::uint64_t, PhysAlloc>;
+  using Reservations = std::map<std::uint64_t, Reservation>;
+  using FreedReservations = std::map<std::uint64_t, std::pair<std::uint64_t, EventRef>>;
+  using Maps = std::map<std::uint64_t, Mapping>;
+  using Sleepers = std::map<std::uint64_t, Sleeper>;
+
   ByteCounters &counters_;
   mutable std::mutex mu_;
   std::uint64_t next_alloc_id_ = 1;
-  std::unordered_map<std::uint64_t, PhysAlloc> allocs_;
+  Allocs allocs_;
   std::unordered_map<std::uint64_t, HandleRec> handles_;   // live and released values
-  std::map<std::uint64_t, Reservation> res_;               // by base
-  std::map<std::uint64_t, std::pair<std::uint64_t, EventRef>> freed_res_;  // base -> (size, free)
+  Reservations res_;                                       // by base
+  FreedReservations freed_res_;                            // base -> (size, free)
+  // Nodes of erased records, reused by the next insertions (a VMM cycle inserts and erases one
+  // record of each kind: without this, about ten mallocs and frees per cycle).
+  std::vector<Allocs::node_type> spare_allocs_;
+  std::vector<Reservations::node_type> spare_res_;
+  std::vector<FreedReservations::node_type> spare_freed_res_;
+  std::vector<Maps::node_type> spare_maps_;
+  std::vector<Sleepers::node_type> spare_sleepers_;
 };
 
 }  // namespace cmg
