@@ -44,7 +44,11 @@ class ByteCounters {
 
  private:
   static int row(int dev) { return dev < 0 ? 0 : (dev >= kDevices ? kDevices : dev + 1); }
-  struct Cell {
+  // One cache line per (device, kind): current, peak and total of a cell are updated together
+  // (one line moves per call), and threads working on other devices or kinds never share it.
+  // Exact peaks need one process-wide order of the updates of a cell, hence one line per cell
+  // rather than per-thread stripes (docs/performance.md, "scaling").
+  struct alignas(64) Cell {
     std::atomic<std::int64_t> current{0}, peak{0}, total{0};
   };
   std::array<std::array<Cell, kMemKinds>, kDevices + 1> cells_{};
