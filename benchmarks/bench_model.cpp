@@ -97,6 +97,30 @@ void BM_model_bytes_per_live_alloc(benchmark::State &st) {
 }
 BENCHMARK(BM_model_bytes_per_live_alloc)->Iterations(1)->Unit(benchmark::kMillisecond);
 
+// Heap bytes the model keeps for freed allocations once its bounded history is full (64 shards x
+// 4096 freed records, so that a double free is still named with its first free): a fixed cost of
+// any long-running process, whatever it has live.
+void BM_model_bytes_freed_history(benchmark::State &st) {
+  double total = 0;
+  for (auto _ : st) {
+    malloc_trim(0);
+    const auto h0 = mallinfo2().uordblks;
+    auto *m = new LinearModel;
+    for (std::uint64_t i = 0; i < 64 * 4096 * 2; ++i) {
+      const std::uint64_t p = addr(2, i);
+      m->on_alloc(LinearRec{p, 64 << 10, 0, MemKind::Linear, ev(i + 1)});
+      benchmark::DoNotOptimize(m->begin_free(p, kDevice, ev(i + 1)));
+    }
+    total = static_cast<double>(mallinfo2().uordblks - h0 - sizeof(LinearModel));
+    st.PauseTiming();
+    m->clear();
+    delete m;
+    st.ResumeTiming();
+  }
+  st.counters["history_bytes"] = total;
+}
+BENCHMARK(BM_model_bytes_freed_history)->Iterations(1)->Unit(benchmark::kMillisecond);
+
 // ---- process-wide shared counters under threads --------------------------------------------------
 // ByteCounters as the shim uses them on every linear allocation and free (same device and kind).
 void BM_byte_counters_alloc_free(benchmark::State &st) {

@@ -79,15 +79,17 @@ const char *object_of(void *p) {
   return slash ? slash + 1 : info.dli_fname;
 }
 
-// A call the shim does not intercept must reach the caller as the driver's own pointer.
+// A call the shim does not intercept must reach the caller as the driver's own pointer: the one
+// cuGetProcAddress answers is the one dlsym finds in libcuda.so.1, and lies in it. (For an
+// intercepted name both answers are the shim's wrapper, in libcumemguard.so.)
 void identity(Driver &d) {
-  for (const char *name : {"cuCtxSynchronize", "cuMemGetInfo", "cuMemAlloc"}) {
+  for (const char *name : {"cuCtxSynchronize", "cuMemGetInfo", "cuStreamSynchronize", "cuMemAlloc"}) {
     void *from_gpa = lookup(d, name);
-    std::string exp = name;
-    if (exp == "cuMemGetInfo" || exp == "cuMemAlloc") exp += "_v2";
-    void *from_dlsym = dlsym(d.lib, exp.c_str());
-    std::printf("identity=%s gpa=%p object=%s driver_export=%p same=%d\n", name, from_gpa,
-                object_of(from_gpa), from_dlsym, from_gpa == from_dlsym ? 1 : 0);
+    std::string exact = name;
+    if (exact == "cuMemGetInfo" || exact == "cuMemAlloc") exact += "_v2";
+    void *from_dlsym = dlsym(d.lib, exact.c_str());
+    std::printf("identity=%s gpa=%p dlsym=%p same=%d object=%s\n", name, from_gpa, from_dlsym,
+                from_gpa == from_dlsym ? 1 : 0, object_of(from_gpa));
   }
   std::fflush(stdout);
 }

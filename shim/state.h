@@ -20,10 +20,11 @@
 namespace cmg::shim {
 
 // Thread-local variables read on every intercepted call use the initial-exec TLS model: the shim
-// is loaded by LD_PRELOAD (so its TLS is part of the static block), and the default model for a
-// shared library calls __tls_get_addr on each access (measured: about 130 instructions per
-// cuMemAlloc/cuMemFree pair, docs/performance.md). Only small variables get it: a library loaded
-// later with dlopen() draws initial-exec TLS from a small reserve.
+// is loaded by LD_PRELOAD (so its TLS is part of the static block anyway), and the default model
+// for a shared library calls __tls_get_addr on each access (measured: about 130 instructions per
+// cuMemAlloc/cuMemFree pair, docs/performance.md). This marks the library STATIC_TLS: loaded later
+// with dlopen() instead, its whole TLS block (under 600 bytes) comes from glibc's static TLS
+// reserve, which has room for it unless other such libraries took it.
 #define CMG_HOT_TLS thread_local __attribute__((tls_model("initial-exec")))
 
 // Calls per API, counted on every intercepted call. One counter per API shared by all threads

@@ -18,6 +18,7 @@ LOOP_OPS = {
     "alloc": ("cuMemAlloc_v2 + cuMemFree_v2, 2 MiB", 3000),
     "runtime": ("cudaMalloc + cudaFree, 2 MiB", 3000),
     "vmm": ("VMM cycle (create reserve map access unmap release free), 2 MiB", 3000),
+    "vmm-page": ("VMM page after 4096 mapped (create map access unmap release), 2 MiB", 2000),
     "fail": ("cuMemUnmap refused by the driver", 20000),
     "gpa": ("cuGetProcAddress(\"cuMemAlloc\")", 20000),
     "not-intercepted": ("cuCtxSynchronize (not intercepted)", 20000),
@@ -85,17 +86,20 @@ def torch_steps(build, raw):
     return ms
 
 
-def ratios(series, name):
-    """Median over rounds of (config / base) within each round."""
-    return statistics.median(a / b for a, b in zip(series[name], series["base"]))
+def ratio(values, base):
+    """Median over rounds of (with the shim / without it) within each round."""
+    return statistics.median(a / b for a, b in zip(values, base))
 
 
 def main():
     build, out = sys.argv[1], sys.argv[2]
     t0 = time.time()
     raw = open(os.path.join(out, "bench-raw.txt"), "w")
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         stdout=subprocess.PIPE, text=True).stdout.strip()
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                              "--format=csv,noheader"], stdout=subprocess.PIPE, text=True).stdout.strip()
+    except OSError:
+        gpu = "unknown"
     ns, identity = loops(build, raw)
     ms = torch_steps(build, raw)
     lines = [f"GPU: {gpu}; {LOOP_ROUNDS} rounds (loops), {TORCH_ROUNDS} rounds (PyTorch), "
@@ -107,13 +111,13 @@ def main():
         base = statistics.median(ns["base"][op])
         cells = [label, f"{base:,.0f}"]
         for c in ("track", "stacks16"):
-            cells += [f"{ratios(ns[c], op):.4f}",
+            cells += [f"{ratio(ns[c][op], ns['base'][op]):.4f}",
                       f"{statistics.median(ns[c][op]) - base:+,.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     base = statistics.median(ms["base"])
     lines += ["", "| PyTorch step (expandable segments, 1-rank NCCL all-reduce) | without shim, "
               "median ms | tracking: ratio |", "|---|---|---|",
-              f"| training step | {base:.3f} | {ratios(ms, 'track'):.4f} |", "", "pointers handed out under the shim "
+              f"| training step | {base:.3f} | {ratio(ms['track'], ms['base']):.4f} |", "", "pointers handed out under the shim "
               "(not intercepted: the driver's own; intercepted: the shim's wrapper):", "```",
               identity.strip(), "```"]
     text = "\n".join(lines) + "\n"
