@@ -79,6 +79,55 @@ std::string at_seq(const EventRef &e) {
 std::string range_text(std::uint64_t p, std::uint64_t size) {
   return hex(p) + " (+" + std::to_string(size) + " bytes)";
 }
+
+// Inserts or overwrites key -> value in m, taking a node from `spare` when there is one.
+template <class Map, class V>
+void put_reusing(Map &m, std::vector<typename Map::node_type> &spare, std::uint64_t key,
+                 V &&value) {
+  if (spare.empty()) {
+    m.insert_or_assign(key, std::forward<V>(value));
+    return;
+  }
+  typename Map::node_type nh = std::move(spare.back());
+  spare.pop_back();
+  nh.key() = key;
+  nh.mapped() = std::forward<V>(value);
+  auto res = m.insert(std::move(nh));
+  if (!res.inserted) {
+    res.position->second = std::move(res.node.mapped());
+    spare.push_back(std::move(res.node));
+  }
+}
+
+constexpr std::size_t kSpare = 16;  // nodes kept per kind of record
+
+template <class Node>
+void recycle(std::vector<Node> &spare, Node nh, std::size_t cap = kSpare) {
+  if (nh && spare.size() < cap) spare.push_back(std::move(nh));
+}  // else the handle's destructor frees the node
+
+// Erases *it, keeping its node; returns the next iterator.
+template <class Map>
+typename Map::iterator erase_keep(Map &m, std::vector<typename Map::node_type> &spare,
+                                  typename Map::iterator it) {
+  auto next = std::next(it);
+  recycle(spare, m.extract(it));
+  return next;
+}
+
+// Mappings and sleeping ranges of a reservation are disjoint and keyed by offset: the first one
+// that ends after `off` is the one before upper_bound(off), or upper_bound(off) itself. Walking
+// from there while entries start before the end visits exactly the overlapping ones, in
+// O(log n + k): PyTorch's expandable segments keep thousands of mappings in one reservation.
+template <class Map>
+auto first_ending_after(Map &m, std::uint64_t off) {
+  auto it = m.upper_bound(off);
+  if (it != m.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.off + prev->second.size > off) return prev;
+  }
+  return it;
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -115,8 +164,21 @@ void ByteCounters::reset() {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+void LinearModel::put_live(Shard &s, const LinearRec &rec) {
+  put_reusing(s.live, s.spare_live, rec.ptr, rec);
+}
+
+void LinearModel::put_freed(Shard &s, const Freed &f) {
+  put_reusing(s.freed, s.spare_freed, f.rec.ptr, f);
+}
+
+void LinearModel::drop_freed(Shard &s, FreedMap::iterator it) {
+  recycle(s.spare_freed, s.freed.extract(it), kSpareNodes);
+}
+
 void LinearModel::remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev) {
-  s.freed[rec.ptr] = Freed{rec, ev};
+  put_freed(s, Freed{rec, ev});
   if (s.freed_fifo.size() < kFreedPerShard) {
     s.freed_fifo.emplace_back(rec.ptr, ev.seq);
     return;
@@ -127,14 +189,15 @@ void LinearModel::remember_freed(Shard &s, const LinearRec &rec, const EventRef 
   s.freed_fifo[s.fifo_head] = {rec.ptr, ev.seq};
   s.fifo_head = (s.fifo_head + 1) % kFreedPerShard;
   auto it = s.freed.find(old);
-  if (it != s.freed.end() && it->second.free.seq == old_seq) s.freed.erase(it);
+  if (it != s.freed.end() && it->second.free.seq == old_seq) drop_freed(s, it);
 }
 
 void LinearModel::on_alloc(const LinearRec &rec) {
   Shard &s = shards_[shard_of(rec.ptr)];
   std::lock_guard lk(s.mu);
-  s.live[rec.ptr] = rec;
-  s.freed.erase(rec.ptr);  // the address is issued again: its old free no longer says anything
+  put_live(s, rec);
+  // The address is issued again: its old free no longer says anything.
+  if (auto f = s.freed.find(rec.ptr); f != s.freed.end()) drop_freed(s, f);
 }
 
 FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev) {
@@ -154,7 +217,7 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
         return v;
       }
       v.cls = FreeClass::Live;
-      s.live.erase(it);
+      recycle(s.spare_live, s.live.extract(it), kSpareNodes);
       remember_freed(s, v.rec, ev);
       return v;
     }
@@ -183,8 +246,8 @@ void LinearModel::rollback(const FreeVerdict &v) {
   if (v.cls != FreeClass::Live) return;
   Shard &s = shards_[shard_of(v.rec.ptr)];
   std::lock_guard lk(s.mu);
-  s.freed.erase(v.rec.ptr);
-  s.live[v.rec.ptr] = v.rec;
+  if (auto f = s.freed.find(v.rec.ptr); f != s.freed.end()) drop_freed(s, f);
+  put_live(s, v.rec);
 }
 
 std::optional<LinearRec> LinearModel::find_containing(std::uint64_t p) const {
@@ -235,6 +298,8 @@ void LinearModel::clear() {
     s.freed.clear();
     s.freed_fifo.clear();
     s.fifo_head = 0;
+    s.spare_live.clear();
+    s.spare_freed.clear();
   }
 }
 
@@ -256,7 +321,7 @@ VmmModel::Freed VmmModel::drop_alloc_if_dead_locked(std::uint64_t alloc_id) {
   if (it->second.handle_refs != 0 || it->second.map_count != 0) return {};
   Freed f{it->second.size, it->second.dev()};
   counters_.add(f.dev, MemKind::Vmm, -static_cast<std::int64_t>(f.bytes));
-  allocs_.erase(it);
+  recycle(spare_allocs_, allocs_.extract(it));
   return f;
 }
 
@@ -305,7 +370,7 @@ void VmmModel::on_create(std::uint64_t handle, std::uint64_t size, Location loc,
   h.issue_seq = ev.seq;
   h.issued = ev;
   handles_[handle] = h;
-  allocs_.emplace(a.id, a);
+  put_reusing(allocs_, spare_allocs_, a.id, a);
 }
 
 void VmmModel::on_retain(std::uint64_t handle, std::uint64_t va, const EventRef &ev) {
@@ -341,9 +406,9 @@ void VmmModel::on_reserve(std::uint64_t base, std::uint64_t size, const EventRef
   r.base = base;
   r.size = size;
   r.reserved = ev;
-  res_[base] = std::move(r);
+  put_reusing(res_, spare_res_, base, std::move(r));
   for (auto it = freed_res_.lower_bound(base); it != freed_res_.end() && it->first < base + size;)
-    it = freed_res_.erase(it);
+    it = erase_keep(freed_res_, spare_freed_res_, it);
   counters_.add(-1, MemKind::Va, static_cast<std::int64_t>(size));
 }
 
@@ -397,11 +462,15 @@ void VmmModel::on_map_ok(std::uint64_t va, std::uint64_t size, std::uint64_t off
     auto a = allocs_.find(m.alloc_id);
     if (a != allocs_.end()) a->second.map_count++;
   }
-  for_overlapping(r->asleep, m.off, m.off + m.size, [&](auto it) { r->asleep.erase(it); });
+  for (auto it = first_ending_after(r->asleep, m.off);
+       it != r->asleep.end() && it->second.off < m.off + m.size;)
+    it = erase_keep(r->asleep, spare_sleepers_, it);
   // The driver accepted the map: whatever the model thought was mapped there is gone (a map over
   // a mapped range is refused by the driver, so this only repairs a model that drifted).
-  for_overlapping(r->maps, m.off, m.off + m.size, [&](auto it) { r->maps.erase(it); });
-  r->maps[m.off] = m;
+  for (auto it = first_ending_after(r->maps, m.off);
+       it != r->maps.end() && it->second.off < m.off + m.size;)
+    it = erase_keep(r->maps, spare_maps_, it);
+  put_reusing(r->maps, spare_maps_, m.off, m);
   r->ever_mapped = true;
 }
 
@@ -410,7 +479,9 @@ void VmmModel::on_set_access(std::uint64_t va, std::uint64_t size) {
   Reservation *r = res_containing_locked(va);
   if (!r) return;
   std::uint64_t off = va - r->base;
-  for_overlapping(r->maps, off, off + size, [](auto it) { it->second.access = true; });
+  for (auto it = first_ending_after(r->maps, off); it != r->maps.end() && it->second.off < off + size;
+       ++it)
+    it->second.access = true;
 }
 
 VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
@@ -424,7 +495,8 @@ VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Eve
   }
   const std::uint64_t off = va - r->base, end = off + size;
   std::vector<Mapping *> hit;
-  for_overlapping(r->maps, off, end, [&](auto it) { hit.push_back(&it->second); });
+  for (auto it = first_ending_after(r->maps, off); it != r->maps.end() && it->second.off < end; ++it)
+    hit.push_back(&it->second);
 
   if (hit.empty()) {
     // real-driver.md D3/D4: the driver answers SUCCESS and does nothing; the call is redundant.
@@ -436,14 +508,15 @@ VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Eve
     ts.nlast = 0;
     ts.noop_unmap = ev;
     std::string last;
-    for_overlapping(r->asleep, off, end, [&](auto it) {
+    for (auto it = first_ending_after(r->asleep, off); it != r->asleep.end() && it->second.off < end;
+         ++it) {
       const Sleeper &s = it->second;
       if (ts.nlast < ts.last.size())
         ts.last[ts.nlast++] = ThreadVmmState::Last{s.handle, s.alloc_id, s.unmapped.seq, s.unmapped};
       f.related.push_back({"earlier unmap (put to sleep)", s.unmapped});
       if (!last.empty()) last += ",";
       last += "\"" + hex(s.handle) + "\"";
-    });
+    }
     const bool asleep = !f.related.empty();
     f.msg = "cuMemUnmap of " + range_text(va, size) + " where nothing is mapped: " +
             (asleep ? "the range was already unmapped at " + at_seq(f.related.front().ev) +
@@ -490,8 +563,8 @@ VmmVerdict VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Eve
     v.removed_maps.push_back(*m);
     Sleeper s{m->off, m->size, m->handle, m->alloc_id, ev};
     v.removed_sleepers.push_back(s);  // recorded as added; rollback removes them again
-    r->asleep[m->off] = s;
-    r->maps.erase(m->off);
+    put_reusing(r->asleep, spare_sleepers_, m->off, s);
+    recycle(spare_maps_, r->maps.extract(m->off));  // m points into this node: not used after
   }
   v.changed = true;
   return v;
@@ -663,11 +736,11 @@ VmmVerdict VmmModel::begin_address_free(std::uint64_t base, std::uint64_t size, 
     v.finding = std::move(f);
     return v;
   }
-  v.reservation_before = r;
+  v.reservation_before = std::move(r);  // moved, not copied: its maps keep their nodes
   v.res_base = base;
-  res_.erase(it);
-  if (freed_res_.size() > 4096) freed_res_.erase(freed_res_.begin());
-  freed_res_[base] = {size, ev};
+  recycle(spare_res_, res_.extract(it));
+  if (freed_res_.size() > 4096) erase_keep(freed_res_, spare_freed_res_, freed_res_.begin());
+  put_reusing(freed_res_, spare_freed_res_, base, std::make_pair(std::uint64_t{size}, ev));
   counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(size));
   v.changed = true;
   return v;
@@ -786,15 +859,14 @@ const char *VmmModel::range_state(std::uint64_t va, std::uint64_t size) const {
   const std::uint64_t off = va - r->base;
   const std::uint64_t end = size > r->size - off ? r->size : off + (size ? size : 1);
   std::uint64_t mapped = 0;
-  for_overlapping(r->maps, off, end, [&](auto it) {
+  for (auto it = first_ending_after(r->maps, off); it != r->maps.end() && it->second.off < end; ++it) {
     const Mapping &m = it->second;
     mapped += std::min(end, m.off + m.size) - std::max(off, m.off);
-  });
+  }
   if (mapped && mapped >= end - off) return "mapped";
   if (mapped) return "partly mapped";
-  bool asleep = false;
-  for_overlapping(r->asleep, off, end, [&](auto) { asleep = true; });
-  if (asleep) return "asleep";
+  auto s = first_ending_after(r->asleep, off);
+  if (s != r->asleep.end() && s->second.off < end) return "asleep";
   return r->ever_mapped ? "unmapped" : "reserved, never mapped";
 }
 
@@ -830,6 +902,11 @@ void VmmModel::for_each_live_handle(const std::function<void(const HandleRec &)>
 
 void VmmModel::clear() {
   std::lock_guard lk(mu_);
+  spare_allocs_.clear();
+  spare_res_.clear();
+  spare_freed_res_.clear();
+  spare_maps_.clear();
+  spare_sleepers_.clear();
   allocs_.clear();
   handles_.clear();
   res_.clear();

@@ -44,7 +44,11 @@ class ByteCounters {
 
  private:
   static int row(int dev) { return dev < 0 ? 0 : (dev >= kDevices ? kDevices : dev + 1); }
-  struct Cell {
+  // One cache line per (device, kind): current, peak and total of a cell are updated together
+  // (one line moves per call), and threads working on other devices or kinds never share it.
+  // Exact peaks need one process-wide order of the updates of a cell, hence one line per cell
+  // rather than per-thread stripes (docs/performance.md, "scaling").
+  struct alignas(64) Cell {
     std::atomic<std::int64_t> current{0}, peak{0}, total{0};
   };
   std::array<std::array<Cell, kMemKinds>, kDevices + 1> cells_{};
@@ -110,14 +114,25 @@ class LinearModel {
     LinearRec rec;
     EventRef free;
   };
+  using LiveMap = std::map<std::uint64_t, LinearRec>;
+  using FreedMap = std::map<std::uint64_t, Freed>;
   struct alignas(64) Shard {
     mutable std::mutex mu;
-    std::map<std::uint64_t, LinearRec> live;
-    std::map<std::uint64_t, Freed> freed;
+    LiveMap live;
+    FreedMap freed;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring
     std::size_t fifo_head = 0;
+    // Map nodes taken out by erasures, reused by the next insertions: an allocation and its free
+    // move a record from `live` to `freed` and back, which would otherwise be two mallocs and two
+    // frees per pair (measured: a third of the instructions the model added, docs/performance.md).
+    std::vector<LiveMap::node_type> spare_live;
+    std::vector<FreedMap::node_type> spare_freed;
   };
+  static constexpr std::size_t kSpareNodes = 16;  // per shard and map
   void remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev);
+  static void put_live(Shard &s, const LinearRec &rec);
+  static void put_freed(Shard &s, const Freed &f);
+  static void drop_freed(Shard &s, FreedMap::iterator it);
   std::array<Shard, kShards> shards_;
 };
 
@@ -298,13 +313,26 @@ class VmmModel {
   std::string describe_range_locked(const Reservation &r, std::uint64_t off,
                                     std::uint64_t size) const;
 
+  using Allocs = std::unordered_map<std::uint64_t, PhysAlloc>;
+  using Reservations = std::map<std::uint64_t, Reservation>;
+  using FreedReservations = std::map<std::uint64_t, std::pair<std::uint64_t, EventRef>>;
+  using Maps = std::map<std::uint64_t, Mapping>;
+  using Sleepers = std::map<std::uint64_t, Sleeper>;
+
   ByteCounters &counters_;
   mutable std::mutex mu_;
   std::uint64_t next_alloc_id_ = 1;
-  std::unordered_map<std::uint64_t, PhysAlloc> allocs_;
+  Allocs allocs_;
   std::unordered_map<std::uint64_t, HandleRec> handles_;   // live and released values
-  std::map<std::uint64_t, Reservation> res_;               // by base
-  std::map<std::uint64_t, std::pair<std::uint64_t, EventRef>> freed_res_;  // base -> (size, free)
+  Reservations res_;                                       // by base
+  FreedReservations freed_res_;                            // base -> (size, free)
+  // Nodes of erased records, reused by the next insertions (a VMM cycle inserts and erases one
+  // record of each kind: without this, about ten mallocs and frees per cycle).
+  std::vector<Allocs::node_type> spare_allocs_;
+  std::vector<Reservations::node_type> spare_res_;
+  std::vector<FreedReservations::node_type> spare_freed_res_;
+  std::vector<Maps::node_type> spare_maps_;
+  std::vector<Sleepers::node_type> spare_sleepers_;
 };
 
 }  // namespace cmg

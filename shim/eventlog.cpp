@@ -20,6 +20,44 @@ JsonLine::JsonLine(char *buf, std::size_t cap) : buf_(buf), cap_(cap) { buf_[len
 // Room kept back so the closing brackets, a "cut" marker and the newline always fit.
 static constexpr std::size_t kReserve = 48;
 
+// Numbers are formatted by hand: snprintf costs about 400 instructions per number, and a call
+// record has eight to twelve of them (docs/performance.md: the log cost per call).
+namespace {
+int put_dec(char *out, std::uint64_t v) {
+  char tmp[20];
+  int n = 0;
+  do {
+    tmp[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v);
+  for (int i = 0; i < n; ++i) out[i] = tmp[n - 1 - i];
+  return n;
+}
+
+int put_signed(char *out, std::int64_t v) {
+  if (v >= 0) return put_dec(out, static_cast<std::uint64_t>(v));
+  out[0] = '-';
+  return 1 + put_dec(out + 1, ~static_cast<std::uint64_t>(v) + 1);
+}
+
+// "0x..." in quotes, lower case, as "%#" PRIx64 would write it (0 is "0x0").
+int put_hex_str(char *out, std::uint64_t v) {
+  static const char digits[] = "0123456789abcdef";
+  char tmp[16];
+  int n = 0;
+  do {
+    tmp[n++] = digits[v & 15];
+    v >>= 4;
+  } while (v);
+  out[0] = '"';
+  out[1] = '0';
+  out[2] = 'x';
+  for (int i = 0; i < n; ++i) out[3 + i] = tmp[n - 1 - i];
+  out[3 + n] = '"';
+  return n + 4;
+}
+}  // namespace
+
 bool JsonLine::room(std::size_t n) {
   if (!cut_ && len_ + n + kReserve < cap_) return true;
   cut_ = true;
@@ -103,21 +141,21 @@ JsonLine &JsonLine::str(std::string_view k, std::string_view v) {
 
 JsonLine &JsonLine::hex(std::string_view k, std::uint64_t v) {
   char tmp[24];
-  int n = std::snprintf(tmp, sizeof tmp, "\"0x%" PRIx64 "\"", v);
+  int n = put_hex_str(tmp, v);
   if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
   return *this;
 }
 
 JsonLine &JsonLine::num(std::string_view k, std::int64_t v) {
   char tmp[24];
-  int n = std::snprintf(tmp, sizeof tmp, "%" PRId64, v);
+  int n = put_signed(tmp, v);
   if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
   return *this;
 }
 
 JsonLine &JsonLine::unum(std::string_view k, std::uint64_t v) {
   char tmp[24];
-  int n = std::snprintf(tmp, sizeof tmp, "%" PRIu64, v);
+  int n = put_dec(tmp, v);
   if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
   return *this;
 }
@@ -189,7 +227,7 @@ JsonLine &JsonLine::elem_str(std::string_view v) {
 
 JsonLine &JsonLine::elem_hex(std::uint64_t v) {
   char tmp[24];
-  int n = std::snprintf(tmp, sizeof tmp, "\"0x%" PRIx64 "\"", v);
+  int n = put_hex_str(tmp, v);
   if (elem(static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
   return *this;
 }

@@ -18,11 +18,18 @@ Location location_of(const CUmemAllocationProp *prop) {
   }
 }
 
+// What the model knows of the range, for the record of a call the driver refused. Computed only
+// then (after the rollback, so it describes the range as it was before the call): on success it
+// would cost a locked look-up per call for nothing.
+struct NoVaState {
+  const char *operator()() const { return nullptr; }
+};
+
 // Runs a call the model has a verdict on: skip (proven redundant), abort (strict), or forward and
 // then commit or roll back. Returns the status the caller gets.
-template <class Real, class Commit, class Rollback>
+template <class Real, class Commit, class Rollback, class VaState = NoVaState>
 CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&commit,
-                      Rollback &&rollback, const char *va_state = nullptr) {
+                      Rollback &&rollback, VaState &&va_state = VaState{}) {
   if (v.finding) {
     const Action a = decide(*v.finding, v.skippable);
     const FindingClass cls = v.finding->cls;
@@ -40,7 +47,7 @@ CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&
     }
     CUresult r = real();
     Call::Extra x = r == CUDA_SUCCESS ? commit() : (rollback(), Call::Extra{});
-    if (r != CUDA_SUCCESS) x.va_state = va_state;
+    if (r != CUDA_SUCCESS) x.va_state = va_state();
     if (!needs_driver_refusal(cls) || r != CUDA_SUCCESS)
       report_finding(c, std::move(*v.finding), a, r, args);
     c.log(r, args, x);
@@ -48,7 +55,7 @@ CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&
   }
   CUresult r = real();
   Call::Extra x = r == CUDA_SUCCESS ? commit() : (rollback(), Call::Extra{});
-  if (r != CUDA_SUCCESS) x.va_state = va_state;
+  if (r != CUDA_SUCCESS) x.va_state = va_state();
   c.log(r, args, x);
   return r;
 }
@@ -183,7 +190,7 @@ CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
         s.vmm.on_map_ok(ptr, size, offset, h, c.ev());
         return Call::Extra{};
       },
-      [] {}, s.vmm.range_state(ptr, size));
+      [] {}, [&] { return s.vmm.range_state(ptr, size); });
 }
 
 CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
@@ -191,7 +198,6 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
-  const char *before = s.vmm.range_state(ptr, size);
   VmmVerdict v = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm);
   // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).
   const auto exported = bridge::exports().begin_unmap(ptr, size);
@@ -203,7 +209,7 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
         if (!v.changed && v.finding) return freed_extra(s.vmm.force_unmap(ptr, size, c.ev()));
         return freed_extra(s.vmm.commit_unmap(v));
       },
-      [&] { s.vmm.rollback_unmap(v); }, before);
+      [&] { s.vmm.rollback_unmap(v); }, [&] { return s.vmm.range_state(ptr, size); });
   if (!exported.empty())
     for (const auto &d : bridge::exports().end_unmap(exported, r == CUDA_SUCCESS))
       if (d.importers) {

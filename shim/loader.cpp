@@ -24,6 +24,9 @@
 
 namespace cmg::shim {
 
+std::atomic<void *> g_real[kApiCount];
+std::atomic<int> g_disabled{-1};
+
 const ApiInfo kApis[kApiCount] = {
 #define CMG_DRV(n, b, t) {#n, #b, Family::Driver},
 #include "api_driver.def"
@@ -55,8 +58,6 @@ void *const kWrappers[] = {
 };
 #pragma GCC diagnostic pop
 constexpr std::size_t kFirstNccl = sizeof(kWrappers) / sizeof(kWrappers[0]);
-
-std::atomic<void *> g_real[kApiCount];
 
 // Names the dlsym hook answers itself, sorted at compile time for a binary search.
 struct NameEntry {
@@ -153,17 +154,12 @@ bool in_self(const void *p) {
          a < g_self_hi.load(std::memory_order_relaxed);
 }
 
-bool disabled() {
-  static std::atomic<int> cached{-1};
-  int v = cached.load(std::memory_order_relaxed);
-  if (v < 0) {
-    bool b = false;
-    const char *e = std::getenv("CUMEMGUARD_DISABLE");
-    if (e) parse_bool(e, b);
-    v = b ? 1 : 0;
-    cached.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+bool disabled_slow() {
+  bool b = false;
+  const char *e = std::getenv("CUMEMGUARD_DISABLE");
+  if (e) parse_bool(e, b);
+  g_disabled.store(b ? 1 : 0, std::memory_order_relaxed);
+  return b;
 }
 
 bool trace_lookups() {
@@ -371,7 +367,7 @@ void loader_fork_prepare() { g_route_mu.lock(); }
 void loader_fork_parent() { g_route_mu.unlock(); }
 void loader_fork_child() { g_route_mu.unlock(); }
 
-void *real_ptr(Api a) {
+void *real_ptr_slow(Api a) {
   auto &slot = g_real[static_cast<std::size_t>(a)];
   void *p = slot.load(std::memory_order_acquire);
   if (p) return p;

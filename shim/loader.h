@@ -3,6 +3,8 @@
 // slot per exact export, and the cuGetProcAddress routing by the pointer the driver returned.
 #pragma once
 
+#include <atomic>
+
 #include "cuda_api.h"
 
 namespace cmg::shim {
@@ -17,8 +19,14 @@ void ensure_dlsym_ready();
 bool in_self(const void *p);
 
 // The real function behind an API, resolved on first use (RTLD_NEXT, then the loaded libcuda /
-// libcudart / libnccl). May be nullptr when the program has no such library.
-void *real_ptr(Api a);
+// libcudart / libnccl). May be nullptr when the program has no such library. Inline: every hook
+// calls it once per call.
+extern std::atomic<void *> g_real[kApiCount];
+void *real_ptr_slow(Api a);
+inline void *real_ptr(Api a) {
+  void *p = g_real[static_cast<std::size_t>(a)].load(std::memory_order_acquire);
+  return p ? p : real_ptr_slow(a);
+}
 // Remembers p as the real function of a if none is known yet; false when another is known already.
 bool adopt_real(Api a, void *p);
 void *wrapper_ptr(Api a);
@@ -45,7 +53,12 @@ bool trace_lookups();
 void trace_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // CUMEMGUARD_DISABLE, read cheaply (getenv) so it also holds before the options are parsed.
-bool disabled();
+extern std::atomic<int> g_disabled;  // -1 not read yet, 0, 1
+bool disabled_slow();
+inline bool disabled() {
+  int v = g_disabled.load(std::memory_order_relaxed);
+  return v < 0 ? disabled_slow() : v == 1;
+}
 
 }  // namespace cmg::shim
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Stack capture with the libgcc unwinder linked into the shim (no libunwind/libgcc_s needed in the
-// host), deduplicated by content, and the module records the report needs to symbolize later.
+// Stack capture (the cached walker of stackwalk.cpp, libgcc's unwinder linked into the shim where
+// it gives up; no libunwind/libgcc_s needed in the host), deduplicated by content, and the module
+// records the report needs to symbolize later.
 #include "stacks.h"
 
 #include <elf.h>
@@ -19,6 +20,7 @@
 
 #include "loader.h"
 #include "objects.h"
+#include "stackwalk.h"
 #include "state.h"
 
 namespace cmg::shim {
@@ -40,15 +42,30 @@ _Unwind_Reason_Code on_frame(_Unwind_Context *uc, void *arg) {
   return f->n >= f->max ? _URC_END_OF_STACK : _URC_NO_REASON;
 }
 
+bool shim_frame(std::uintptr_t pc) { return in_self(reinterpret_cast<void *>(pc)); }
+
 struct Module {
   std::uintptr_t lo, hi;
 };
 
+// Known stacks, sharded by hash so that threads capturing stacks at once do not meet on one lock
+// (with stacks on, every allocation and free looks its stack up here). A new stack takes an id
+// and writes its records under `mu` of the table, with its shard still locked: no other thread
+// can refer to the id before its record is in the log.
 struct Table {
-  std::mutex mu;
-  std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> by_hash;
-  std::vector<std::vector<std::uintptr_t>> stacks;  // id-1 -> pcs
-  std::vector<Module> modules;                      // sorted by lo
+  struct Known {
+    std::uint32_t id;
+    std::vector<std::uintptr_t> pcs;
+  };
+  struct alignas(64) Shard {
+    std::mutex mu;
+    std::unordered_map<std::uint64_t, std::vector<Known>> by_hash;
+  };
+  static constexpr std::size_t kShards = 16;
+  Shard shards[kShards];
+  std::mutex mu;  // ids, modules and the records of new stacks
+  std::uint32_t next_id = 0;
+  std::vector<Module> modules;  // sorted by lo
 };
 
 Table &table() {
@@ -137,7 +154,11 @@ void ensure_module_locked(Table &t, std::uintptr_t pc) {
 int capture_pcs(std::uintptr_t *pc, int max_frames) {
   Frames f;
   f.max = std::clamp(max_frames, 1, 64);
-  _Unwind_Backtrace(on_frame, &f);
+  const int n = cached_backtrace(f.pc, f.max, shim_frame);
+  if (n >= 0)
+    f.n = n;
+  else
+    _Unwind_Backtrace(on_frame, &f);  // something the cached walker does not model
   std::copy(f.pc, f.pc + f.n, pc);
   return f.n;
 }
@@ -147,15 +168,16 @@ std::uint32_t intern_stack(const std::uintptr_t *pc, int n) {
   n = std::min(n, 64);
   Table &t = table();
   std::uint64_t h = hash_pcs(pc, n);
-  std::lock_guard lk(t.mu);
-  auto &ids = t.by_hash[h];
-  for (std::uint32_t id : ids) {
-    const auto &s = t.stacks[id - 1];
-    if (s.size() == static_cast<std::size_t>(n) && std::equal(s.begin(), s.end(), pc)) return id;
+  Table::Shard &sh = t.shards[h % Table::kShards];
+  std::lock_guard slk(sh.mu);
+  auto &known = sh.by_hash[h];
+  for (const Table::Known &k : known) {
+    if (k.pcs.size() == static_cast<std::size_t>(n) && std::equal(k.pcs.begin(), k.pcs.end(), pc))
+      return k.id;
   }
-  t.stacks.emplace_back(pc, pc + n);
-  auto id = static_cast<std::uint32_t>(t.stacks.size());
-  ids.push_back(id);
+  std::lock_guard lk(t.mu);
+  const std::uint32_t id = ++t.next_id;
+  known.push_back(Table::Known{id, std::vector<std::uintptr_t>(pc, pc + n)});
   if (state().log.is_open()) {
     for (int i = 0; i < n; ++i) ensure_module_locked(t, pc[i]);
     char buf[64 * 24 + 64];
@@ -177,16 +199,29 @@ void stacks_warm_up() {
   Frames f;
   f.max = 2;
   _Unwind_Backtrace(on_frame, &f);
+  (void)cached_backtrace(f.pc, 2, shim_frame);
 }
 
-void stacks_fork_prepare() { table().mu.lock(); }
-void stacks_fork_parent() { table().mu.unlock(); }
+void stacks_fork_prepare() {
+  Table &t = table();
+  for (auto &s : t.shards) s.mu.lock();
+  t.mu.lock();
+}
+
+void stacks_fork_parent() {
+  Table &t = table();
+  t.mu.unlock();
+  for (auto &s : t.shards) s.mu.unlock();
+}
 
 void stacks_fork_child() {
   Table &t = table();
   t.mu.unlock();
-  t.by_hash.clear();
-  t.stacks.clear();
+  for (auto &s : t.shards) {
+    s.mu.unlock();
+    s.by_hash.clear();
+  }
+  t.next_id = 0;
   t.modules.clear();
 }
 

@@ -31,12 +31,21 @@ extern char **environ;
 
 namespace cmg::shim {
 
-thread_local int ReentryGuard::depth_ = 0;
+CMG_HOT_TLS int ReentryGuard::depth_ = 0;
+CMG_HOT_TLS std::uint32_t t_tid = 0;
+std::atomic<State *> g_state{nullptr};
+std::atomic<bool> g_active{false};
+
+std::size_t CallCounts::stripe() {
+  static std::atomic<std::size_t> next{0};
+  static CMG_HOT_TLS std::size_t mine = 0;  // stripe + 1; 0 until the thread's first call
+  if (!mine) mine = next.fetch_add(1, std::memory_order_relaxed) % kStripes + 1;
+  return mine - 1;
+}
 
 namespace {
 
 std::atomic<int> g_options_state{0};  // 0 none, 1 parsing, 2 ready
-std::atomic<bool> g_active{false};
 std::mutex g_activate_mu;
 // The parent's log path, in a forked child: a pattern without %p must not make the child truncate
 // its parent's log.
@@ -145,7 +154,8 @@ void fork_child() {
   loader_fork_child();
   s.transport.reset();
   s.counters.reset();
-  for (auto &c : s.calls) c.store(0);
+  s.calls.reset();
+  t_tid = 0;  // this thread has the child's id now
   for (auto &f : s.findings) f.store(0);
   s.warned.store(0);
   s.summary_printed = false;
@@ -157,17 +167,18 @@ void fork_child() {
 
 }  // namespace
 
-State &state() {
+State &state_slow() {
   // Never destroyed: static destructors of other libraries free CUDA memory after main() returns.
   static State *s = new State;
+  g_state.store(s, std::memory_order_release);
   return *s;
 }
 
 std::uint64_t now_ns() { return mono_raw() - state().start_mono_ns; }
 
-std::uint32_t thread_id() {
-  static thread_local std::uint32_t tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
-  return tid;
+std::uint32_t thread_id_slow() {
+  t_tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+  return t_tid;
 }
 
 bool options_ready() {
@@ -202,9 +213,7 @@ bool options_ready() {
   return true;
 }
 
-bool active() { return g_active.load(std::memory_order_acquire); }
-
-void activate() {
+void activate_slow() {
   if (g_active.load(std::memory_order_acquire)) return;
   options_ready();
   std::lock_guard lk(g_activate_mu);
@@ -249,7 +258,7 @@ Call::Call(Api api, StackWhen stack, Nested nested)
   State &s = state();
   if (s.opts.disable) return;
   tracked_ = true;
-  s.calls[static_cast<std::size_t>(api)].fetch_add(1, std::memory_order_relaxed);
+  s.calls.add(api);
   ev_.seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   t0_ = now_ns();
   ev_.ts = t0_;
@@ -264,9 +273,8 @@ Call::Call(Api api, StackWhen stack, Nested nested)
 
 Call::~Call() = default;
 
-void Call::log(int res, const Args &args, const Extra &x) {
+void Call::write_record(int res, const Args &args, const Extra &x) {
   State &s = state();
-  if (!tracked_ || !s.log.is_open()) return;
   std::uint64_t end = now_ns();
   char buf[2048];
   JsonLine j(buf, sizeof buf);

@@ -19,6 +19,41 @@
 
 namespace cmg::shim {
 
+// Thread-local variables read on every intercepted call use the initial-exec TLS model: the shim
+// is loaded by LD_PRELOAD (so its TLS is part of the static block anyway), and the default model
+// for a shared library calls __tls_get_addr on each access (measured: about 130 instructions per
+// cuMemAlloc/cuMemFree pair, docs/performance.md). This marks the library STATIC_TLS: loaded later
+// with dlopen() instead, its whole TLS block (under 600 bytes) comes from glibc's static TLS
+// reserve, which has room for it unless other such libraries took it.
+#define CMG_HOT_TLS thread_local __attribute__((tls_model("initial-exec")))
+
+// Calls per API, counted on every intercepted call. One counter per API shared by all threads
+// would be a cache line that every allocating thread writes; each thread counts in one of
+// kStripes stripes instead (its own cache lines), and readers add the stripes up.
+class CallCounts {
+ public:
+  void add(Api a) {
+    stripes_[stripe()].n[static_cast<std::size_t>(a)].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t get(std::size_t api) const {
+    std::uint64_t sum = 0;
+    for (const Stripe &s : stripes_) sum += s.n[api].load(std::memory_order_relaxed);
+    return sum;
+  }
+  void reset() {
+    for (Stripe &s : stripes_)
+      for (auto &n : s.n) n.store(0, std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr std::size_t kStripes = 16;
+  struct alignas(64) Stripe {
+    std::atomic<std::uint64_t> n[kApiCount]{};
+  };
+  static std::size_t stripe();
+  Stripe stripes_[kStripes];
+};
+
 struct State {
   Options opts;
   ByteCounters counters;
@@ -27,7 +62,7 @@ struct State {
   Transport transport;
   EventLog log;
   std::atomic<std::uint64_t> seq{0};
-  std::atomic<std::uint64_t> calls[kApiCount]{};
+  CallCounts calls;
   std::atomic<std::uint64_t> findings[kFindingClassCount]{};
   std::atomic<std::int64_t> warned{0};
   std::uint64_t start_mono_ns = 0;
@@ -37,18 +72,29 @@ struct State {
 };
 
 // The state, created on first use and never destroyed (frees from static destructors after main()
-// returns must still be understood).
-State &state();
+// returns must still be understood). Inline: every hook reaches it several times per call.
+extern std::atomic<State *> g_state;
+State &state_slow();
+inline State &state() {
+  State *s = g_state.load(std::memory_order_acquire);
+  return s ? *s : state_slow();
+}
 
 // Stage 1: options parsed (constructor or first use). Cheap; never opens files.
 bool options_ready();
 // Stage 2 ("active"): the first intercepted CUDA/NCCL call. Opens the log. A process that never
 // calls CUDA stays silent and writes nothing.
-void activate();
-bool active();
+extern std::atomic<bool> g_active;
+void activate_slow();
+inline bool active() { return g_active.load(std::memory_order_acquire); }
+inline void activate() {
+  if (!active()) activate_slow();
+}
 
 std::uint64_t now_ns();  // since the log started
-std::uint32_t thread_id();
+extern CMG_HOT_TLS std::uint32_t t_tid;
+std::uint32_t thread_id_slow();
+inline std::uint32_t thread_id() { return t_tid ? t_tid : thread_id_slow(); }
 
 // Re-entry guard: a runtime call that reaches the driver underneath is recorded once, under the
 // name the program called (the runtime hook), not again by the driver wrapper.
@@ -66,7 +112,7 @@ class ReentryGuard {
   static bool inside() { return depth_ > 0; }
 
  private:
-  static thread_local int depth_;
+  static CMG_HOT_TLS int depth_;
   bool held_;
   bool outermost_;
 };
@@ -129,10 +175,15 @@ class Call {
     bool deferred = false;
     const char *va_state = nullptr;  // VMM calls the driver refused: what the model knows of the range
   };
-  void log(int res, const Args &args, const Extra &x);
+  // Writes the call record when there is an event log (checked inline: without a log this costs
+  // two loads).
+  void log(int res, const Args &args, const Extra &x) {
+    if (tracked_ && state().log.is_open()) write_record(res, args, x);
+  }
   void log(int res, const Args &args) { log(res, args, Extra{}); }
 
  private:
+  void write_record(int res, const Args &args, const Extra &x);
   ReentryGuard guard_;
   Api api_;
   bool tracked_ = false;

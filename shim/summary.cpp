@@ -60,7 +60,7 @@ void write_summary_record(State &s) {
   JsonLine j(buf.data(), buf.size());
   j.str("k", "summary").unum("ts", now_ns()).begin_object("calls");
   for (std::size_t i = 0; i < kApiCount; ++i)
-    if (auto n = s.calls[i].load()) j.unum(kApis[i].name, n);
+    if (auto n = s.calls.get(i)) j.unum(kApis[i].name, n);
   j.end_object().begin_array("bytes");
   for (const auto &r : s.counters.snapshot())
     j.elem_raw(fmt::format(R"({{"dev":{},"mem":"{}","current":{},"peak":{},"total":{}}})", r.dev,
@@ -87,7 +87,7 @@ void print_summary(State &s) {
                                                               : "strict");
   std::vector<std::pair<std::string, std::uint64_t>> calls;
   for (std::size_t i = 0; i < kApiCount; ++i)
-    if (auto n = s.calls[i].load()) calls.emplace_back(kApis[i].name, n);
+    if (auto n = s.calls.get(i)) calls.emplace_back(kApis[i].name, n);
   std::sort(calls.begin(), calls.end(), [](auto &a, auto &b) { return a.second > b.second; });
   out += "  calls:";
   if (calls.empty()) out += " none";

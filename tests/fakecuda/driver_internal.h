@@ -47,6 +47,7 @@ struct Config {
   bool handle_reuse = true;                     // FAKECUDA_HANDLE_REUSE
   bool retain_same = true;                      // FAKECUDA_RETAIN_SAME
   bool fabric_accept = false;                   // FAKECUDA_FABRIC=accept
+  bool bench = false;                           // FAKECUDA_BENCH=1: see driver_bench.cpp
 };
 const Config &config();
 
@@ -84,5 +85,12 @@ void wait_idle(int dev);                  // dev < 0: every device
 void set_busy(int dev, unsigned long long ns);
 const char *error_name(CUresult r);       // "CUDA_ERROR_INVALID_VALUE", nullptr when unknown
 const char *error_string(CUresult r);     // "invalid argument", nullptr when unknown
+
+// ---- benchmark mode (driver_bench.cpp) ----------------------------------------------------------
+// FAKECUDA_BENCH=1: linear memory without backing pages from a sharded table, so that the fake's
+// own cost per call is small, stable and does not serialize threads (the shim's overhead is
+// measured as a difference against it).
+CUresult bench_linear_alloc(std::uintptr_t *out, std::size_t size, int dev);
+CUresult bench_linear_free(std::uintptr_t p);
 
 }  // namespace fc

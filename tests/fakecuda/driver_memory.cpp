@@ -228,7 +228,7 @@ void Memory::drop_if_unused(unsigned long long id) {
   auto it = allocs.find(id);
   if (it == allocs.end() || it->second.handle_refs || it->second.mappings) return;
   if (it->second.charged_dev >= 0) used[it->second.charged_dev] -= it->second.size;
-  close(it->second.fd);
+  if (it->second.fd >= 0) close(it->second.fd);
   allocs.erase(it);
 }
 
@@ -238,6 +238,7 @@ namespace {
 
 CUresult linear_alloc(std::uintptr_t *out, std::size_t size, LinearKind kind, int dev) {
   if (!out || size == 0 || size > (std::size_t{1} << 48)) return CUDA_ERROR_INVALID_VALUE;
+  if (config().bench) return bench_linear_alloc(out, size, dev);
   const std::size_t rounded = align_up(size, kLinearAlign);
   Memory &m = mem();
   std::lock_guard<std::mutex> lk(m.mu);
@@ -256,6 +257,7 @@ CUresult linear_alloc(std::uintptr_t *out, std::size_t size, LinearKind kind, in
 // real-driver.md section 3: cuMemFree blocks until the device's queued work has finished;
 // cuMemFreeAsync does not.
 CUresult linear_free(std::uintptr_t p, bool wait) {
+  if (config().bench) return bench_linear_free(p);
   Memory &m = mem();
   int dev;
   {
@@ -449,6 +451,7 @@ Span check_span(std::uintptr_t p, std::size_t n, bool write) {
 
 CUresult copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n, bool dst_dev, bool src_dev) {
   if (CUresult r = require_init()) return r;
+  if (config().bench) return CUDA_ERROR_NOT_SUPPORTED;  // no backing memory to copy to or from
   int dev;
   if (CUresult r = current_device(&dev)) return r;
   Span d = check_span(dst, n, true), s = check_span(src, n, false);
@@ -468,6 +471,7 @@ CUresult copy_async(std::uintptr_t dst, std::uintptr_t src, std::size_t n, CUstr
 template <class T>
 CUresult fill(CUdeviceptr dst, T value, std::size_t count) {
   if (CUresult r = require_init()) return r;
+  if (config().bench) return CUDA_ERROR_NOT_SUPPORTED;  // no backing memory to write
   int dev;
   if (CUresult r = current_device(&dev)) return r;
   if (count > (std::size_t{1} << 48) / sizeof(T)) return CUDA_ERROR_INVALID_VALUE;

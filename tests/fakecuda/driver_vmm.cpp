@@ -75,9 +75,10 @@ CUresult create(CUmemGenericAllocationHandle *handle, std::size_t size,
     std::snprintf(name, sizeof name, "fakecuda-vmm:d%d", dev);
   else
     std::snprintf(name, sizeof name, "fakecuda-vmm:host");
-  int fd = memfd_create(name, MFD_CLOEXEC);
-  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+  // Benchmark mode: no memfd (two syscalls per create, and their cost varies with the kernel).
+  int fd = config().bench ? -1 : memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0 && !config().bench) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(size)) != 0) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -112,7 +113,17 @@ CUresult release(CUmemGenericAllocationHandle v) {
   return CUDA_SUCCESS;
 }
 
+// Benchmark mode hands out reservations from an address range nothing is mapped at (no pages,
+// no mmap); they are never touched, since copies and sets are refused in that mode.
+std::uintptr_t g_bench_va = std::uintptr_t{0x6f0000000000};
+
 void *map_none(std::uintptr_t at, std::size_t size, bool fixed) {
+  if (config().bench) {
+    if (fixed) return reinterpret_cast<void *>(at);
+    const std::uintptr_t p = g_bench_va;  // callers hold mem().mu
+    g_bench_va += align_up(size, kGranularity) + kGranularity;
+    return reinterpret_cast<void *>(p);
+  }
   return mmap(reinterpret_cast<void *>(at), size, PROT_NONE,
               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (fixed ? MAP_FIXED : 0), -1, 0);
 }
@@ -135,7 +146,7 @@ CUresult reserve(CUdeviceptr *ptr, std::size_t size, std::size_t alignment, CUde
       break;
     }
   }
-  if (!got && addr && addr % align == 0) {  // a hint, honoured when that range is free
+  if (!got && addr && addr % align == 0 && !config().bench) {  // a hint, honoured when free
     void *p = mmap(reinterpret_cast<void *>(addr), size, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (p != MAP_FAILED && reinterpret_cast<std::uintptr_t>(p) == addr)
@@ -148,8 +159,11 @@ CUresult reserve(CUdeviceptr *ptr, std::size_t size, std::size_t alignment, CUde
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     const auto b = reinterpret_cast<std::uintptr_t>(p);
     got = align_up(b, align);
-    if (got > b) munmap(p, got - b);
-    if (b + size + align > got + size) munmap(reinterpret_cast<void *>(got + size), b + size + align - got - size);
+    if (!config().bench) {
+      if (got > b) munmap(p, got - b);
+      if (b + size + align > got + size)
+        munmap(reinterpret_cast<void *>(got + size), b + size + align - got - size);
+    }
   }
   m.reservations[got] = Reservation{size, {}};
   *ptr = got;
@@ -168,7 +182,8 @@ CUresult address_free(CUdeviceptr ptr, std::size_t size) {
   // The range stays PROT_NONE in this process, kept for deterministic reuse.
   m.freed_va.emplace_back(ptr, size);
   if (m.freed_va.size() > kFreedVaKept) {
-    munmap(reinterpret_cast<void *>(m.freed_va.front().first), m.freed_va.front().second);
+    if (!config().bench)
+      munmap(reinterpret_cast<void *>(m.freed_va.front().first), m.freed_va.front().second);
     m.freed_va.erase(m.freed_va.begin());
   }
   return CUDA_SUCCESS;
@@ -196,9 +211,11 @@ CUresult map(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGeneric
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > ptr) return CUDA_ERROR_INVALID_VALUE;
   }
-  void *p = mmap(reinterpret_cast<void *>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, a.fd,
-                 static_cast<off_t>(offset));
-  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!config().bench) {
+    void *p = mmap(reinterpret_cast<void *>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, a.fd,
+                   static_cast<off_t>(offset));
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   Mapping mp{};
   mp.size = size;
   mp.alloc = h->second.alloc;
@@ -262,7 +279,8 @@ CUresult set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc *de
     if (!mp || mp->first != q || mp->second.size > ptr + size - q) return CUDA_ERROR_INVALID_VALUE;
     q += mp->second.size;
   }
-  if (mprotect(reinterpret_cast<void *>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!config().bench && mprotect(reinterpret_cast<void *>(ptr), size, prot) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
   for (std::uintptr_t q = ptr; q < ptr + size;) {
     auto *mp = m.mapping_at(q);
     for (std::size_t i = 0; i < count; ++i) {
@@ -347,6 +365,7 @@ CUresult export_handle(void *out, CUmemGenericAllocationHandle v, CUmemAllocatio
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
       !(a.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_INVALID_VALUE;
+  if (a.fd < 0) return CUDA_ERROR_NOT_SUPPORTED;  // benchmark mode: nothing to share
   int fd = dup(a.fd);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memcpy(out, &fd, sizeof fd);

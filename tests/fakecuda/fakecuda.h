@@ -22,6 +22,8 @@
  *   FAKECUDA_FAIL_SEED=S FAKECUDA_FAIL_RATE=P FAKECUDA_FAIL_APIS=api[:ERR],..
  *                                 random failures (default ERR: OUT_OF_MEMORY), deterministic per
  *                                 seed and call order
+ *   FAKECUDA_BENCH=1              benchmark mode: linear memory without backing pages, VMM without
+ *                                 syscalls, nothing counted; copies refused (README.md)
  *   FAKECUDA_TRACE=path           append "gpa <entry> <symbol> <version> <flags> <export|NULL>" per
  *                                 cuGetProcAddress request and "call <export> <CUresult name>" per
  *                                 other driver call; %p in path expands to the pid

@@ -129,3 +129,13 @@ TEST_CASE("EventLog writes whole lines, refuses a symlink and reports an unwrita
   unlink(path.c_str());
   rmdir(dir);
 }
+
+TEST_CASE("numbers are written like printf writes them, at the edges too") {
+  char buf[512];
+  JsonLine j(buf, sizeof buf);
+  j.num("min", INT64_MIN).num("neg", -7).num("zero", 0).unum("max", UINT64_MAX).unum("u0", 0)
+      .hex("h0", 0).hex("hmax", UINT64_MAX).begin_array("a").elem_hex(0xabcdef).end_array();
+  const std::string line(j.finish());
+  CHECK(line == "{\"min\":-9223372036854775808,\"neg\":-7,\"zero\":0,\"max\":18446744073709551615,"
+                "\"u0\":0,\"h0\":\"0x0\",\"hmax\":\"0xffffffffffffffff\",\"a\":[\"0xabcdef\"]}\n");
+}
