@@ -3,6 +3,7 @@
 # The gpu suite: the same test programs against the real driver, with and without the shim, and
 # PyTorch/NCCL workloads under `cumemguard run`. Exits 77 where there is no GPU.
 #   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
+# CMG_GPU_PARTS picks parts (default all): conformance cases torch alloc ipc parts transport bench
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-build}" && pwd)
@@ -14,6 +15,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 . "$here/libpath.sh"
 status=0
+parts=${CMG_GPU_PARTS:-conformance cases torch alloc ipc parts transport bench}
+want() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 {
   echo "# gpu suite $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -22,7 +25,7 @@ status=0
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-if [ -x "$build/tests/programs/conformance" ]; then
+if want conformance && [ -x "$build/tests/programs/conformance" ]; then
   "$build/tests/programs/conformance" > "$out/conformance.real.txt" 2>&1
   if diff -u <(grep -v '^#' "$here/../programs/conformance.expected") "$out/conformance.real.txt" > "$out/conformance.diff"; then
     echo "conformance: the real driver agrees with the fake's table"
@@ -31,22 +34,28 @@ if [ -x "$build/tests/programs/conformance" ]; then
   fi
 fi
 
+if want cases; then
 : > "$out/cases.txt"
 for c in $(python3 -c "import sys; sys.path.insert(0,'$here/../integration'); import run_case; print(' '.join(k for k,v in run_case.CASES.items() if v.get('real')))"); do
   python3 "$here/../integration/run_case.py" --build "$build" --real "$c" >> "$out/cases.txt" 2>&1
   rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
 done
-cat "$out/cases.txt"
+grep -v '^ok ' "$out/cases.txt"; echo "cases: $(grep -c '^ok ' "$out/cases.txt") ok"
+fi
 
+if want torch; then
 python3 "$here/run_torch.py" "$build" "$out" ${CMG_TORCH_MODES:-} 2>&1 | tee "$out/torch.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
+if want alloc; then
 python3 "$here/alloc_conf_agreement.py" "$build" "$out" > "$out/alloc-conf.log" 2>&1 || status=1
 tail -3 "$out/alloc-conf.log"
+fi
 
 # Further parts of the suite (each: BUILD OUT, exit 77 when not applicable).
-for part in "$here"/parts/*.sh; do
+want parts && for part in "$here"/parts/*.sh; do
   [ -x "$part" ] || continue
   name=$(basename "$part" .sh)
   "$part" "$build" "$out" > "$out/$name.txt" 2>&1
@@ -55,6 +64,18 @@ for part in "$here"/parts/*.sh; do
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
 done
 # Legacy IPC on expandable-segment memory through the bridge, and its open latency for 1 GiB.
+if want ipc; then
 python3 "$here/ipc_bridge_pair.py" "$build" "$out/ipc_bridge" 2>&1 | tee "$out/ipc_bridge_pair.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want transport; then
+"$here/transport.sh" "$build" "$out/transport" > "$out/transport.txt" 2>&1
+rc=$?; echo "transport: exit $rc"; grep -E "^(ok|FAIL|mode|  )" "$out/transport.txt" | tail -20
+[ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
+fi
+if want bench; then
+"$here/bench.sh" "$build" "$out/bench" > "$out/bench.txt" 2>&1
+rc=$?; echo "bench: exit $rc"; cat "$out/bench/bench.md" 2>/dev/null | head -40
+[ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
+fi
 exit $status
