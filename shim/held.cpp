@@ -3,6 +3,9 @@
 // it makes are not recorded again, and a `call` record with "released_from" says when it happened.
 #include "held.h"
 
+#include <atomic>
+#include <cstdlib>
+
 #include <vector>
 
 #include "loader.h"
@@ -15,13 +18,31 @@ HeldFrees &held() {
   return *h;
 }
 
+namespace {
+// Held frees go back to the driver at exit while the runtime still works: this handler is
+// registered at the first hold, after the program's first CUDA calls initialised cudart, so exit()
+// runs it before cudart's own teardown (handlers run in reverse order of registration). A release
+// from the shim's destructor instead would meet cudaErrorCudartUnloading.
+void release_at_exit() {
+  ReentryGuard guard;
+  held().release_all();
+}
+
+void register_exit_release() {
+  static std::atomic<bool> done{false};
+  if (!done.exchange(true)) std::atexit(release_at_exit);
+}
+}  // namespace
+
 void HeldFrees::hold(const Held &h) {
+  register_exit_release();
   std::lock_guard lk(mu_);
   q_.push_back(h);
   bytes_[static_cast<int>(h.why)] += h.size;
 }
 
 bool HeldFrees::hold_within(const Held &h, std::uint64_t limit) {
+  register_exit_release();
   std::lock_guard lk(mu_);
   auto &b = bytes_[static_cast<int>(h.why)];
   if (h.size > limit || b > limit - h.size) return false;
