@@ -23,8 +23,9 @@ LOOP_OPS = {
     "gpa": ("cuGetProcAddress(\"cuMemAlloc\")", 20000),
     "not-intercepted": ("cuCtxSynchronize (not intercepted)", 20000),
 }
-LOOP_ROUNDS = 7
-TORCH_ROUNDS = 4
+# More rounds give a steadier median on a noisy machine: CMG_BENCH_LOOP_ROUNDS/CMG_BENCH_TORCH_ROUNDS.
+LOOP_ROUNDS = int(os.environ.get("CMG_BENCH_LOOP_ROUNDS", "7"))
+TORCH_ROUNDS = int(os.environ.get("CMG_BENCH_TORCH_ROUNDS", "4"))
 TORCH_CONFIGS = [("base", None), ("track", {})]
 
 
