@@ -121,7 +121,7 @@ void print_summary(State &s) {
   });
   VmmCounts vc = s.vmm.counts();
   out += "  live at exit:";
-  for (const auto &[k, e] : live) out += fmt::format(" {} {} ({})", k, e.first, human(e.second));
+  for (const auto &[k, e] : live) out += fmt::format(" {} {} ({}),", k, e.first, human(e.second));
   out += fmt::format(" vmm {} ({}), reservations {} ({}), handles {}\n", vc.phys,
                      human(static_cast<std::int64_t>(vc.phys_bytes)), vc.reservations,
                      human(static_cast<std::int64_t>(vc.va_bytes)), vc.handles);
@@ -129,7 +129,7 @@ void print_summary(State &s) {
   bool any = false;
   for (std::size_t i = 0; i < kFindingClassCount; ++i)
     if (auto n = s.findings[i].load()) {
-      out += fmt::format(" {} {}", finding_id(static_cast<FindingClass>(i)), n);
+      out += fmt::format("{} {} {}", any ? "," : "", finding_id(static_cast<FindingClass>(i)), n);
       any = true;
     }
   out += any ? "\n" : " none\n";

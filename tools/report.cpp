@@ -122,6 +122,10 @@ int report_main(int argc, char **argv) {
         std::cerr << "cumemguard report: " << opt.trace_path
                   << ": cannot write the trace: " << std::strerror(errno) << "\n";
         m.errors.push_back({opt.trace_path, "cannot write the trace", 2});
+      } else {
+        out.close();
+        std::cerr << "cumemguard report: trace written to " << opt.trace_path
+                  << " (open it in ui.perfetto.dev or chrome://tracing)\n";
       }
     }
     if (opt.json)

@@ -16,8 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cmg_config.h"
 #include "options.h"
@@ -27,6 +30,20 @@ extern char **environ;
 
 namespace cmg::tools {
 namespace {
+
+// True when the log's header line carries this run's CUMEMGUARD_RUN_ID: the pattern's glob also
+// matches logs of earlier or concurrent runs in the same directory, which are not ours to list.
+bool log_of_run(const char *path, const std::string &run_id) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  auto h = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!h.is_object()) return false;
+  auto o = h.find("options");
+  if (o == h.end() || !o->is_object()) return false;
+  auto id = o->find("CUMEMGUARD_RUN_ID");
+  return id != o->end() && id->is_string() && id->get<std::string>() == run_id;
+}
 
 void usage(FILE *f) {
   std::fprintf(f,
@@ -201,10 +218,15 @@ int run_main(int argc, char **argv) {
     setenv("CUMEMGUARD_LOG", log.c_str(), 1);
   }
   apply_torch_override();
+  // Unique per launch: the pid of the launcher and the start time in ns.
+  struct timespec now {};
+  clock_gettime(CLOCK_REALTIME, &now);
+  const std::string run_id = std::to_string(getpid()) + "-" +
+                             std::to_string(now.tv_sec * 1000000000LL + now.tv_nsec);
+  setenv("CUMEMGUARD_RUN_ID", run_id.c_str(), 1);
   const char *pattern_env = std::getenv("CUMEMGUARD_LOG");
   std::string pattern = pattern_env ? pattern_env : "";
 
-  time_t started = time(nullptr);
   // Like system(3): the launcher ignores terminal signals while the program runs (it gets them).
   struct sigaction ign {}, old_int {}, old_quit {};
   ign.sa_handler = SIG_IGN;
@@ -253,9 +275,7 @@ int run_main(int argc, char **argv) {
     std::vector<std::string> logs;
     if (glob(g.c_str(), 0, nullptr, &gl) == 0) {
       for (std::size_t k = 0; k < gl.gl_pathc; ++k) {
-        struct stat st;
-        if (::stat(gl.gl_pathv[k], &st) == 0 && st.st_mtime >= started - 1)
-          logs.emplace_back(gl.gl_pathv[k]);
+        if (log_of_run(gl.gl_pathv[k], run_id)) logs.emplace_back(gl.gl_pathv[k]);
       }
     }
     globfree(&gl);

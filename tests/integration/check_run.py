@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # `cumemguard run` as a launcher: exit statuses and signals pass through, a SIGTERM to the launcher
 # reaches the program (no orphan), the default log path is absolute, and CUMEMGUARD_TORCH_ALLOC_CONF
-# is applied before exec.   check_run.py CUMEMGUARD
+# is applied before exec, and the logs it lists are those of its own run.
+#   check_run.py CUMEMGUARD RUNTIME_CASES FAKECUDA_DIR
 import os
 import signal
 import subprocess
@@ -72,6 +73,24 @@ def main():
     want = "max_split_size_mb:512,garbage_collection_threshold:0.8,expandable_segments:False"
     if out != want:
         fail(f"override before exec: {out!r}, expected {want!r}")
+    # Only this run's logs are listed: a log left in the same directory by another run (same
+    # pattern, fresh mtime) is not, because its header carries another CUMEMGUARD_RUN_ID.
+    prog, fake = os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
+    with tempfile.TemporaryDirectory() as d:
+        other = os.path.join(d, "cumemguard.runtime_cases.1.log")
+        with open(other, "w") as f:
+            f.write('{"cumemguard_log":1,"tool":"0","pid":1,"options":{"CUMEMGUARD_RUN_ID":"x"}}\n')
+        e = dict(env, LD_LIBRARY_PATH=fake)
+        p = subprocess.run([cg, "run", "--no-summary", "--", prog, "P29"], env=e, cwd=d,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        listed = [l for l in p.stderr.splitlines() if l.startswith("cumemguard: 1 log: ")]
+        logs = sorted(f for f in os.listdir(d) if f != os.path.basename(other))
+        if p.returncode != 0 or len(logs) != 1 or len(listed) != 1 or \
+                listed[0] != "cumemguard: 1 log: " + os.path.join(d, logs[0]):
+            fail(f"log listing: rc {p.returncode}, files {logs}, stderr {p.stderr!r}")
+        hdr = open(os.path.join(d, logs[0])).readline()
+        if '"CUMEMGUARD_RUN_ID":"' not in hdr:
+            fail(f"log header without the run id: {hdr!r}")
     print("ok")
 
 
