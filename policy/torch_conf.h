@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // PyTorch 2.10/2.11 allocator configuration as a CUDA build reads it: parse, validate, merge, plan.
-// Spec: shared/reference/pytorch-alloc-conf.md; test vectors: shared/cases/alloc-conf-vectors.md.
+// Spec: docs/reference/pytorch-alloc-conf.md; test vectors: docs/reference/alloc-conf-vectors.md.
 #pragma once
 
 #include <array>

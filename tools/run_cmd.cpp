@@ -52,7 +52,7 @@ void usage(FILE *f) {
                "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it).\n"
                "\n"
                "options:\n"
-               "  --log PATH        event log path (%%p pid, %%r rank); default\n"
+               "  --log PATH        event log path (%%p pid, %%r rank, %%%% a percent sign); default\n"
                "                    cumemguard.<program>.%%p.log in the current directory\n"
                "  --no-log          write no event log\n"
                "  --mode MODE       guard (default), report or strict\n"
