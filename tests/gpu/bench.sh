@@ -14,23 +14,6 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   echo "gpu bench: no GPU here; skipped"
   exit 77
 fi
-# The runtime and NCCL from the toolkit or the PyTorch wheels (the driver comes from the system).
-libs=$(python3 - <<'PY'
-import glob, os
-dirs = []
-for pat in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]:
-    if glob.glob(pat + "/libcudart.so.13*"): dirs.append(pat)
-try:
-    import nvidia
-    for base in nvidia.__path__:
-        for lib in glob.glob(os.path.join(base, "*", "lib")) + glob.glob(os.path.join(base, "*", "*", "lib")):
-            if glob.glob(lib + "/libcudart.so.13*") or glob.glob(lib + "/libnccl.so.2*"):
-                dirs.append(lib)
-except Exception:
-    pass
-print(":".join(dict.fromkeys(dirs)))
-PY
-)
-export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$here/libpath.sh"
 export NCCL_NVLS_ENABLE=0
 exec python3 "$here/bench.py" "$build" "$out"

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -23,6 +24,17 @@ inline const char *cu_name(CUresult r) {
       std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cu_name(r_)); \
       std::exit(2);                                                                      \
     }                                                                                    \
+  } while (0)
+
+// The same for runtime calls (declarations only: programs that never call cudart link no cudart).
+#define CHECK_CUDA(call)                                                                   \
+  do {                                                                                     \
+    cudaError_t r_ = (call);                                                               \
+    if (r_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
+                   cudaGetErrorName(r_));                                                  \
+      std::exit(2);                                                                        \
+    }                                                                                      \
   } while (0)
 
 // The fake driver's fault injection: fail the nth next call of `api` with `err`. Returns false on

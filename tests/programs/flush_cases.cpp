@@ -34,16 +34,6 @@ cudaError_t fakecache_async_empty_cache(void);
 
 namespace {
 
-#define CHECK_CUDA(call)                                                        \
-  do {                                                                          \
-    cudaError_t r_ = (call);                                                    \
-    if (r_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
-                   cudaGetErrorName(r_));                                       \
-      std::exit(2);                                                             \
-    }                                                                           \
-  } while (0)
-
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMiB = 1 << 20;
 

@@ -11,17 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "cuda_check.h"
 
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t r_ = (call);                                                             \
-    if (r_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,         \
-                   cudaGetErrorName(r_));                                                \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
+namespace {
 
 struct Api {
   decltype(&ncclGetUniqueId) get_id;

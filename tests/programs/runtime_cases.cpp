@@ -19,16 +19,6 @@ namespace {
 
 void out(const char *step, cudaError_t r) { std::printf("%s %s\n", step, cudaGetErrorName(r)); }
 
-#define CHECK_CUDA(call)                                                                   \
-  do {                                                                                     \
-    cudaError_t r_ = (call);                                                               \
-    if (r_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
-                   cudaGetErrorName(r_));                                                  \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
-
 int basic() {
   void *p = nullptr, *h = nullptr;
   out("malloc", cudaMalloc(&p, 1 << 20));
