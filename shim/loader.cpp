@@ -227,6 +227,47 @@ void *in_library(const char *soname, const char *name) {
   return (p && !in_self(p)) ? p : nullptr;
 }
 
+// Every object the shim holds a real pointer into stays loaded for the life of the process: a
+// wrapper handed out earlier (by dlsym, cuGetProcAddress or the PLT) must never call into a library
+// that dlclose() unmapped and a later dlopen() mapped elsewhere (tests/reliability dl-reload).
+void pin_object_of(void *p) {
+  static std::atomic<std::uintptr_t> pinned[8];
+  Dl_info info;
+  if (!p || !dladdr(p, &info) || !info.dli_fname || !info.dli_fbase) return;
+  const auto base = reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+  for (auto &slot : pinned) {
+    std::uintptr_t v = slot.load(std::memory_order_acquire);
+    if (v == base) return;
+    if (v == 0 && slot.compare_exchange_strong(v, base)) break;
+    if (v == base) return;
+  }
+  // NOLOAD: never loads anything; NODELETE: the object outlives every dlclose. The reference this
+  // returns is kept on purpose.
+  (void)dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+// A driver function that does not live in libcuda means another interposer sits between the shim
+// and the driver (preloaded after it). The chain still works; the user is told once, at the next
+// call, since the driver's answers now reach the program through that other library.
+std::atomic<bool> g_foreign_reported{false};
+std::atomic<const char *> g_foreign_note{nullptr};
+
+void check_driver_origin(Api a, void *p) {
+  if (g_foreign_reported.load(std::memory_order_relaxed)) return;
+  Dl_info info;
+  if (!dladdr(p, &info) || !info.dli_fname) return;
+  const char *slash = std::strrchr(info.dli_fname, '/');
+  const char *base = slash ? slash + 1 : info.dli_fname;
+  if (std::strncmp(base, "libcuda.so", 10) == 0) return;
+  if (g_foreign_reported.exchange(true)) return;
+  static char msg[768];
+  std::snprintf(msg, sizeof msg,
+                "%s resolves to %s, not libcuda: another interposer sits between the shim and the "
+                "driver, and the driver's answers reach the program through it",
+                api_name(a), info.dli_fname);
+  g_foreign_note.store(msg, std::memory_order_release);
+}
+
 void *resolve(Api a) {
   const ApiInfo &info = kApis[static_cast<std::size_t>(a)];
   void *p = nullptr;
@@ -308,6 +349,8 @@ void *real_ptr(Api a) {
   if (!p) return nullptr;
   void *expected = nullptr;
   if (!slot.compare_exchange_strong(expected, p)) return expected;
+  pin_object_of(p);
+  if (kApis[static_cast<std::size_t>(a)].family == Family::Driver) check_driver_origin(a, p);
   return p;
 }
 
@@ -315,8 +358,16 @@ bool adopt_real(Api a, void *p) {
   if (!p || in_self(p)) return false;
   auto &slot = g_real[static_cast<std::size_t>(a)];
   void *expected = nullptr;
-  if (slot.compare_exchange_strong(expected, p)) return true;
+  if (slot.compare_exchange_strong(expected, p)) {
+    pin_object_of(p);
+    return true;
+  }
   return expected == p;
+}
+
+const char *take_origin_note() {
+  if (!g_foreign_note.load(std::memory_order_relaxed)) return nullptr;
+  return g_foreign_note.exchange(nullptr, std::memory_order_acquire);
 }
 
 void *wrapper_ptr(Api a) {
@@ -374,8 +425,10 @@ extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *ha
   const NameEntry *e = find_name(name);
   void *p = nullptr;
   if (handle == RTLD_NEXT) {
-    // Next after the shim: for the names we answer, the shim is the caller's next definition or
-    // comes before it, so this is what the caller would get (or our wrapper of it).
+    // Only without the x86-64 trampoline (which hands RTLD_NEXT to glibc with the caller's return
+    // address): next after the shim, exact for callers before it (the program, an interposer
+    // preloaded first); an interposer preloaded after the shim would get its own function back,
+    // which is why the trampoline exists (README, Limitations).
     p = real_dlsym(RTLD_NEXT, name);
   } else {
     p = real_dlsym(handle, name);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "crash.h"
 #include "diag.h"
 #include "held.h"
 #include "loader.h"
@@ -122,7 +123,8 @@ void fork_child() {
   for (auto &c : s.calls) c.store(0);
   for (auto &f : s.findings) f.store(0);
   s.warned.store(0);
-  s.summary_printed = false;
+  s.summary_printed.store(false);
+  crash_fork_child();
   new (&g_activate_mu) std::mutex();
   // The child activates (and opens its own log) at its own first CUDA call.
   g_active.store(false);
@@ -188,6 +190,7 @@ void activate() {
   }
   if (s.opts.stacks > 0) stacks_warm_up();
   g_active.store(true, std::memory_order_release);
+  if (s.opts.crash_summary) install_crash_handlers();
   flush_pending_notes();
   on_first_cuda_call();
 }
@@ -232,7 +235,10 @@ Call::~Call() = default;
 
 void Call::log(int res, const Args &args, const Extra &x) {
   State &s = state();
-  if (!tracked_ || !s.log.is_open()) return;
+  if (!tracked_) return;
+  // Said here, after the forwarded call, never inside the lookup that noticed it.
+  if (const char *n = take_origin_note()) note(LogLevel::Warn, n);
+  if (!s.log.is_open()) return;
   std::uint64_t end = now_ns();
   char buf[2048];
   JsonLine j(buf, sizeof buf);
@@ -342,7 +348,7 @@ void report_finding_without_call(Finding f, const char *where, bool print) {
       .str("api", where).str("action", "forward").num("res", 0).str("msg", f.msg);
   if (!f.state_json.empty()) j.raw("state", f.state_json);
   write_or_keep(std::string(j.finish()));
-  if (print) print_finding(f, Action::Forward, 0, where);
+  if (print) print_finding(f, Action::Forward, 0, where, /*from_call=*/false);
 }
 
 }  // namespace cmg::shim

@@ -33,7 +33,8 @@ struct State {
   std::uint64_t start_mono_ns = 0;
   std::uint64_t start_unix_ns = 0;
   int rank = -1;
-  bool summary_printed = false;
+  // Set once by whichever writes the last records: the exit summary, or the crash handler.
+  std::atomic<bool> summary_printed{false};
 };
 
 // The state, created on first use and never destroyed (frees from static destructors after main()
