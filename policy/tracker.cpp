@@ -4,6 +4,7 @@
 #include "tracker.h"
 
 #include <algorithm>
+#include <new>
 #include <cinttypes>
 #include <cstdio>
 
@@ -195,17 +196,10 @@ void LinearModel::for_each_live(const std::function<void(const LinearRec &)> &fn
   }
 }
 
-void LinearModel::fork_prepare() {
-  for (Shard &s : shards_) s.mu.lock();
-}
-
-void LinearModel::fork_parent() {
-  for (Shard &s : shards_) s.mu.unlock();
-}
-
 void LinearModel::fork_child() {
-  for (Shard &s : shards_) s.mu.unlock();
-  clear();
+  // No destructor runs on the old shard: its lock may be held by a thread that does not exist
+  // here, and its maps may be half-changed.
+  for (Shard &s : shards_) new (&s) Shard();
 }
 
 void LinearModel::clear() {

@@ -103,10 +103,12 @@ class LinearModel {
   std::size_t live_count() const;
   void for_each_live(const std::function<void(const LinearRec &)> &fn) const;
   void clear();
-  // fork(): hold every lock across it so the child never sees a half-changed map.
-  void fork_prepare();
-  void fork_parent();
-  void fork_child();  // unlocks and clears: the child does not own the parent's CUDA objects
+  // fork(): the child does not own the parent's CUDA objects and starts with an empty model. The 64
+  // shard locks are not held across fork (holding them all made fork's cost grow with the shards
+  // and exceeded what ThreadSanitizer's deadlock detector can follow): the child builds fresh shards
+  // over the old ones without touching them, so a map another thread was changing at the fork is
+  // simply left behind (the child's copy of it leaks, the parent's is untouched).
+  void fork_child();
 
  private:
   struct Freed {

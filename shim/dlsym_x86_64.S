@@ -14,6 +14,25 @@
         .p2align 4
 dlsym:
         .cfi_startproc
+        cmpl    $0, cmg_dlsym_ready(%rip)   /* before the shim's constructor (sanitized builds) */
+        jne     3f
+        pushq   %rdi
+        .cfi_adjust_cfa_offset 8
+        pushq   %rsi
+        .cfi_adjust_cfa_offset 8
+        subq    $8, %rsp
+        .cfi_adjust_cfa_offset 8
+        call    cmg_dlsym_early             /* uninstrumented: the real dlsym, resolved */
+        addq    $8, %rsp
+        .cfi_adjust_cfa_offset -8
+        popq    %rsi
+        .cfi_adjust_cfa_offset -8
+        popq    %rdi
+        .cfi_adjust_cfa_offset -8
+        testq   %rax, %rax
+        jz      3f
+        jmp     *%rax
+3:
         cmpq    $-1, %rdi                   /* RTLD_NEXT: glibc answers for the caller */
         jne     0f
         movq    cmg_real_dlsym_ptr(%rip), %rax

@@ -301,7 +301,8 @@ int ipc_get(Api api, std::uint64_t ptr, int deny_status, const std::function<int
   f.related.push_back({"reservation", res->reserved});
   const Action a = decide(f, false);
   if (s.opts.ipc == IpcMode::Deny) {
-    report_finding(c, std::move(f), a, deny_status, args);
+    // Answered here, without the driver: the finding says so (it said "forward").
+    report_finding(c, std::move(f), a == Action::Abort ? a : Action::Skip, deny_status, args);
     Call::Extra x;
     x.skipped = true;
     c.log(deny_status, args, x);

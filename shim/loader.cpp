@@ -125,6 +125,29 @@ using dlsym_fn = void *(*)(void *, const char *);
 // Used by the assembly trampoline (dlsym_x86_64.S): hidden, so it is reached without the GOT.
 extern "C" {
 __attribute__((visibility("hidden"))) cmg::shim::dlsym_fn cmg_real_dlsym_ptr = nullptr;
+
+// A sanitizer runtime preloaded before the shim looks up its real functions with dlsym while it
+// initialises, which reaches our dlsym before the sanitizer can run instrumented code (its shadow
+// memory does not exist yet): until the shim's constructor has run, the trampoline goes straight
+// to the real dlsym through cmg_dlsym_early, which is built without instrumentation. A normal build
+// has no such runtime and answers from the first lookup on.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+__attribute__((visibility("hidden"))) int cmg_dlsym_ready = 0;
+#else
+__attribute__((visibility("hidden"))) int cmg_dlsym_ready = 1;
+#endif
+
+__attribute__((visibility("hidden"), no_sanitize("address", "thread", "undefined"))) void *
+cmg_dlsym_early() {
+  void *f = __atomic_load_n(reinterpret_cast<void **>(&cmg_real_dlsym_ptr), __ATOMIC_ACQUIRE);
+  if (!f) {
+    f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+    __atomic_store_n(reinterpret_cast<void **>(&cmg_real_dlsym_ptr), f, __ATOMIC_RELEASE);
+  }
+  return f;
+}
 }
 
 namespace cmg::shim {

@@ -93,31 +93,35 @@ void write_header() {
   s.log.write(j.finish(), 0);
 }
 
+// The locks are taken in the order the shim nests them everywhere else, the log's last: stack
+// capture holds the stack table while it writes module and stack records to the log, so taking the
+// log first here could deadlock a fork against a thread capturing a new stack (ThreadSanitizer
+// reported the inversion in tests/reliability life-fork-exec).
 void fork_prepare() {
   State &s = state();
   held().fork_prepare();
-  s.log.fork_prepare();
   stacks_fork_prepare();
   s.vmm.fork_prepare();
-  s.linear.fork_prepare();
+  s.log.fork_prepare();
 }
 
 void fork_parent() {
   State &s = state();
-  s.linear.fork_parent();
+  s.log.fork_parent();
   s.vmm.fork_parent();
   stacks_fork_parent();
-  s.log.fork_parent();
   held().fork_parent();
 }
 
 void fork_child() {
   State &s = state();
-  s.linear.fork_child();
+  // Released in the reverse order of fork_prepare, as fork_parent does (the child's own clean-up
+  // relocks some of them).
+  s.log.fork_child();
   s.vmm.fork_child();
   stacks_fork_child();
-  s.log.fork_child();
   held().fork_child();
+  s.linear.fork_child();
   s.transport.reset();
   s.counters.reset();
   for (auto &c : s.calls) c.store(0);
@@ -356,7 +360,10 @@ void report_finding_without_call(Finding f, const char *where, bool print) {
 // Stage 1 at load: parse the options early (cheap, no files), so that a bad value is reported
 // once even if the program never calls CUDA, and policies that act on the environment at load
 // (the PyTorch allocator variable) run before any library reads it.
+extern "C" __attribute__((visibility("hidden"))) int cmg_dlsym_ready;
+
 __attribute__((constructor)) static void cmg_load() {
+  __atomic_store_n(&cmg_dlsym_ready, 1, __ATOMIC_RELEASE);  // loader.cpp: instrumented code may run
   if (cmg::shim::disabled()) return;
   cmg::shim::options_ready();
   cmg::shim::on_load();

@@ -189,6 +189,8 @@ CASES = {
                            base={"noop_unmap": S, "value_reused": "1", "fresh_release": S,
                                  "fresh_live_after": "0"},
                            shim={}, findings=[("unmap-unmapped", "skip")]),
+    "ipc-deny": dict(prog="regress_cases", args=["ipc-deny"], shim_env={"CUMEMGUARD_IPC": "deny"},
+                     base={"ipc_get": IV}, shim={}, findings=[("ipc-vmm", "skip")]),
 }
 
 
@@ -235,6 +237,8 @@ def compare_steps(got, want, label):
 
 
 def run(cmd, env, timeout=120):
+    # A sanitized build runs several times slower (tools/dev sanitize sets the multiplier).
+    timeout *= float(os.environ.get("CMG_TIMEOUT_MULTIPLIER", "1"))
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=timeout)
     return p.returncode, p.stdout, p.stderr
@@ -281,6 +285,9 @@ def case_specific(name, recs, steps):
         rng = f["state"]["range"]
         expect(rng[0]["mapped"] is True and rng[-1]["mapped"] is False,
                f"P06: mapped pieces not listed: {rng}")
+    if name == "ipc-deny":
+        ipc = next(c for c in calls if c["api"] == "cuIpcGetMemHandle")
+        expect(ipc.get("skipped") is True and ipc["res"] == 1, f"ipc-deny: call record {ipc}")
     if name == "P10":
         expect(summary["live"].get("vmm", 0) == 0 and summary["live"].get("handles", 0) == 0,
                f"P10: live at exit {summary['live']}")

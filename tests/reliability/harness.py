@@ -15,6 +15,11 @@ def expect(cond, msg):
         raise Failure(msg)
 
 
+def scale():
+    """Time limits stretch in a sanitized build (tools/dev sanitize sets CMG_TIMEOUT_MULTIPLIER)."""
+    return float(os.environ.get("CMG_TIMEOUT_MULTIPLIER", "1"))
+
+
 class Build:
     def __init__(self, build):
         self.root = os.path.abspath(build)
@@ -41,6 +46,7 @@ class Build:
         return env
 
     def run(self, argv, env, timeout=60, cwd=None):
+        timeout *= scale()
         try:
             p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=timeout, cwd=cwd)

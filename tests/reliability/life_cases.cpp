@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -247,7 +248,12 @@ int spin() {
   for (;;) pause();
 }
 
-volatile int *g_null = nullptr;
+// A real fault, not undefined behaviour a sanitizer would report first: a store to a page that
+// exists and may not be written.
+void fault() {
+  void *page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  *static_cast<volatile int *>(page) = 1;
+}
 
 int crash(const char *how, bool own_handler) {
   cudaFree(nullptr);
@@ -275,9 +281,9 @@ int crash(const char *how, bool own_handler) {
   if (std::strcmp(how, "abort") == 0) std::abort();
   if (std::strcmp(how, "thread") == 0) {
     Busy busy(3);
-    std::thread([] { *g_null = 1; }).join();
+    std::thread(fault).join();
   }
-  *g_null = 1;
+  fault();
   return 0;
 }
 
@@ -297,7 +303,7 @@ int handler_first() {
   sigaction(SIGSEGV, nullptr, &now);
   out("handler_kept", now.sa_handler == sa.sa_handler ? 1 : 0);
   std::fflush(stdout);
-  *g_null = 1;
+  fault();
   return 0;
 }
 

@@ -89,6 +89,20 @@ int retain_pairing() {
   return rc;
 }
 
+// Legacy IPC export of VMM memory under CUMEMGUARD_IPC=deny: the shim answers without the driver,
+// and its finding must say so (it said "forward" and "the driver returned 1").
+int ipc_deny() {
+  CUdeviceptr r = reserve();
+  CUmemGenericAllocationHandle a = create();
+  CHECK_CU(cuMemMap(r, G, 0, a, 0));
+  CUipcMemHandle ih;
+  out("ipc_get", cuIpcGetMemHandle(&ih, r));
+  CHECK_CU(cuMemUnmap(r, G));
+  CHECK_CU(cuMemRelease(a));
+  CHECK_CU(cuMemAddressFree(r, G));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -101,6 +115,7 @@ int main(int argc, char **argv) {
   const std::string c = argv[1];
   if (c == "import-pairing") return import_pairing();
   if (c == "retain-pairing") return retain_pairing();
+  if (c == "ipc-deny") return ipc_deny();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Build, Failure, expect, logs_in, read_log, steps, stderr_lines  # noqa: E402
+from harness import Build, Failure, expect, logs_in, read_log, scale, steps, stderr_lines  # noqa: E402
 
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GARBAGE = ["", "garbage", "-1", "0", "99999999999999999999999999", "18446744073709551616",
@@ -52,6 +52,7 @@ class Runner:
         self.base = steps(out)
 
     def run(self, extra, label, argv=None, cwd=None, timeout=60, preexec=None, log=True):
+        timeout *= scale()
         d = tempfile.mkdtemp(dir=self.tmp)
         env = self.b.env(log=os.path.join(d, "log.%p") if log else None, extra=extra)
         t0 = time.monotonic()
@@ -91,7 +92,7 @@ def case_options_garbage(r):
                     expect("not applied" in l and "driver" not in l, f"{label}: unclear line {l[:300]}")
                 else:
                     expect("not valid" in l and "keeping" in l, f"{label}: unclear line {l[:300]}")
-            expect(dt < 10, f"{label}: took {dt:.1f} s")
+            expect(dt < 10 * scale(), f"{label}: took {dt:.1f} s")
             if kind in ("Int", "Size", "Enum") and v in ("garbage", "1e400", "\xff\xfe", "A" * 100000):
                 expect(len(about) == 1, f"{label}: an invalid value without its one line: {lines}")
     # DISABLE with garbage: not a boolean, so the shim stays enabled (and still says so once).
@@ -109,7 +110,7 @@ def case_unknown_names(r):
     many["CUMEMGUARD_\x1b[31mRED"] = "1"               # a name that would drive the terminal
     _, err, _, dt = r.run(many, "many unknown names", timeout=60)
     lines = clean_lines(err, "many unknown names")
-    expect(dt < 5, f"302 unknown names took {dt:.1f} s")
+    expect(dt < 5 * scale(), f"302 unknown names took {dt:.1f} s")
     expect(any("more unknown" in l for l in lines), f"the unknown names beyond the first are not counted: {lines}")
     expect(len(lines) <= 25, f"{len(lines)} stderr lines for unknown names (expected a bounded number)")
 

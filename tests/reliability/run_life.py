@@ -14,7 +14,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Build, Failure, expect, logs_in, read_log, steps, stderr_lines  # noqa: E402
+from harness import Build, Failure, expect, logs_in, read_log, scale, steps, stderr_lines  # noqa: E402
 
 
 def sanitizer_signal_options(env):
@@ -150,7 +150,7 @@ def case_exit_thread(b, tmp):
 def case_kill(b, tmp, sig):
     argv = [b.prog("tests", "reliability", "life_cases"), "spin"]
     report = b.prog("tools", "cumemguard")
-    for i, delay in enumerate((0.05, 0.3, 1.2)):
+    for i, delay in enumerate((0.05, 0.2, 0.5)):
         d = os.path.join(tmp, str(i))
         os.mkdir(d)
         p = subprocess.Popen(argv, env=b.env(log=os.path.join(d, "log.%p")),
@@ -160,7 +160,7 @@ def case_kill(b, tmp, sig):
         time.sleep(delay)
         p.send_signal(sig)
         try:
-            p.wait(timeout=30)
+            p.wait(timeout=30 * scale())
         except subprocess.TimeoutExpired:
             p.kill()
             raise Failure(f"did not die of signal {sig} within 30 s")

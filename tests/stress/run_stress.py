@@ -216,6 +216,7 @@ def main():
                     help="also run every Nth seed without the shim (0: never)")
     ap.add_argument("--keep", action="store_true", help="keep the logs of failing seeds")
     a = ap.parse_args()
+    a.timeout = int(a.timeout * float(os.environ.get("CMG_TIMEOUT_MULTIPLIER", "1")))
     build = os.path.abspath(a.build)
     prog = os.path.join(build, "tests", "stress", "stress")
     first, last = (int(x) for x in a.seeds.split(":"))
