@@ -80,6 +80,33 @@ bool parse_int(std::string_view s, std::int64_t &out) {
 
 }  // namespace
 
+std::string shown(std::string_view s) {
+  constexpr std::size_t kMax = 64;
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += digits[c >> 4];
+      out += digits[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > kMax) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+namespace {
+
+// Unknown names reported one by one before the rest are only counted.
+constexpr std::size_t kMaxUnknownReported = 8;
+// Names longer than this get no "did you mean": typos are short, and the distance is quadratic.
+constexpr std::size_t kMaxSuggestLength = 64;
+
+}  // namespace
+
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -272,6 +299,7 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     apply_row(r.options, row, specs()[row].default_value, why);
   }
   std::vector<std::pair<std::size_t, std::string_view>> found;
+  std::size_t unknown = 0;
   for (const auto &[name, value] : env) {
     if (name.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
     std::string_view key = name.substr(kOptionPrefix.size());
@@ -279,11 +307,12 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     for (std::size_t i = 0; i < specs().size(); ++i)
       if (specs()[i].name == key) row = i;
     if (row == specs().size()) {
+      if (++unknown > kMaxUnknownReported) continue;
       std::string msg = "unknown option ";
-      msg.append(name);
+      msg += shown(name);
       // Suggest only close names: a third of the name's letters may differ (typos, not guesses).
       std::size_t best = std::max<std::size_t>(2, key.size() / 3 + 1), best_row = specs().size();
-      for (std::size_t i = 0; i < specs().size(); ++i) {
+      for (std::size_t i = 0; i < specs().size() && key.size() <= kMaxSuggestLength; ++i) {
         std::size_t d = edit_distance(key, specs()[i].name);
         if (d < best) best = d, best_row = i;
       }
@@ -298,6 +327,9 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     }
     found.emplace_back(row, value);
   }
+  if (unknown > kMaxUnknownReported)
+    r.problems.push_back("and " + std::to_string(unknown - kMaxUnknownReported) +
+                         " more unknown CUMEMGUARD_* names; ignored");
   std::vector<std::string> raw(specs().size());
   std::vector<bool> set(specs().size(), false);
   for (const auto &[row, value] : found) {
@@ -307,12 +339,12 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
       std::string msg = "CUMEMGUARD_";
       msg.append(specs()[row].name);
       msg += ": '";
-      msg.append(value);
+      msg += shown(value);
       msg += "' ";
       msg += why.empty() ? std::string("is not valid") : "is not valid: " + why;
       msg += "; keeping ";
       msg += printable(r.options, row).empty() ? std::string("the default")
-                                                : "'" + printable(r.options, row) + "'";
+                                                : "'" + shown(printable(r.options, row)) + "'";
       r.problems.push_back(std::move(msg));
       continue;
     }

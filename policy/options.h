@@ -74,6 +74,10 @@ ParsedOptions parse_options(char *const *envp);
 // "4G" -> 4 GiB. Accepts a plain number or K, M, G, T (optionally followed by B or iB), any case.
 bool parse_size(std::string_view s, std::uint64_t &out);
 bool parse_bool(std::string_view s, bool &out);
+// How a value or name from the environment is quoted in a one-line message: control characters
+// escaped (a newline must not start a second line, an escape sequence must not reach the
+// terminal) and long text shortened to 64 bytes (a megabyte of garbage is still one short line).
+std::string shown(std::string_view s);
 // Case-insensitive Levenshtein distance, for "did you mean" hints on misspelt names.
 std::size_t edit_distance(std::string_view a, std::string_view b);
 

@@ -4,6 +4,7 @@
 #include "tracker.h"
 
 #include <algorithm>
+#include <new>
 #include <cinttypes>
 #include <cstdio>
 
@@ -278,17 +279,10 @@ void LinearModel::for_each_live(const std::function<void(const LinearRec &)> &fn
   }
 }
 
-void LinearModel::fork_prepare() {
-  for (Shard &s : shards_) s.mu.lock();
-}
-
-void LinearModel::fork_parent() {
-  for (Shard &s : shards_) s.mu.unlock();
-}
-
 void LinearModel::fork_child() {
-  for (Shard &s : shards_) s.mu.unlock();
-  clear();
+  // No destructor runs on the old shard: its lock may be held by a thread that does not exist
+  // here, and its maps may be half-changed.
+  for (Shard &s : shards_) new (&s) Shard();
 }
 
 void LinearModel::clear() {
@@ -612,6 +606,16 @@ VmmVerdict VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thr
   }
   HandleRec &h = it->second;
   if (h.refs > 0) {
+    // The release of a live value is noted now, stale or not: the verdict is skippable, and a
+    // skipped call is rolled back (with_verdict), but in report mode, or with the class set to
+    // forward, the driver really releases it, and the model must have followed (tests/stress found
+    // the forwarded stale release leaving the allocation live in the model forever).
+    v.handle_before = h;
+    h.refs--;
+    if (h.refs == 0) h.released = ev;
+    auto a = allocs_.find(h.alloc_id);
+    if (a != allocs_.end() && a->second.handle_refs) a->second.handle_refs--;
+    v.changed = true;
     if (paired) {
       for (unsigned i = 0; i < pair.nlast; ++i) {
         const auto &l = pair.last[i];
@@ -641,12 +645,6 @@ VmmVerdict VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thr
         return v;
       }
     }
-    v.handle_before = h;
-    h.refs--;
-    if (h.refs == 0) h.released = ev;
-    auto a = allocs_.find(h.alloc_id);
-    if (a != allocs_.end() && a->second.handle_refs) a->second.handle_refs--;
-    v.changed = true;
     return v;
   }
   // The value is not live: a second release of it.

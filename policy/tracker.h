@@ -40,6 +40,18 @@ class ByteCounters {
     std::int64_t current, peak, total;
   };
   std::vector<Row> snapshot() const;  // rows that ever saw a byte
+  // The same rows without allocating (atomic loads only): usable from a signal handler.
+  template <class F>
+  void visit(F &&fn) const {
+    for (int r = 0; r <= kDevices; ++r)
+      for (int k = 0; k < kMemKinds; ++k) {
+        const Cell &c = cells_[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)];
+        const std::int64_t total = c.total.load(std::memory_order_relaxed);
+        const std::int64_t cur = c.current.load(std::memory_order_relaxed);
+        if (total == 0 && cur == 0) continue;
+        fn(Row{r - 1, static_cast<MemKind>(k), cur, c.peak.load(std::memory_order_relaxed), total});
+      }
+  }
   void reset();
 
  private:
@@ -95,10 +107,12 @@ class LinearModel {
   std::size_t live_count() const;
   void for_each_live(const std::function<void(const LinearRec &)> &fn) const;
   void clear();
-  // fork(): hold every lock across it so the child never sees a half-changed map.
-  void fork_prepare();
-  void fork_parent();
-  void fork_child();  // unlocks and clears: the child does not own the parent's CUDA objects
+  // fork(): the child does not own the parent's CUDA objects and starts with an empty model. The 64
+  // shard locks are not held across fork (holding them all made fork's cost grow with the shards
+  // and exceeded what ThreadSanitizer's deadlock detector can follow): the child builds fresh shards
+  // over the old ones without touching them, so a map another thread was changing at the fork is
+  // simply left behind (the child's copy of it leaks, the parent's is untouched).
+  void fork_child();
 
   static constexpr std::size_t kShards = 64;
   static constexpr std::size_t kFreedPerShard = 4096;
@@ -255,8 +269,9 @@ class VmmModel {
   // Unmap, release and address free are noted before forwarding (begin_*: the mappings, the handle
   // reference or the reservation disappear from the model so a concurrent re-issue cannot be
   // confused with them), then either committed after the driver succeeded or rolled back.
-  // A verdict with a finding and skippable=true changed nothing: if the call is skipped, neither
-  // commit nor rollback is needed (both are harmless).
+  // A skippable verdict may have noted the call too (a stale release of a live value does, so that
+  // a forwarded one is followed): a skipped call is rolled back, a forwarded one committed or
+  // rolled back like any other (shim/handlers_vmm.cpp with_verdict).
   VmmVerdict begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
                          ThreadVmmState &ts);
   // Commits return the physical bytes that went away with the call (the last reference of an

@@ -83,9 +83,10 @@ void on_load() {
         }
         env = tc::Env::from_envp(environ);
       } else if (p.action == tc::PlanAction::Refuse) {
+        // What was not applied first: the value and the reason may quote the environment at length.
         report_finding_without_call(
-            config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
-                           "' not applied: " + p.reason),
+            config_finding("CUMEMGUARD_TORCH_ALLOC_CONF not applied: " + p.reason + " (value '" +
+                           shown(s.opts.torch_alloc_conf) + "')"),
             "(load)", true);
       }
     }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -57,11 +58,36 @@ void write_note_record(LogLevel level, std::string_view msg) {
   state().log.write(j.finish(), now_ns());
 }
 
+// Messages quote what the program or its environment handed over (values, paths, allocator
+// strings): on the host's stderr they stay one line, with control characters escaped (a newline
+// must not forge a second line, an escape sequence must not drive the terminal) and at most
+// kMaxLine bytes. The event log keeps the full text, JSON-escaped.
+constexpr std::size_t kMaxLine = 2000;
+
+std::string one_line(std::string_view msg) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(std::min(msg.size(), kMaxLine) + 32);
+  std::size_t i = 0;
+  for (; i < msg.size() && out.size() < kMaxLine; ++i) {
+    const auto c = static_cast<unsigned char>(msg[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += digits[c >> 4];
+      out += digits[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (i < msg.size()) out += "... (" + std::to_string(msg.size() - i) + " more bytes)";
+  return out;
+}
+
 }  // namespace
 
 void diag_line(LogLevel level, std::string_view msg) {
   if (!enabled(level)) return;
-  std::string line = std::string(level_word(level)) + ": " + std::string(msg);
+  std::string line = std::string(level_word(level)) + ": " + one_line(msg);
   if (g_exit_begun.load(std::memory_order_acquire)) {
     std::string raw = "cumemguard: " + line + "\n";
     ssize_t n = ::write(2, raw.data(), raw.size());
@@ -112,7 +138,7 @@ void write_or_keep(std::string line) {
   if (g_pending_lines->size() < 256) g_pending_lines->push_back(std::move(line));
 }
 
-void print_finding(const Finding &f, Action action, int res, const char *api) {
+void print_finding(const Finding &f, Action action, int res, const char *api, bool from_call) {
   State &s = state();
   if (!enabled(LogLevel::Warn)) return;
   std::int64_t n = s.warned.fetch_add(1, std::memory_order_relaxed);
@@ -129,8 +155,10 @@ void print_finding(const Finding &f, Action action, int res, const char *api) {
     case Action::Defer: what = "deferred"; break;
     case Action::Abort: what = "strict mode"; break;
   }
-  diag_line(LogLevel::Warn, std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg + " [" +
-                                what + "]");
+  // A finding without a call (the environment at load) was not forwarded anywhere: saying "the
+  // driver returned 0" there would be false.
+  diag_line(LogLevel::Warn, std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg +
+                                (from_call ? " [" + what + "]" : std::string()));
 }
 
 void diag_exit_begun() { g_exit_begun.store(true, std::memory_order_release); }

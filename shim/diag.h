@@ -15,8 +15,9 @@ void diag_line(LogLevel level, std::string_view msg);
 // Notes and records that arrive before the log is open are kept and written once it is.
 void flush_pending_notes();
 void write_or_keep(std::string line);  // one complete JSON line
-// Prints a finding (rate-limited by CUMEMGUARD_WARN_LIMIT).
-void print_finding(const Finding &f, Action action, int res, const char *api);
+// Prints a finding (rate-limited by CUMEMGUARD_WARN_LIMIT). `api` is the call, or where a finding
+// that belongs to no call was made ("(load)"): then no driver outcome is claimed.
+void print_finding(const Finding &f, Action action, int res, const char *api, bool from_call = true);
 // From now on diagnostics bypass spdlog.
 void diag_exit_begun();
 void diag_fork_prepare();

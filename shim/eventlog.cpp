@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -248,51 +249,93 @@ std::string_view JsonLine::finish() {
 }
 
 // ---------------------------------------------------------------------------------------------
+namespace {
+
+// A file another user owns in a world-writable sticky directory (/tmp): someone planted it to
+// read our log or to have us truncate a file they chose (the kernel's protected_regular rule,
+// applied whatever that sysctl says).
+bool planted_by_another_user(const std::string &path, const struct stat &st) {
+  if (st.st_uid == geteuid()) return false;
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat ds;
+  if (::stat(dir.c_str(), &ds) != 0) return true;  // cannot tell: refuse
+  return (ds.st_mode & S_ISVTX) && (ds.st_mode & S_IWOTH);
+}
+
+}  // namespace
+
 std::string EventLog::open(const std::string &path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  const std::string what = "cannot open event log " + path + ": ";
+  // No O_TRUNC yet: nothing is changed before the file is known to be ours. O_NONBLOCK: a FIFO
+  // planted at the path would otherwise block the host in open() until someone reads it.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
   if (fd < 0) {
     int e = errno;
     std::string why = std::strerror(e);
     if (e == ELOOP) why = "it is a symbolic link (refused: a planted link could redirect the log)";
-    return "cannot open event log " + path + ": " + why;
+    if (e == ENXIO) why = "it is a FIFO or socket nobody reads (refused)";
+    return what + why;
   }
+  struct stat st;
+  std::string refuse;
+  if (fstat(fd, &st) != 0)
+    refuse = std::strerror(errno);
+  else if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+    refuse = "it is a FIFO or socket (refused: a reader that stops would block the program)";
+  else if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+    refuse = "not a regular file";
+  else if (S_ISREG(st.st_mode) && planted_by_another_user(path, st))
+    refuse = "the file belongs to another user in a shared directory (refused: it may be planted)";
+  else if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
+    refuse = std::strerror(errno);
+  if (!refuse.empty()) {
+    ::close(fd);
+    return what + refuse;
+  }
+  // Writes block normally from here on (a character device such as /dev/full is allowed).
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   std::lock_guard lk(mu_);
-  fd_ = fd;
   path_ = path;
   used_ = 0;
   write_failed_ = false;
+  fd_.store(fd, std::memory_order_release);  // last: is_open() then sees the path too
   return {};
 }
 
-void EventLog::flush_locked() {
+void EventLog::write_locked(std::string_view data) {
   std::size_t off = 0;
-  while (off < used_ && fd_ >= 0) {
-    ssize_t n = ::write(fd_, buf_ + off, used_ - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
+  const int fd = fd_.load(std::memory_order_relaxed);
+  while (off < data.size() && fd >= 0 && !write_failed_.load(std::memory_order_relaxed)) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
       // A full disk or a revoked file: drop the log, never the program.
-      if (!write_failed_) {
-        static const char msg[] = "cumemguard: warning: event log write failed; further events "
-                                  "are not logged\n";
-        ssize_t ignored = ::write(2, msg, sizeof msg - 1);
-        (void)ignored;
-      }
+      static const char msg[] = "cumemguard: warning: event log write failed; further events "
+                                "are not logged\n";
+      ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+      (void)ignored;
       write_failed_ = true;
       break;
     }
     off += static_cast<std::size_t>(n);
   }
+}
+
+void EventLog::flush_locked() {
+  write_locked(std::string_view(buf_, used_));
   used_ = 0;
 }
 
 void EventLog::write(std::string_view line, std::uint64_t now_ns) {
-  if (fd_ < 0 || write_failed_) return;
+  if (!is_open() || write_failed_.load(std::memory_order_relaxed)) return;
   std::lock_guard lk(mu_);
-  if (unbuffered_ || line.size() > kBuf) {
+  if (sealed_) return;
+  if (line.size() > kBuf) {
+    // Straight from the caller's buffer: a line longer than ours (a header with a long argv, a
+    // finding quoting a huge environment value) must go out whole, never cut at kBuf.
     flush_locked();
-    std::memcpy(buf_, line.data(), std::min(line.size(), kBuf));
-    used_ = std::min(line.size(), kBuf);
-    flush_locked();
+    write_locked(line);
     return;
   }
   if (used_ + line.size() > kBuf) flush_locked();
@@ -311,16 +354,34 @@ void EventLog::flush() {
 
 void EventLog::fork_child() {
   mu_.unlock();
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  const int fd = fd_.exchange(-1);
+  if (fd >= 0) ::close(fd);
   used_ = 0;
   path_.clear();
 }
 
-void EventLog::flush_and_go_unbuffered() {
+void EventLog::seal() {
   std::lock_guard lk(mu_);
   flush_locked();
-  unbuffered_ = true;
+  sealed_ = true;
+}
+
+void EventLog::write_from_signal(std::string_view lines) {
+  const int fd = fd_.load(std::memory_order_relaxed);
+  if (fd < 0) return;
+  // A held lock means a writer was interrupted mid-line (possibly this very thread): its buffer
+  // is left alone and only the crash lines are written.
+  if (mu_.try_lock()) {
+    if (sealed_) return;  // the exit summary was written: the log is complete
+    flush_locked();
+    sealed_ = true;
+  }
+  while (!lines.empty()) {
+    ssize_t n = ::write(fd, lines.data(), lines.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    lines.remove_prefix(static_cast<std::size_t>(n));
+  }
 }
 
 std::string expand_log_path(std::string_view pattern, long pid, int rank) {

@@ -4,6 +4,7 @@
 // Never spdlog: its statics can be gone while frameworks still free memory from destructors.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -51,7 +52,7 @@ class EventLog {
  public:
   // Opens path (O_NOFOLLOW, created with the caller's umask). Returns an error text on failure.
   std::string open(const std::string &path);
-  bool is_open() const { return fd_ >= 0; }
+  bool is_open() const { return fd_.load(std::memory_order_acquire) >= 0; }
   const std::string &path() const { return path_; }
   // Appends one complete line ('\n'-terminated). Flushes when the buffer fills or a second passed.
   void write(std::string_view line, std::uint64_t now_ns);
@@ -61,20 +62,26 @@ class EventLog {
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
   void fork_child();
-  // Exit: write everything and switch to unbuffered writes for whatever comes later.
-  void flush_and_go_unbuffered();
+  // Exit: write everything; the `end` record was the last line, so later writes are dropped (calls
+  // after the exit summary, from other threads or late destructors, are still handled, not logged).
+  void seal();
+  // From a fatal-signal handler (crash.cpp): flushes the buffer if the lock is free (a try-lock,
+  // kept: the process is about to end) and appends `lines` with write(2). Async-signal-safe.
+  void write_from_signal(std::string_view lines);
 
  private:
   void flush_locked();
-  int fd_ = -1;
+  void write_locked(std::string_view data);  // write(2) until done or failed
+  // Atomic: hooks ask is_open() without the lock, and a failed write stops every later one.
+  std::atomic<int> fd_{-1};
   std::string path_;
   std::mutex mu_;
   static constexpr std::size_t kBuf = 1 << 16;
   char buf_[kBuf];
   std::size_t used_ = 0;
   std::uint64_t last_flush_ns_ = 0;
-  bool unbuffered_ = false;
-  bool write_failed_ = false;
+  bool sealed_ = false;
+  std::atomic<bool> write_failed_{false};
 };
 
 // "%p" -> pid, "%r" -> rank ("na" without one), "%%" -> "%".

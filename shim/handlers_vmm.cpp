@@ -248,6 +248,9 @@ CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
   if (r == CUDA_SUCCESS) {
     args.hex("handle", *h);
     state().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev());
+    // A value issued on this thread: a release of it next is not the stale one of the pairing
+    // rule (tests/integration case retain-pairing).
+    VmmModel::break_pairing(t_vmm);
   }
   c.log(r, args);
   return r;
@@ -281,6 +284,7 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
     args.hex("handle", *h);
     // The size of an imported allocation is not known from the handle; mappings carry it.
     state().vmm.on_create(*h, 0, Location::Other, -1, static_cast<unsigned>(type), true, c.ev());
+    VmmModel::break_pairing(t_vmm);  // as for retain (case import-pairing)
   }
   c.log(r, args);
   return r;

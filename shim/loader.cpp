@@ -121,6 +121,29 @@ using dlsym_fn = void *(*)(void *, const char *);
 // Used by the assembly trampoline (dlsym_x86_64.S): hidden, so it is reached without the GOT.
 extern "C" {
 __attribute__((visibility("hidden"))) cmg::shim::dlsym_fn cmg_real_dlsym_ptr = nullptr;
+
+// A sanitizer runtime preloaded before the shim looks up its real functions with dlsym while it
+// initialises, which reaches our dlsym before the sanitizer can run instrumented code (its shadow
+// memory does not exist yet): until the shim's constructor has run, the trampoline goes straight
+// to the real dlsym through cmg_dlsym_early, which is built without instrumentation. A normal build
+// has no such runtime and answers from the first lookup on.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+__attribute__((visibility("hidden"))) int cmg_dlsym_ready = 0;
+#else
+__attribute__((visibility("hidden"))) int cmg_dlsym_ready = 1;
+#endif
+
+__attribute__((visibility("hidden"), no_sanitize("address", "thread", "undefined"))) void *
+cmg_dlsym_early() {
+  void *f = __atomic_load_n(reinterpret_cast<void **>(&cmg_real_dlsym_ptr), __ATOMIC_ACQUIRE);
+  if (!f) {
+    f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+    __atomic_store_n(reinterpret_cast<void **>(&cmg_real_dlsym_ptr), f, __ATOMIC_RELEASE);
+  }
+  return f;
+}
 }
 
 namespace cmg::shim {
@@ -260,6 +283,46 @@ void *in_library(const char *soname, const char *name) {
   return (p && !in_self(p)) ? p : nullptr;
 }
 
+// Every object the shim holds a real pointer into stays loaded for the life of the process: a
+// wrapper handed out earlier (by dlsym, cuGetProcAddress or the PLT) must never call into a library
+// that dlclose() unmapped and a later dlopen() mapped elsewhere (tests/reliability dl-reload).
+void pin_object_of(void *p) {
+  static std::atomic<std::uintptr_t> pinned[8];
+  Dl_info info;
+  if (!p || !dladdr(p, &info) || !info.dli_fname || !info.dli_fbase) return;
+  const auto base = reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+  for (auto &slot : pinned) {
+    std::uintptr_t v = slot.load(std::memory_order_acquire);
+    if (v == base) return;
+    if (v == 0 && slot.compare_exchange_strong(v, base)) break;
+    if (v == base) return;
+  }
+  // NOLOAD: never loads anything; NODELETE: the object outlives every dlclose. The reference this
+  // returns is kept on purpose.
+  (void)dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+// A driver function that does not live in libcuda means another interposer sits between the shim
+// and the driver (preloaded after it). The chain still works; the user is told once, at the next
+// call, since the driver's answers now reach the program through that other library.
+std::atomic<bool> g_foreign_reported{false};
+
+void check_driver_origin(Api a, void *p) {
+  if (g_foreign_reported.load(std::memory_order_relaxed)) return;
+  Dl_info info;
+  if (!dladdr(p, &info) || !info.dli_fname) return;
+  const char *slash = std::strrchr(info.dli_fname, '/');
+  const char *base = slash ? slash + 1 : info.dli_fname;
+  if (std::strncmp(base, "libcuda.so", 10) == 0) return;
+  if (g_foreign_reported.exchange(true)) return;
+  static char msg[768];
+  std::snprintf(msg, sizeof msg,
+                "%s resolves to %s, not libcuda: another interposer sits between the shim and the "
+                "driver, and the driver's answers reach the program through it",
+                api_name(a), info.dli_fname);
+  g_origin_note.store(msg, std::memory_order_release);
+}
+
 void *resolve(Api a) {
   const ApiInfo &info = kApis[static_cast<std::size_t>(a)];
   void *p = nullptr;
@@ -375,6 +438,8 @@ void *real_ptr_slow(Api a) {
   if (!p) return nullptr;
   void *expected = nullptr;
   if (!slot.compare_exchange_strong(expected, p)) return expected;
+  pin_object_of(p);
+  if (kApis[static_cast<std::size_t>(a)].family == Family::Driver) check_driver_origin(a, p);
   return p;
 }
 
@@ -382,9 +447,14 @@ bool adopt_real(Api a, void *p) {
   if (!p || in_self(p)) return false;
   auto &slot = g_real[static_cast<std::size_t>(a)];
   void *expected = nullptr;
-  if (slot.compare_exchange_strong(expected, p)) return true;
+  if (slot.compare_exchange_strong(expected, p)) {
+    pin_object_of(p);
+    return true;
+  }
   return expected == p;
 }
+
+std::atomic<const char *> g_origin_note{nullptr};
 
 void *wrapper_ptr(Api a) {
   auto i = static_cast<std::size_t>(a);

@@ -30,6 +30,14 @@ inline void *real_ptr(Api a) {
 // Remembers p as the real function of a if none is known yet; false when another is known already.
 bool adopt_real(Api a, void *p);
 void *wrapper_ptr(Api a);
+// Once per process: the line saying a driver function resolved outside libcuda (another
+// interposer after the shim), or nullptr. The caller prints it (never from inside a lookup); the
+// check is inline because every tracked call makes it.
+extern std::atomic<const char *> g_origin_note;
+inline const char *take_origin_note() {
+  if (!g_origin_note.load(std::memory_order_relaxed)) return nullptr;
+  return g_origin_note.exchange(nullptr, std::memory_order_acquire);
+}
 // The NCCL wrappers, defined where nccl.h is included (hooks_nccl.cpp), in api_nccl.def order.
 extern void *const kNcclWrappers[];
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bridge.h"
+#include "crash.h"
 #include "diag.h"
 #include "flush.h"
 #include "handlers.h"
@@ -107,10 +108,11 @@ void write_header() {
   s.log.write(j.finish(), 0);
 }
 
-// fork(): every lock of the shim is held across it, taken in the one order the code nests them
-// (routing table, IPC imports, the IPC bridge, held frees, flush sites and symbol cache, stack table, VMM model,
-// linear shards, pending notes, the log last: stacks and leaks write to the log while holding their own lock), so the child never
-// inherits a lock another thread held or a half-changed table.
+// fork(): every lock of the shim but the linear shards' is held across it, taken in the one order
+// the code nests them (routing table, IPC imports, the IPC bridge, held frees, flush sites and
+// symbol cache, stack table, VMM model, pending notes, the log last: stack capture and leaks write
+// to the log while holding their own lock), so the child never inherits a lock another thread held
+// or a half-changed table. The linear model's child starts over on fresh shards (tracker.h).
 void fork_prepare() {
   State &s = state();
   loader_fork_prepare();
@@ -120,7 +122,6 @@ void fork_prepare() {
   flush_fork_prepare();
   stacks_fork_prepare();
   s.vmm.fork_prepare();
-  s.linear.fork_prepare();
   diag_fork_prepare();
   s.log.fork_prepare();
 }
@@ -129,7 +130,6 @@ void fork_parent() {
   State &s = state();
   s.log.fork_parent();
   diag_fork_parent();
-  s.linear.fork_parent();
   s.vmm.fork_parent();
   stacks_fork_parent();
   flush_fork_parent();
@@ -158,7 +158,8 @@ void fork_child() {
   t_tid = 0;  // this thread has the child's id now
   for (auto &f : s.findings) f.store(0);
   s.warned.store(0);
-  s.summary_printed = false;
+  s.summary_printed.store(false);
+  crash_fork_child();
   new (&g_activate_mu) std::mutex();
   // The child activates (and opens its own log) at its own first CUDA call.
   g_active.store(false);
@@ -231,6 +232,7 @@ void activate_slow() {
   }
   if (s.opts.stacks > 0) stacks_warm_up();
   g_active.store(true, std::memory_order_release);
+  if (s.opts.crash_summary) install_crash_handlers();
   flush_pending_notes();
   on_first_cuda_call();
 }
@@ -384,7 +386,7 @@ void report_finding_without_call(Finding f, const char *where, bool print) {
       .str("api", where).str("action", "forward").num("res", 0).str("msg", f.msg);
   if (!f.state_json.empty()) j.raw("state", f.state_json);
   write_or_keep(std::string(j.finish()));
-  if (print) print_finding(f, Action::Forward, 0, where);
+  if (print) print_finding(f, Action::Forward, 0, where, /*from_call=*/false);
 }
 
 }  // namespace cmg::shim
@@ -392,7 +394,10 @@ void report_finding_without_call(Finding f, const char *where, bool print) {
 // Stage 1 at load: parse the options early (cheap, no files), so that a bad value is reported
 // once even if the program never calls CUDA, and policies that act on the environment at load
 // (the PyTorch allocator variable) run before any library reads it.
+extern "C" __attribute__((visibility("hidden"))) int cmg_dlsym_ready;
+
 __attribute__((constructor)) static void cmg_load() {
+  __atomic_store_n(&cmg_dlsym_ready, 1, __ATOMIC_RELEASE);  // loader.cpp: instrumented code may run
   if (cmg::shim::disabled()) return;
   cmg::shim::options_ready();
   cmg::shim::on_load();

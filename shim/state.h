@@ -13,6 +13,7 @@
 #include "cuda_api.h"
 #include "event.h"
 #include "eventlog.h"
+#include "loader.h"
 #include "options.h"
 #include "tracker.h"
 #include "transport.h"
@@ -68,7 +69,8 @@ struct State {
   std::uint64_t start_mono_ns = 0;
   std::uint64_t start_unix_ns = 0;
   int rank = -1;
-  bool summary_printed = false;
+  // Set once by whichever writes the last records: the exit summary, or the crash handler.
+  std::atomic<bool> summary_printed{false};
 };
 
 // The state, created on first use and never destroyed (frees from static destructors after main()
@@ -151,6 +153,9 @@ enum class StackWhen : std::uint8_t { Never, Sampled, Always };
 //            (an allocator whose cudaMalloc returns VMM memory calls cuMemCreate inside cudaMalloc).
 enum class Nested : std::uint8_t { Hidden, Recorded, Always };
 
+// Prints a line on stderr at the given level (and logs it); defined in state.cpp.
+void note(LogLevel level, std::string_view msg);
+
 // One intercepted call: guard, activation, event stamp and timing.
 class Call {
  public:
@@ -176,9 +181,12 @@ class Call {
     const char *va_state = nullptr;  // VMM calls the driver refused: what the model knows of the range
   };
   // Writes the call record when there is an event log (checked inline: without a log this costs
-  // two loads).
+  // three loads).
   void log(int res, const Args &args, const Extra &x) {
-    if (tracked_ && state().log.is_open()) write_record(res, args, x);
+    if (!tracked_) return;
+    // Said here, after the forwarded call, never inside the lookup that noticed it.
+    if (const char *n = take_origin_note()) note(LogLevel::Warn, n);
+    if (state().log.is_open()) write_record(res, args, x);
   }
   void log(int res, const Args &args) { log(res, args, Extra{}); }
 

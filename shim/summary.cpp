@@ -144,8 +144,9 @@ void print_summary(State &s) {
 
 void exit_summary(bool from_abort) {
   State &s = state();
-  if (!active() || s.summary_printed) return;
-  s.summary_printed = true;
+  // exit() from one thread can race a second exit path (strict mode's abort, a late destructor):
+  // exactly one of them writes the last records.
+  if (!active() || s.summary_printed.exchange(true)) return;
   diag_exit_begun();
   // Held frees go back to the driver now (nothing held is ever dropped).
   if (!from_abort) held().release_all();
@@ -158,7 +159,7 @@ void exit_summary(bool from_abort) {
     j.str("k", "end").unum("ts", now_ns());
     if (from_abort) j.boolean("aborted", true);
     s.log.write(j.finish(), now_ns());
-    s.log.flush_and_go_unbuffered();
+    s.log.seal();
   }
   if (s.opts.summary) print_summary(s);
   flush_exit_line();

@@ -389,7 +389,7 @@ std::int64_t earliest_start(const std::vector<Log> &logs) {
 }
 
 std::int64_t rel_time(const Log &log, std::int64_t ts, std::int64_t t0) {
-  return (log.header.start_unix_ns - t0) + ts;
+  return sat_add(sat_sub(log.header.start_unix_ns, t0), ts);
 }
 
 std::vector<EventRef> merge_events(const std::vector<Log> &logs) {

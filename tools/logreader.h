@@ -182,6 +182,19 @@ struct EventRef {
   std::size_t event;
 };
 
+// Sums of numbers a log supplies saturate instead of overflowing: a log is input the report does
+// not control, and a hostile one (tests/fuzz, fuzz_report) made these sums undefined behaviour.
+inline std::int64_t sat_add(std::int64_t a, std::int64_t b) {
+  std::int64_t r;
+  if (!__builtin_add_overflow(a, b, &r)) return r;
+  return b > 0 ? INT64_MAX : INT64_MIN;
+}
+inline std::int64_t sat_sub(std::int64_t a, std::int64_t b) {
+  std::int64_t r;
+  if (!__builtin_sub_overflow(a, b, &r)) return r;
+  return b < 0 ? INT64_MAX : INT64_MIN;
+}
+
 // Time of an event relative to `t0` (the earliest log start), in ns.
 std::int64_t rel_time(const Log &log, std::int64_t ts, std::int64_t t0);
 std::int64_t earliest_start(const std::vector<Log> &logs);

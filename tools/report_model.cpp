@@ -127,7 +127,7 @@ Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const Rep
       if (c->res != 0) ++row.errors;
       if (c->skipped) ++row.skipped;
       if (c->deferred) ++row.deferred;
-      row.dur_total += c->dur;
+      row.dur_total = sat_add(row.dur_total, c->dur);
       row.dur_max = std::max(row.dur_max, c->dur);
       if (!c->mem.empty()) {
         MemoryRow &mr = memory[{ref.log, c->dev, c->mem}];
@@ -135,9 +135,9 @@ Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const Rep
         mr.dev = c->dev;
         mr.mem = c->mem;
         mr.from_events = true;
-        mr.current += c->delta;
-        if (c->delta > 0) mr.allocated += c->delta;
-        if (c->delta < 0) mr.freed -= c->delta;
+        mr.current = sat_add(mr.current, c->delta);
+        if (c->delta > 0) mr.allocated = sat_add(mr.allocated, c->delta);
+        if (c->delta < 0) mr.freed = sat_sub(mr.freed, c->delta);
         if (mr.current > mr.peak) {
           mr.peak = mr.current;
           mr.peak_t = t;
@@ -148,7 +148,7 @@ Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const Rep
         auto [it, fresh] = sites.try_emplace(site_key(s, c->api));
         SiteRow &site = it->second;
         if (fresh) site.stack = s;
-        site.bytes += c->delta;
+        site.bytes = sat_add(site.bytes, c->delta);
         ++site.count;
         site.apis.insert(c->api);
         site.logs.insert(ref.log);
@@ -168,8 +168,8 @@ Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const Rep
       ++g.count;
       g.last_t = t;
       ++g.actions[f->action.empty() ? "?" : f->action];
-      if (f->bytes) g.bytes = g.bytes.value_or(0) + *f->bytes;
-      if (f->blocked_ns) g.blocked_ns = g.blocked_ns.value_or(0) + *f->blocked_ns;
+      if (f->bytes) g.bytes = sat_add(g.bytes.value_or(0), *f->bytes);
+      if (f->blocked_ns) g.blocked_ns = sat_add(g.blocked_ns.value_or(0), *f->blocked_ns);
       g.logs.insert(ref.log);
     } else if (const auto *n = std::get_if<Nccl>(&e.body)) {
       m.nccl.push_back(ref);
@@ -198,14 +198,14 @@ Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const Rep
     for (const auto &[api, n] : s->calls) {
       CallRow &row = calls[api];
       row.api = api;
-      row.at_exit = row.at_exit.value_or(0) + n;
+      row.at_exit = sat_add(row.at_exit.value_or(0), n);
     }
     for (const auto &[cls, n] : s->findings) {
       // Leaks have their own section; a summary-only `leak` count adds nothing there.
       if (cls == "leak" && !classes.count(cls)) continue;
       FindingClassGroup &cg = classes[cls];
       cg.cls = cls;
-      cg.at_exit = cg.at_exit.value_or(0) + n;
+      cg.at_exit = sat_add(cg.at_exit.value_or(0), n);
     }
     for (const auto &b : s->bytes) {
       MemoryRow &mr = memory[{li, b.dev, b.mem}];
@@ -252,11 +252,11 @@ Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const Rep
         g.example = {li, i};
       }
       ++g.count;
-      g.bytes += l.size;
+      g.bytes = sat_add(g.bytes, l.size);
       ++g.what[l.what];
       g.logs.insert(li);
       ++m.leak_count;
-      m.leak_bytes += l.size;
+      m.leak_bytes = sat_add(m.leak_bytes, l.size);
     }
   }
   for (auto &[key, g] : leaks) m.leaks.push_back(std::move(g));

@@ -92,7 +92,7 @@ Json trace_json(const Model &m, const ReportOptions &opt) {
     if (const auto *c = std::get_if<Call>(&e.body)) {
       if (!c->mem.empty() && c->delta != 0) {
         std::int64_t &cur = bytes[{ref.log, c->dev, c->mem}];
-        cur += c->delta;
+        cur = sat_add(cur, c->delta);
         events.push_back({{"name", counter_name(c->dev, c->mem)},
                           {"cat", "memory"},
                           {"ph", "C"},

@@ -317,6 +317,32 @@ CUresult enter(Fn fn) {
   return result;
 }
 
+namespace {
+// What each export last answered on this thread, so that a test can check that a caller above an
+// interposer got exactly the driver's answer, call by call and thread by thread (tests/stress).
+// Kept per export: an interposer may make other driver calls of its own after the one forwarded.
+struct LastCall {
+  unsigned long long serial = 0;  // the thread's call count when it was made; 0 = never
+  CUresult result = CUDA_SUCCESS;
+  bool injected = false;
+};
+struct ThreadCalls {
+  unsigned long long calls = 0;
+  LastCall last[kFnCount];
+};
+thread_local ThreadCalls t_calls;
+std::atomic<unsigned long long> g_injected{0};
+}  // namespace
+
+void note_call(Fn fn, CUresult r, bool injected) {
+  ThreadCalls &t = t_calls;
+  LastCall &l = t.last[static_cast<unsigned>(fn)];
+  l.serial = ++t.calls;
+  l.result = r;
+  l.injected = injected;
+  if (injected) g_injected.fetch_add(1, std::memory_order_relaxed);
+}
+
 bool tracing() { return trace().fd >= 0; }
 
 void trace_printf(const char *fmt, ...) {
@@ -368,6 +394,26 @@ FC_EXPORT void fakecuda_clear_faults(void) {
 }
 
 FC_EXPORT void fakecuda_set_busy(int dev, unsigned long long ns) { fc::set_busy(dev, ns); }
+
+FC_EXPORT unsigned long long fakecuda_thread_calls(void) { return fc::t_calls.calls; }
+
+FC_EXPORT int fakecuda_thread_last_call(const char *exact_name, struct fakecuda_call *out) {
+  if (!exact_name || !out) return -1;
+  for (unsigned i = 0; i < fc::kFnCount; ++i) {
+    if (std::strcmp(fc::fn_info(i).name, exact_name) != 0) continue;
+    const fc::LastCall &l = fc::t_calls.last[i];
+    if (!l.serial) return -1;
+    out->serial = l.serial;
+    out->result = static_cast<int>(l.result);
+    out->injected = l.injected ? 1 : 0;
+    return 0;
+  }
+  return -1;
+}
+
+FC_EXPORT unsigned long long fakecuda_faults_injected(void) {
+  return fc::g_injected.load(std::memory_order_relaxed);
+}
 
 FC_EXPORT unsigned long long fakecuda_calls(const char *exact_name) {
   if (!exact_name) return 0;

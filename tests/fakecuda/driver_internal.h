@@ -54,6 +54,8 @@ const Config &config();
 // ---- the path every export takes (driver_core.cpp) -------------------------------------------
 // Counts the call and applies fault injection: a non-success result means "fail without effect".
 CUresult enter(Fn f);
+// Remembers the call on this thread (fakecuda_thread_last_call) and counts injected faults.
+void note_call(Fn f, CUresult r, bool injected);
 bool tracing();
 void trace_call(Fn f, CUresult r);
 void trace_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -61,7 +63,9 @@ void trace_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 template <class Body>
 inline CUresult call(Fn f, Body &&body) {
   CUresult r = enter(f);
-  if (r == CUDA_SUCCESS) r = body();
+  const bool injected = r != CUDA_SUCCESS;
+  if (!injected) r = body();
+  note_call(f, r, injected);
   if (tracing()) trace_call(f, r);
   return r;
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <random>
 
@@ -337,7 +338,15 @@ struct Pool {
   unsigned magic;
   int dev;
 };
-Pool g_pools[kMaxDevices];
+// Every pool exists from the start: cuDeviceGetDefaultMemPool hands out a pointer and writes
+// nothing, so threads asking at once do not race (ThreadSanitizer, tests/stress).
+constexpr auto make_pools() {
+  std::array<Pool, kMaxDevices> a{};
+  for (int d = 0; d < kMaxDevices; ++d) a[static_cast<std::size_t>(d)] = Pool{kPoolMagic, d};
+  return a;
+}
+std::array<Pool, kMaxDevices> g_pool_array = make_pools();
+Pool *const g_pools = g_pool_array.data();
 
 int pool_device(CUmemoryPool p) {
   auto *pool = reinterpret_cast<Pool *>(p);
@@ -368,7 +377,6 @@ CUresult default_pool(CUmemoryPool *pool, CUdevice dev) {
   if (CUresult r = require_init()) return r;
   if (!pool) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  g_pools[dev] = Pool{kPoolMagic, dev};
   *pool = reinterpret_cast<CUmemoryPool>(&g_pools[dev]);
   return CUDA_SUCCESS;
 }

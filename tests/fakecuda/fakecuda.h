@@ -52,6 +52,13 @@ struct fakecuda_state {
   unsigned long long device_used[16]; /* bytes charged to each device (linear + device VMM) */
 };
 
+/* One export's most recent call on the calling thread. */
+struct fakecuda_call {
+  unsigned long long serial; /* the thread's driver-call count when it was made (see below) */
+  int result;                /* the CUresult it returned */
+  int injected;              /* 1 when that result was an injected fault (FAKECUDA_FAIL*, inject) */
+};
+
 /* The api's nth matching call from now (1 = the next one) returns cuda_error without effect.
  * Returns 0, or -1 for an unknown api, nth < 1 or cuda_error == 0. */
 int fakecuda_inject(const char *api, int nth_call_from_now, int cuda_error);
@@ -67,6 +74,14 @@ int fakecuda_handle_live(unsigned long long value);
 unsigned long long fakecuda_handle_allocation(unsigned long long value);
 /* The allocation id mapped at virtual address va, or 0 when nothing is mapped there. */
 unsigned long long fakecuda_mapping_handle(unsigned long long va);
+/* Driver calls (of every export) the calling thread has made so far. */
+unsigned long long fakecuda_thread_calls(void);
+/* The calling thread's most recent call of the export of that exact name: returns 0 and fills
+ * *out, or -1 when this thread never called it. A call made since fakecuda_thread_calls() last
+ * returned N has out->serial > N. */
+int fakecuda_thread_last_call(const char *exact_name, struct fakecuda_call *out);
+/* Faults injected so far in this process (configured, random and fakecuda_inject ones). */
+unsigned long long fakecuda_faults_injected(void);
 /* How many times the export of that exact name was called (0 for names the fake does not export). */
 unsigned long long fakecuda_calls(const char *exact_name);
 
@@ -78,6 +93,9 @@ typedef int (*fakecuda_handle_live_fn)(unsigned long long);
 typedef unsigned long long (*fakecuda_handle_allocation_fn)(unsigned long long);
 typedef unsigned long long (*fakecuda_mapping_handle_fn)(unsigned long long);
 typedef unsigned long long (*fakecuda_calls_fn)(const char *);
+typedef unsigned long long (*fakecuda_thread_calls_fn)(void);
+typedef int (*fakecuda_thread_last_call_fn)(const char *, struct fakecuda_call *);
+typedef unsigned long long (*fakecuda_faults_injected_fn)(void);
 
 #ifdef __cplusplus
 }

@@ -4,12 +4,14 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "eventlog.h"
 
@@ -138,4 +140,85 @@ TEST_CASE("numbers are written like printf writes them, at the edges too") {
   const std::string line(j.finish());
   CHECK(line == "{\"min\":-9223372036854775808,\"neg\":-7,\"zero\":0,\"max\":18446744073709551615,"
                 "\"u0\":0,\"h0\":\"0x0\",\"hmax\":\"0xffffffffffffffff\",\"a\":[\"0xabcdef\"]}\n");
+}
+
+// Found by fuzz_jsonline (tests/fuzz/regressions/jsonline/invalid-utf8-in-string): program text
+// that is not UTF-8 made lines a strict JSON reader (the report's) refuses.
+TEST_CASE("JsonLine escapes each byte that is not well-formed UTF-8 and keeps valid UTF-8") {
+  char buf[512];
+  JsonLine j(buf, sizeof buf);
+  const std::string latin1 = "caf\xe9.pt";                  // a Latin-1 file name in argv
+  const std::string valid = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";  // é € 😀
+  const std::string bad = "\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xe2\x82";  // overlong, surrogate, >10FFFF, cut
+  j.str("a", latin1).str("b", valid).str("c", bad).begin_array("argv").elem_str(latin1).end_array();
+  std::string_view line = j.finish();
+  json v = json::parse(line);
+  CHECK(v["a"] == "caf\xc3\xa9.pt");  // \u00e9: read as Latin-1, the likely intent
+  CHECK(v["b"] == valid);
+  CHECK(v["argv"][0] == "caf\xc3\xa9.pt");
+  // Overlong, surrogate, beyond U+10FFFF and cut sequences: every byte escaped on its own.
+  CHECK(v["c"] == "\xc3\x80\xc2\xaf \xc3\xad\xc2\xa0\xc2\x80 \xc3\xb4\xc2\x90\xc2\x80\xc2\x80 "
+                  "\xc3\xa2\xc2\x82");
+}
+
+// A line longer than the log's own buffer (a finding that quotes a huge environment value, a header
+// with a long argv) was cut at 64 KiB without its newline, merging it with the next record.
+TEST_CASE("EventLog writes a line longer than its buffer whole") {
+  char dir[] = "/tmp/cmg-logtest-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  std::string path = std::string(dir) + "/log";
+  {
+    EventLog log;
+    REQUIRE(log.open(path).empty());
+    std::string big(300000, '\0');
+    JsonLine j(big.data(), big.size());
+    j.str("k", "finding").str("msg", std::string(200000, 'A'));
+    log.write(j.finish(), 0);
+    char small[128];
+    JsonLine k(small, sizeof small);
+    k.str("k", "end");
+    log.write(k.finish(), 0);
+    log.seal();
+    log.write(k.finish(), 0);  // after the seal: dropped
+  }
+  std::ifstream in(path);
+  std::string line;
+  std::vector<json> recs;
+  while (std::getline(in, line)) recs.push_back(json::parse(line));
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0]["msg"].get<std::string>().size() == 200000);
+  CHECK(recs[1]["k"] == "end");
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
+// A FIFO planted at the log path blocked open(2) until someone read it: the host hung at its first
+// CUDA call. A file another user planted in a sticky directory was truncated and written.
+TEST_CASE("EventLog refuses a FIFO without blocking, and a file planted in a shared directory") {
+  char dir[] = "/tmp/cmg-logtest-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  std::string fifo = std::string(dir) + "/fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  EventLog l1;
+  std::string err = l1.open(fifo);
+  CHECK(err.find("FIFO") != std::string::npos);
+  CHECK_FALSE(l1.is_open());
+  unlink(fifo.c_str());
+  if (geteuid() == 0) {
+    REQUIRE(chmod(dir, 01777) == 0);
+    std::string planted = std::string(dir) + "/planted";
+    {
+      std::ofstream(planted) << "planted\n";
+    }
+    REQUIRE(chown(planted.c_str(), 65534, 65534) == 0);
+    EventLog l2;
+    err = l2.open(planted);
+    CHECK(err.find("another user") != std::string::npos);
+    std::ifstream in(planted);
+    std::string content;
+    std::getline(in, content);
+    CHECK(content == "planted");
+    unlink(planted.c_str());
+  }
+  rmdir(dir);
 }

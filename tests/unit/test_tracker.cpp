@@ -39,19 +39,26 @@ struct Vmm {
     if (driver_ok && !verdict.finding) m.on_map_ok(v, size, 0, h, e);
     return verdict.finding;
   }
-  // Returns the verdict; the driver's result decides commit or rollback (skippable ones skipped).
-  VmmVerdict unmap(std::uint64_t v, std::uint64_t size, bool driver_ok = true) {
+  // Returns the verdict; the driver's result decides commit or rollback. Skippable ones are
+  // skipped (rolled back, as the shim does) unless `forward` (report mode).
+  VmmVerdict unmap(std::uint64_t v, std::uint64_t size, bool driver_ok = true, bool forward = false) {
     VmmVerdict verdict = m.begin_unmap(v, size, clk.next("cuMemUnmap"), ts);
-    if (verdict.finding && verdict.skippable) return verdict;
+    if (verdict.finding && verdict.skippable && !forward) {
+      m.rollback_unmap(verdict);
+      return verdict;
+    }
     if (driver_ok)
       m.commit_unmap(verdict);
     else
       m.rollback_unmap(verdict);
     return verdict;
   }
-  VmmVerdict release(std::uint64_t h, bool driver_ok = true) {
+  VmmVerdict release(std::uint64_t h, bool driver_ok = true, bool forward = false) {
     VmmVerdict verdict = m.begin_release(h, clk.next("cuMemRelease"), ts);
-    if (verdict.finding && verdict.skippable) return verdict;
+    if (verdict.finding && verdict.skippable && !forward) {
+      m.rollback_release(verdict);
+      return verdict;
+    }
     if (driver_ok)
       m.commit_release(verdict);
     else
@@ -243,6 +250,49 @@ TEST_CASE("P08: owner releases a value a pause layer released and replaced at th
   auto r = t.release(H);
   CHECK(cls(r) == FindingClass::StaleRelease);
   CHECK(r.skippable);
+}
+
+// Found by tests/stress (seed 3959, report mode): the stale release of the pairing rule, forwarded
+// instead of skipped, released the value in the driver but not in the model, which then showed the
+// allocation live until exit and lost it when the value was issued again.
+TEST_CASE("P02 in report mode: a forwarded stale release is followed by the model") {
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000, V2 = 0x7f0000400000, H = 0x55d0c0a0;
+  t.reserve(V, G);
+  t.create(H);
+  t.map(V, G, H);
+  t.unmap(V, G);
+  t.release(H);
+  t.reserve(V2, G);
+  t.create(H);  // B gets A's value
+  REQUIRE_FALSE(t.map(V2, G, H));
+  t.unmap(V, G);
+  auto r = t.release(H, /*driver_ok=*/true, /*forward=*/true);
+  CHECK(cls(r) == FindingClass::StaleRelease);
+  // The driver released B's handle: the value is not live, B lives on through its mapping only.
+  auto h = t.m.handle(H);
+  REQUIRE(h.has_value());
+  CHECK(h->refs == 0);
+  auto a = t.m.mapped_at(V2);
+  REQUIRE(a.has_value());
+  CHECK(a->first.handle_refs == 0);
+  // Unmapping B frees it; nothing is left.
+  t.unmap(V2, G);
+  CHECK(t.m.counts().phys == 0);
+  CHECK(t.vmm_bytes() == 0);
+  // Forwarded and refused by the driver, the release changes nothing.
+  t.create(H);
+  t.reserve(0x7f0000800000, G);
+  t.map(0x7f0000800000, G, H);
+  t.unmap(0x7f0000800000, G);
+  t.release(H);
+  t.create(H);  // D gets the value, and is mapped (a stale release needs a victim in use)
+  t.reserve(0x7f0000c00000, G);
+  REQUIRE_FALSE(t.map(0x7f0000c00000, G, H));
+  t.unmap(0x7f0000800000, G);
+  auto refused = t.release(H, /*driver_ok=*/false, /*forward=*/true);
+  CHECK(cls(refused) == FindingClass::StaleRelease);
+  CHECK(t.m.handle(H)->refs == 1);
 }
 
 TEST_CASE("P09: address free while a granule is still mapped") {

@@ -46,11 +46,16 @@ void log_line(const char *fmt, ...) {
 }
 
 using dlsym_fn = void *(*)(void *, const char *);
+// No function-local static: its guard (__cxa_guard_acquire) is intercepted by ThreadSanitizer,
+// which may not be initialised yet when its own start-up reaches this dlsym.
+dlsym_fn g_real_dlsym = nullptr;
 dlsym_fn real_dlsym() {
-  static dlsym_fn f = [] {
-    auto r = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
-    return r ? r : reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
-  }();
+  dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
+  if (!f) {
+    f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
+    if (!f) f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
+    __atomic_store_n(&g_real_dlsym, f, __ATOMIC_RELEASE);
+  }
   return f;
 }
 
@@ -97,10 +102,17 @@ CUresult CUDAAPI gpa11_wrapper(const char *sym, void **pfn, int version, cuuint6
   return r;
 }
 
+// A sanitizer runtime preloaded before the logger (tools/dev sanitize) looks up its own functions
+// with dlsym while it initialises, before its interceptors of strcmp and friends work: until the
+// logger's constructor has run, lookups are only forwarded.
+bool g_ready = false;
+__attribute__((constructor)) void logger_ready() { g_ready = true; }
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) void *dlsym(void *handle, const char *name) {
   void *r = real_dlsym()(handle, name);
+  if (!g_ready) return r;
   Dl_info info{};
   const char *who = "?";
   if (dladdr(__builtin_return_address(0), &info) && info.dli_fname) {

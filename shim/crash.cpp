@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// Crash summary (see crash.h). Everything reachable from the handler is async-signal-safe:
+// atomic loads, clock_gettime, write(2), sigaction, raise, nanosleep and the log's try-lock (a
+// single compare-and-swap in glibc; when another thread or the crashing one holds the log, the
+// buffered lines are given up and the crash lines are written directly). No allocation, no
+// stdio, no locale, no waiting on a lock. The models are not read (their locks may be held by the
+// thread that crashed), so the crash summary has counters and findings but no leak records.
+#include "crash.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "state.h"
+
+namespace cmg::shim {
+namespace {
+
+constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+// 0: nothing written; 1: a thread is writing; 2: written.
+std::atomic<int> g_written{0};
+
+const char *signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+  }
+  return "signal";
+}
+
+// A fixed-buffer line builder with no libc formatting (snprintf is not async-signal-safe).
+class Line {
+ public:
+  Line(char *buf, std::size_t cap) : buf_(buf), cap_(cap) {}
+  Line &s(std::string_view v) {
+    for (char c : v)
+      if (len_ + 1 < cap_) buf_[len_++] = c;
+      else full_ = true;
+    return *this;
+  }
+  Line &u(std::uint64_t v) {
+    char tmp[24];
+    int n = 0;
+    do {
+      tmp[n++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v);
+    while (n) s(std::string_view(&tmp[--n], 1));
+    return *this;
+  }
+  Line &i(std::int64_t v) {
+    if (v < 0) {
+      s("-");
+      return u(static_cast<std::uint64_t>(-(v + 1)) + 1);
+    }
+    return u(static_cast<std::uint64_t>(v));
+  }
+  bool full() const { return full_; }
+  std::size_t size() const { return len_; }
+  std::string_view view() const { return std::string_view(buf_, len_); }
+  void truncate(std::size_t n) { len_ = n; }
+
+ private:
+  char *buf_;
+  std::size_t cap_;
+  std::size_t len_ = 0;
+  bool full_ = false;
+};
+
+std::uint64_t mono_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+void write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    ssize_t n = ::write(fd, s.data(), s.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    s.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+void write_crash_summary(int sig) {
+  State &s = state();
+  if (!active() || s.summary_printed.load(std::memory_order_acquire)) return;
+  const std::uint64_t ts = mono_now() - s.start_mono_ns;
+  // Large enough for every API and finding class; a static buffer, since the crashing thread's
+  // stack may be nearly spent.
+  static char buf[16384];
+  Line l(buf, sizeof buf);
+  l.s("{\"k\":\"summary\",\"ts\":").u(ts).s(",\"calls\":{");
+  bool first = true;
+  for (std::size_t i = 0; i < kApiCount; ++i) {
+    const std::uint64_t n = s.calls.get(i);
+    if (!n) continue;
+    l.s(first ? "\"" : ",\"").s(kApis[i].name).s("\":").u(n);
+    first = false;
+  }
+  l.s("},\"bytes\":[");
+  first = true;
+  s.counters.visit([&](const ByteCounters::Row &r) {
+    l.s(first ? "{\"dev\":" : ",{\"dev\":").i(r.dev).s(",\"mem\":\"").s(mem_kind_name(r.kind))
+        .s("\",\"current\":").i(r.current).s(",\"peak\":").i(r.peak).s(",\"total\":").i(r.total)
+        .s("}");
+    first = false;
+  });
+  l.s("],\"findings\":{");
+  first = true;
+  std::uint64_t findings = 0;
+  for (std::size_t i = 0; i < kFindingClassCount; ++i) {
+    const std::uint64_t n = s.findings[i].load(std::memory_order_relaxed);
+    if (!n) continue;
+    findings += n;
+    l.s(first ? "\"" : ",\"").s(finding_id(static_cast<FindingClass>(i))).s("\":").u(n);
+    first = false;
+  }
+  l.s("},\"signal\":").i(sig).s("}\n");
+  const std::size_t summary_len = l.full() ? 0 : l.size();  // a cut line would not parse: drop it
+  if (!summary_len) l.truncate(0);
+  l.s("{\"k\":\"end\",\"ts\":").u(ts).s(",\"signal\":").i(sig).s(",\"signal_name\":\"")
+      .s(signal_name(sig)).s("\"}\n");
+  s.log.write_from_signal(l.view());
+  if (s.opts.summary) {
+    char msg[1024];
+    Line m(msg, sizeof msg);
+    std::uint64_t calls = 0;
+    for (std::size_t i = 0; i < kApiCount; ++i) calls += s.calls.get(i);
+    m.s("cumemguard: pid ").i(static_cast<std::int64_t>(syscall(SYS_getpid))).s(" killed by ")
+        .s(signal_name(sig)).s(" after ").u(calls).s(" calls, ").u(findings).s(" findings");
+    if (s.log.is_open()) m.s("; log: ").s(s.log.path()).s(" (counters up to the signal)");
+    m.s("\n");
+    write_all(2, m.view());
+  }
+}
+
+void on_fatal(int sig, siginfo_t *, void *) {
+  const int saved = errno;
+  int expected = 0;
+  if (g_written.compare_exchange_strong(expected, 1)) {
+    write_crash_summary(sig);
+    g_written.store(2);
+  } else {
+    // Another thread is writing the summary: give it a moment before this signal ends the process.
+    for (int i = 0; i < 200 && g_written.load() == 1; ++i) {
+      timespec t{0, 5000000};
+      nanosleep(&t, nullptr);
+    }
+  }
+  // Back to the default action, then the same signal again: it is delivered when this handler
+  // returns (a fault re-executes the instruction, raise() covers a signal sent by kill), and the
+  // process ends as it would have without the shim: same signal, same core dump.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);
+  errno = saved;
+}
+
+}  // namespace
+
+void install_crash_handlers() {
+  for (int sig : kSignals) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) != 0) continue;
+    // Only where nobody handles the signal: a runtime's or a framework's handler (the JVM's, a
+    // sanitizer's, Python's faulthandler) is never replaced or run in their place.
+    if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+    struct sigaction sa {};
+    sa.sa_sigaction = on_fatal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, nullptr);
+  }
+}
+
+void crash_fork_child() { g_written.store(0); }
+
+}  // namespace cmg::shim

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fuzz target: the shim's JSON-line builder (shim/eventlog.cpp), which writes every log record in
+// the host from a fixed buffer, with program-controlled text (argv, paths, messages) in it.
+// Input: a buffer size, then a script of fields built from the input bytes.
+// Invariants: whatever the text and however small the buffer, the result is exactly one line
+// holding one JSON object that parses, and it never writes past the buffer.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "eventlog.h"
+
+namespace {
+
+[[noreturn]] void fail(const char *what, std::string_view line) {
+  std::fprintf(stderr, "fuzz_jsonline: invariant broken: %s: %.*s\n", what,
+               static_cast<int>(line.size() > 400 ? 400 : line.size()), line.data());
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size) {
+  if (size < 2) return 0;
+  // 64..4159 bytes: small enough to cut values often, large enough for real records.
+  const std::size_t cap = 64 + ((static_cast<std::size_t>(data[0]) << 4) | (data[1] & 15));
+  data += 2;
+  size -= 2;
+  // The buffer sits inside a larger one with guard bytes on both sides.
+  std::vector<char> mem(cap + 64, '\x5a');
+  char *buf = mem.data() + 32;
+  cmg::shim::JsonLine j(buf, cap);
+  std::size_t i = 0;
+  int depth = 0;
+  auto text = [&](std::size_t n) {
+    n = std::min(n, size - i);
+    std::string_view s(reinterpret_cast<const char *>(data + i), n);
+    i += n;
+    return s;
+  };
+  // Keys are the shim's own constants (never program text), so they come from a fixed set.
+  static const char *const kKeys[] = {"k", "api", "args", "msg", "related", "x_y", "0"};
+  auto key = [](std::size_t n) { return std::string_view(kKeys[n % 7]); };
+  std::vector<bool> in_array;  // what each open container is
+  while (i < size) {
+    const std::uint8_t op = data[i++];
+    const std::size_t n = i < size ? data[i++] : 0;
+    const bool arr = !in_array.empty() && in_array.back();
+    switch (op % 9) {
+      case 0: arr ? (void)j.elem_str(text(n)) : (void)j.str(key(n), text(n)); break;
+      case 1: {
+        std::uint64_t v = 0;
+        std::memcpy(&v, data + i - 1, std::min<std::size_t>(8, size - (i - 1)));
+        arr ? (void)j.elem_hex(v) : (void)j.hex(key(n), v);
+        break;
+      }
+      case 2: if (!arr) j.num(key(n), -static_cast<std::int64_t>(n) * 1234567891011LL); break;
+      case 3: if (!arr) j.unum(key(n), static_cast<std::uint64_t>(n) << 56); break;
+      case 4: if (!arr) j.boolean(key(n), n & 1); break;
+      case 5:
+        if (depth < 64 && !arr) {
+          j.begin_object(key(n));
+          in_array.push_back(false);
+          ++depth;
+        }
+        break;
+      case 6:
+        if (depth < 64 && !arr) {
+          j.begin_array(key(n));
+          in_array.push_back(true);
+          ++depth;
+        }
+        break;
+      case 7:
+        if (depth > 0) {
+          in_array.back() ? (void)j.end_array() : (void)j.end_object();
+          in_array.pop_back();
+          --depth;
+        }
+        break;
+      case 8: arr ? (void)j.elem_raw("{\"a\":1}") : (void)j.raw(key(n), "[1,2]"); break;
+    }
+  }
+  while (depth-- > 0) {
+    in_array.back() ? (void)j.end_array() : (void)j.end_object();
+    in_array.pop_back();
+  }
+  const std::string_view line = j.finish();
+  for (std::size_t k = 0; k < 32; ++k)
+    if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("wrote outside the buffer", line);
+  if (line.data() != buf || line.size() > cap) fail("line outside the buffer", line);
+  if (line.empty() || line.back() != '\n') fail("no newline at the end", line);
+  if (line.substr(0, line.size() - 1).find('\n') != std::string_view::npos) fail("a newline inside", line);
+  const auto parsed = nlohmann::json::parse(line.substr(0, line.size() - 1), nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_object()) fail("not one JSON object", line);
+  return 0;
+}

@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+// Process-life cases for the shim (run_life.py): fork from a thread while other threads hold the
+// shim's locks, fork+exec, vfork, posix_spawn, exit() from a thread, frees from static destructors
+// after main() returns, a long-running writer to be killed, and crashes. Each case prints one
+// "step value" line per result the harness checks; the same binary runs with and without the shim.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dirent.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char **environ;
+
+namespace {
+
+const char *g_self = nullptr;
+
+void out(const char *step, long long v) { std::printf("%s %lld\n", step, v); }
+
+CUmemAllocationProp prop() {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = 0;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+// One round of the traffic every hook sees: linear memory through the runtime and the driver, and
+// a full VMM cycle. Returns the number of calls that failed.
+int traffic_round() {
+  int bad = 0;
+  void *p = nullptr;
+  if (cudaMalloc(&p, 4096) != cudaSuccess) ++bad;
+  else if (cudaFree(p) != cudaSuccess) ++bad;
+  CUdeviceptr d = 0;
+  if (cuMemAlloc(&d, 8192) != CUDA_SUCCESS) ++bad;
+  else if (cuMemFree(d) != CUDA_SUCCESS) ++bad;
+  CUmemAllocationProp pr = prop();
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr v = 0;
+  if (cuMemCreate(&h, 2 << 20, &pr, 0) != CUDA_SUCCESS) return bad + 1;
+  if (cuMemAddressReserve(&v, 2 << 20, 0, 0, 0) != CUDA_SUCCESS) return bad + 1;
+  if (cuMemMap(v, 2 << 20, 0, h, 0) != CUDA_SUCCESS) ++bad;
+  if (cuMemUnmap(v, 2 << 20) != CUDA_SUCCESS) ++bad;
+  if (cuMemRelease(h) != CUDA_SUCCESS) ++bad;
+  if (cuMemAddressFree(v, 2 << 20) != CUDA_SUCCESS) ++bad;
+  return bad;
+}
+
+// Threads that keep calling into the shim (its model, log and stack-table locks) until stopped.
+struct Busy {
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  explicit Busy(int n) {
+    for (int i = 0; i < n; ++i)
+      ts.emplace_back([this] {
+        cudaFree(nullptr);  // the runtime makes the primary context current on this thread
+        while (!stop.load(std::memory_order_relaxed)) failures += traffic_round();
+      });
+  }
+  void join() {
+    stop = true;
+    for (auto &t : ts) t.join();
+  }
+};
+
+// waitpid with a deadline: a child that does not exit in time is a hang (killed, reported).
+int wait_child(pid_t pid, int seconds, bool *hung) {
+  *hung = false;
+  for (int i = 0; i < seconds * 100; ++i) {
+    int st = 0;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    usleep(10000);
+  }
+  *hung = true;
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return st;
+}
+
+// The child's side of fork/exec cases: some calls, then a normal exit (its log must be complete).
+int child_work() {
+  if (cudaFree(nullptr) != cudaSuccess) return 3;
+  return traffic_round() == 0 ? 0 : 4;
+}
+
+int fork_locks() {
+  // Forks from a thread that is not main, while 6 others are inside the shim: the child must find
+  // every shim lock free (pthread_atfork), make calls and exit. On the fake driver, as on the real
+  // one, a forked child cannot use the parent's context; it still writes its own log.
+  cudaFree(nullptr);
+  Busy busy(6);
+  int ok = 0, hung = 0;
+  std::thread forker([&] {
+    for (int i = 0; i < 30; ++i) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        void *q = nullptr;
+        (void)cudaMalloc(&q, 4096);
+        (void)cuMemFree(0);
+        std::exit(0);
+      }
+      bool h = false;
+      const int st = wait_child(pid, 20, &h);
+      if (h) ++hung;
+      else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) ++ok;
+    }
+  });
+  forker.join();
+  busy.join();
+  out("children_ok", ok);
+  out("children_hung", hung);
+  out("parent_failures", busy.failures.load());
+  return 0;
+}
+
+int fork_exec(const char *how) {
+  cudaFree(nullptr);
+  Busy busy(3);
+  const char *argv[] = {g_self, "child-work", nullptr};
+  pid_t pid = -1;
+  if (std::strcmp(how, "fork") == 0) {
+    pid = fork();
+    if (pid == 0) {
+      execv(g_self, const_cast<char **>(argv));
+      _exit(127);
+    }
+  } else if (std::strcmp(how, "vfork") == 0) {
+    pid = vfork();
+    if (pid == 0) {
+      execv(g_self, const_cast<char **>(argv));
+      _exit(127);
+    }
+  } else {
+    if (posix_spawn(&pid, g_self, nullptr, nullptr, const_cast<char **>(argv), environ) != 0)
+      pid = -1;
+  }
+  bool hung = false;
+  const int st = pid > 0 ? wait_child(pid, 30, &hung) : -1;
+  busy.join();
+  out("child_pid", pid);
+  out("child_hung", hung ? 1 : 0);
+  out("child_status", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  out("parent_failures", busy.failures.load());
+  return 0;
+}
+
+int child_fds() {
+  // Descriptors an exec'd child inherited: the parent's event log must not be one of them.
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  while (dirent *e = d ? readdir(d) : nullptr) {
+    if (e->d_name[0] == '.') continue;
+    char link[300], target[512];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(link, target, sizeof target - 1);
+    target[k > 0 ? k : 0] = 0;
+    std::printf("fd %s %s\n", e->d_name, target);
+    ++n;
+  }
+  if (d) closedir(d);
+  return 0;
+}
+
+int exec_fds() {
+  cudaFree(nullptr);
+  traffic_round();  // the log is open now
+  const char *argv[] = {g_self, "child-fds", nullptr};
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execv(g_self, const_cast<char **>(argv));
+    _exit(127);
+  }
+  bool hung = false;
+  wait_child(pid, 30, &hung);
+  return 0;
+}
+
+int exit_thread() {
+  // exit() from one thread while others are inside the shim: atexit handlers and library
+  // destructors (the shim's exit summary among them) run while calls are still arriving.
+  cudaFree(nullptr);
+  Busy *busy = new Busy(6);  // never joined: exit() ends the process under it
+  (void)busy;
+  std::thread([] {
+    usleep(50000);
+    std::fflush(stdout);
+    std::exit(0);
+  }).detach();
+  for (;;) pause();
+}
+
+// A global object whose destructor frees CUDA memory after main() returns, as framework
+// singletons do (PyTorch's caching allocator, NCCL's communicators).
+struct LateFree {
+  void *p = nullptr;
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr v = 0;
+  bool armed = false;
+  ~LateFree() {
+    if (!armed) return;
+    const cudaError_t a = cudaFree(p);
+    const cudaError_t b = cudaFree(p);  // a double free after main: still understood
+    const CUresult c = cuMemUnmap(v, 2 << 20);
+    const CUresult d = cuMemRelease(h);
+    const CUresult e = cuMemAddressFree(v, 2 << 20);
+    std::printf("late.free %d\nlate.double_free %d\nlate.unmap %d\nlate.release %d\nlate.addrfree %d\n",
+                a, b, c, d, e);
+    std::fflush(stdout);
+  }
+} g_late;
+
+int static_dtor() {
+  if (cudaMalloc(&g_late.p, 1 << 20) != cudaSuccess) return 2;
+  CUmemAllocationProp pr = prop();
+  if (cuMemCreate(&g_late.h, 2 << 20, &pr, 0) != CUDA_SUCCESS) return 2;
+  if (cuMemAddressReserve(&g_late.v, 2 << 20, 0, 0, 0) != CUDA_SUCCESS) return 2;
+  if (cuMemMap(g_late.v, 2 << 20, 0, g_late.h, 0) != CUDA_SUCCESS) return 2;
+  g_late.armed = true;
+  out("main_done", 1);
+  return 0;
+}
+
+int spin() {
+  // Writes events as fast as it can until killed (run_life.py sends SIGTERM or SIGKILL).
+  cudaFree(nullptr);
+  Busy busy(4);
+  std::printf("spinning\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+// A real fault, not undefined behaviour a sanitizer would report first: a store to a page that
+// exists and may not be written.
+void fault() {
+  void *page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  *static_cast<volatile int *>(page) = 1;
+}
+
+int crash(const char *how, bool own_handler) {
+  cudaFree(nullptr);
+  traffic_round();
+  void *leak = nullptr;
+  cudaMalloc(&leak, 3 << 20);  // live at the crash: the summary counts it
+  void *p = nullptr;
+  cudaMalloc(&p, 4096);
+  cudaFree(p);
+  cudaFree(p);  // a finding before the crash
+  if (own_handler) {
+    // A handler installed after the first CUDA call replaces the shim's: the program's own
+    // behaviour wins.
+    struct sigaction sa {};
+    sa.sa_handler = [](int) {
+      static const char m[] = "own handler\n";
+      ssize_t w = write(1, m, sizeof m - 1);
+      (void)w;
+      _exit(3);
+    };
+    sigaction(std::strcmp(how, "abort") == 0 ? SIGABRT : SIGSEGV, &sa, nullptr);
+  }
+  std::printf("crashing\n");
+  std::fflush(stdout);
+  if (std::strcmp(how, "abort") == 0) std::abort();
+  if (std::strcmp(how, "thread") == 0) {
+    Busy busy(3);
+    std::thread(fault).join();
+  }
+  fault();
+  return 0;
+}
+
+int handler_first() {
+  // A program that installed its own SIGSEGV handler before its first CUDA call keeps it.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    static const char m[] = "own handler\n";
+    ssize_t w = write(1, m, sizeof m - 1);
+    (void)w;
+    _exit(3);
+  };
+  sigaction(SIGSEGV, &sa, nullptr);
+  cudaFree(nullptr);
+  traffic_round();
+  struct sigaction now {};
+  sigaction(SIGSEGV, nullptr, &now);
+  out("handler_kept", now.sa_handler == sa.sa_handler ? 1 : 0);
+  std::fflush(stdout);
+  fault();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  g_self = argv[0];
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: life_cases CASE\n");
+    return 64;
+  }
+  const std::string c = argv[1];
+  if (c == "fork-locks") return fork_locks();
+  if (c == "fork-exec") return fork_exec("fork");
+  if (c == "vfork-exec") return fork_exec("vfork");
+  if (c == "posix-spawn") return fork_exec("spawn");
+  if (c == "child-work") return child_work();
+  if (c == "exec-fds") return exec_fds();
+  if (c == "child-fds") return child_fds();
+  if (c == "exit-thread") return exit_thread();
+  if (c == "static-dtor") return static_dtor();
+  if (c == "spin") return spin();
+  if (c == "crash-segv") return crash("segv", false);
+  if (c == "crash-abort") return crash("abort", false);
+  if (c == "crash-thread") return crash("thread", false);
+  if (c == "crash-own-handler") return crash("segv", true);
+  if (c == "handler-first") return handler_first();
+  std::fprintf(stderr, "unknown case %s\n", argv[1]);
+  return 64;
+}

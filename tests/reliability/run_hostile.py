@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Hostile and broken input (docs/reliability.md): every CUMEMGUARD_* variable with garbage, huge
+# values and empty strings; attacks on the log path (a planted symlink, FIFO or file, a missing or
+# unusable directory); a full disk; another interposer preloaded before or after the shim. In every
+# case the program must run exactly as without the shim (same statuses, exit 0) and the shim may
+# say so in at most one clear line per problem on stderr.
+import argparse
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Build, Failure, expect, logs_in, read_log, scale, steps, stderr_lines  # noqa: E402
+
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GARBAGE = ["", "garbage", "-1", "0", "99999999999999999999999999", "18446744073709551616",
+           "1e400", "0x10", " 1", "1 ", "\x1b[2J\x1b[31mred", "a\nb", "\xff\xfe",
+           "%n%n%n%s%s%p", "A" * 100000]
+MAX_LINE = 2100  # one clear line: the shim shortens what it quotes
+
+
+def options():
+    names = re.findall(r'CMG_OPTION\(\w+, "(\w+)", (\w+)',
+                       open(os.path.join(SRC, "policy", "options.def")).read())
+    return names + [("ACTION_DOUBLE_RELEASE", "Enum"), ("ACTION_LEAK", "Enum")]
+
+
+def clean_lines(err, label):
+    """Every stderr line of the shim: printable, bounded; returns them."""
+    lines = stderr_lines(err)
+    other = [l for l in err.splitlines() if l and not l.startswith("cumemguard")]
+    expect(not other, f"{label}: stderr lines not from the shim: {[o[:200] for o in other[:5]]}")
+    for l in lines:
+        expect(len(l) <= MAX_LINE, f"{label}: a {len(l)}-byte stderr line")
+        expect(not any(ord(c) < 0x20 or ord(c) == 0x7f for c in l),
+               f"{label}: control characters on stderr: {l[:200]!r}")
+    return lines
+
+
+class Runner:
+    def __init__(self, b, tmp):
+        self.b, self.tmp = b, tmp
+        self.basic = [b.prog("tests", "integration", "runtime_cases"), "basic"]
+        rc, out, err = b.run(self.basic, b.env(shim=False))
+        expect(rc == 0, f"baseline: {rc} {err}")
+        self.base = steps(out)
+
+    def run(self, extra, label, argv=None, cwd=None, timeout=60, preexec=None, log=True):
+        timeout *= scale()
+        d = tempfile.mkdtemp(dir=self.tmp)
+        env = self.b.env(log=os.path.join(d, "log.%p") if log else None, extra=extra)
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(argv or self.basic, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=timeout, cwd=cwd or d,
+                               preexec_fn=preexec)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"{label}: no exit within {timeout} s (hung)")
+        out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+        expect(p.returncode == 0, f"{label}: exit {p.returncode}\n{err[-2000:]}")
+        if argv is None:
+            expect(steps(out) == self.base, f"{label}: statuses {steps(out)} != {self.base}")
+        for p in logs_in(d):
+            recs, _ = read_log(p)  # whole JSON lines, however hostile the input
+            expect(recs and recs[-1].get("k") == "end", f"{label}: {p} does not end with `end`")
+        return out, err, d, time.monotonic() - t0
+
+
+def case_options_garbage(r):
+    runs = 0
+    for name, kind in options():
+        if name in ("LOG", "DISABLE"):
+            continue  # LOG is a path (cases below); DISABLE is read before the rest
+        for v in GARBAGE:
+            label = f"CUMEMGUARD_{name}={v[:20]!r}"
+            extra = {f"CUMEMGUARD_{name}": v}
+            if name == "MODE" and v == "":
+                pass
+            _, err, _, dt = r.run(extra, label)
+            runs += 1
+            lines = clean_lines(err, label)
+            about = [l for l in lines if f"CUMEMGUARD_{name}" in l]
+            expect(len(about) <= 1, f"{label}: {len(about)} lines about it: {about}")
+            for l in about:
+                if name == "TORCH_ALLOC_CONF":  # a string: PyTorch's grammar decides, not ours
+                    expect("not applied" in l and "driver" not in l, f"{label}: unclear line {l[:300]}")
+                else:
+                    expect("not valid" in l and "keeping" in l, f"{label}: unclear line {l[:300]}")
+            expect(dt < 10 * scale(), f"{label}: took {dt:.1f} s")
+            if kind in ("Int", "Size", "Enum") and v in ("garbage", "1e400", "\xff\xfe", "A" * 100000):
+                expect(len(about) == 1, f"{label}: an invalid value without its one line: {lines}")
+    # DISABLE with garbage: not a boolean, so the shim stays enabled (and still says so once).
+    _, err, d, _ = r.run({"CUMEMGUARD_DISABLE": "maybe"}, "DISABLE=maybe")
+    expect(logs_in(d), "DISABLE=maybe turned the shim off")
+    print(f"options-garbage: {runs} runs")
+
+
+def case_unknown_names(r):
+    _, err, _, _ = r.run({"CUMEMGUARD_MODEE": "guard"}, "typo")
+    lines = clean_lines(err, "typo")
+    expect(len(lines) == 1 and "did you mean CUMEMGUARD_MODE" in lines[0], f"typo: {lines}")
+    many = {f"CUMEMGUARD_X{i}": "1" for i in range(300)}
+    many["CUMEMGUARD_" + "Q" * 120000] = "1"           # near the kernel's limit for one string
+    many["CUMEMGUARD_\x1b[31mRED"] = "1"               # a name that would drive the terminal
+    _, err, _, dt = r.run(many, "many unknown names", timeout=60)
+    lines = clean_lines(err, "many unknown names")
+    expect(dt < 5 * scale(), f"302 unknown names took {dt:.1f} s")
+    expect(any("more unknown" in l for l in lines), f"the unknown names beyond the first are not counted: {lines}")
+    expect(len(lines) <= 25, f"{len(lines)} stderr lines for unknown names (expected a bounded number)")
+
+
+def case_log_missing_dir(r):
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(r.tmp, "no", "such", "dir", "log")},
+                         "missing dir", log=False)
+    lines = clean_lines(err, "missing dir")
+    expect(len(lines) == 1 and "cannot open event log" in lines[0], f"missing dir: {lines}")
+
+
+def case_log_symlink(r):
+    d = tempfile.mkdtemp(dir=r.tmp)
+    target = os.path.join(d, "precious")
+    with open(target, "w") as f:
+        f.write("precious\n")
+    link = os.path.join(d, "cg.log")
+    os.symlink(target, link)
+    dangling = os.path.join(d, "cg2.log")
+    os.symlink(os.path.join(d, "created-through-link"), dangling)
+    for path in (link, dangling):
+        _, err, _, _ = r.run({"CUMEMGUARD_LOG": path}, f"symlink {path}", log=False)
+        lines = clean_lines(err, "symlink")
+        expect(len(lines) == 1 and "symbolic link" in lines[0], f"symlink: {lines}")
+    expect(open(target).read() == "precious\n", "the shim wrote through a planted symlink")
+    expect(not os.path.exists(os.path.join(d, "created-through-link")),
+           "the shim created a file through a dangling symlink")
+
+
+def case_log_fifo(r):
+    d = tempfile.mkdtemp(dir=r.tmp)
+    fifo = os.path.join(d, "cg.log")
+    os.mkfifo(fifo)
+    _, err, _, dt = r.run({"CUMEMGUARD_LOG": fifo}, "fifo", log=False, timeout=20)
+    lines = clean_lines(err, "fifo")
+    expect(len(lines) == 1 and "cannot open event log" in lines[0], f"fifo: {lines}")
+
+
+def case_log_directory(r):
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": r.tmp}, "directory", log=False)
+    lines = clean_lines(err, "directory")
+    expect(len(lines) == 1 and "cannot open event log" in lines[0], f"directory: {lines}")
+
+
+def case_log_planted_file(r):
+    if os.geteuid() != 0:
+        print("log-planted-file: needs root to plant a file owned by another user")
+        raise SystemExit(77)
+    shared = os.path.join(r.tmp, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o1777)  # a /tmp-like directory: world-writable and sticky
+    planted = os.path.join(shared, "cg.log")
+    with open(planted, "w") as f:
+        f.write("planted\n")
+    os.chown(planted, 65534, 65534)
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": planted}, "planted", log=False)
+    lines = clean_lines(err, "planted")
+    expect(len(lines) == 1 and "another user" in lines[0], f"planted: {lines}")
+    expect(open(planted).read() == "planted\n", "the shim truncated a file planted by another user")
+    # Our own file in the same directory is reused as before.
+    mine = os.path.join(shared, "mine.log")
+    open(mine, "w").close()
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": mine}, "own file", log=False)
+    expect(not clean_lines(err, "own file") and os.path.getsize(mine) > 0, "own file not written")
+
+
+def case_log_umask(r):
+    for mask, mode in ((0o077, 0o600), (0o022, 0o644), (0o002, 0o664)):
+        _, _, d, _ = r.run({}, f"umask {mask:o}", preexec=lambda m=mask: os.umask(m))
+        (log,) = logs_in(d)
+        got = stat.S_IMODE(os.stat(log).st_mode)
+        expect(got == mode, f"umask {mask:o}: log mode {got:o}, expected {mode:o}")
+
+
+def case_log_pattern(r):
+    d = tempfile.mkdtemp(dir=r.tmp)
+    _, _, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(d, "x.%p.%r.%%.%q.%"), "RANK": "3"},
+                       "pattern", log=False)
+    names = os.listdir(d)
+    expect(len(names) == 1 and re.fullmatch(r"x\.\d+\.3\.%\.%q\.%", names[0]), f"pattern: {names}")
+
+
+def case_log_long_path(r):
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(r.tmp, "a" * 5000)}, "long path",
+                         log=False)
+    lines = clean_lines(err, "long path")
+    expect(len(lines) == 1 and "cannot open event log" in lines[0], f"long path: {lines}")
+
+
+def case_disk_full(r):
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": "/dev/full"}, "/dev/full", log=False)
+    lines = clean_lines(err, "/dev/full")
+    expect(len(lines) == 1 and "write failed" in lines[0], f"/dev/full: {lines}")
+
+
+def case_disk_tmpfs(r):
+    mnt = os.path.join(r.tmp, "mnt")
+    os.mkdir(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+        print("disk-tmpfs: cannot mount a tmpfs here (not root or no CAP_SYS_ADMIN)")
+        raise SystemExit(77)
+    try:
+        stress = r.b.prog("tests", "stress", "stress")
+        out, err, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(mnt, "log"),
+                                "CUMEMGUARD_STACKS": "16"},
+                               "tmpfs", argv=[stress, "3", "400", "4"], log=False, timeout=120)
+        lines = clean_lines(err, "tmpfs")
+        expect([l for l in lines if "write failed" in l], f"tmpfs: the full disk went unnoticed: {lines}")
+        expect(len([l for l in lines if "write failed" in l]) == 1, f"tmpfs: {lines}")
+        expect(steps(out).get("mismatches") == "0", f"tmpfs: statuses changed: {out[-500:]}")
+        recs, _ = read_log(os.path.join(mnt, "log"), allow_cut_last=True)
+        expect(recs and recs[0].get("cumemguard_log") == 1, "tmpfs: no header")
+    finally:
+        subprocess.run(["umount", mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def case_interposer(r, before):
+    b = r.b
+    other = b.prog("tests", "reliability", "libotherhook.so")
+    order = [other, b.shim] if before else [b.shim, other]
+    programs = [
+        ([b.prog("tests", "integration", "runtime_cases"), "basic"], "cudaMalloc", 1),
+        ([b.prog("tests", "integration", "runtime_cases"), "driver_double"], "cuMemAlloc_v2", 1),
+        ([b.prog("tests", "integration", "vmm_cases"), "P01"], "cuMemCreate", 2),
+    ]
+    for argv, api, n in programs:
+        label = f"{' '.join(os.path.basename(x) for x in order)} {argv[1]}"
+        rc0, out0, _ = b.run(argv, b.env())  # the shim alone
+        d = tempfile.mkdtemp(dir=r.tmp)
+        rc, out, err = b.run(argv, b.env(log=os.path.join(d, "log.%p"), preload=order))
+        expect(rc == 0 == rc0, f"{label}: exit {rc} (shim alone: {rc0})\n{err[-3000:]}")
+        expect(steps(out) == steps(out0), f"{label}: statuses {steps(out)} != {steps(out0)}")
+        m = re.search(r"otherhook cudaMalloc (\d+) cuMemAlloc_v2 (\d+) cuMemCreate (\d+)", err)
+        expect(m, f"{label}: the other interposer did not report: {err[-1000:]}")
+        counts = dict(zip(("cudaMalloc", "cuMemAlloc_v2", "cuMemCreate"), map(int, m.groups())))
+        expect(counts[api] == n, f"{label}: the other interposer saw {counts[api]} {api}, expected {n}")
+        (log,) = logs_in(d)
+        recs, _ = read_log(log)
+        calls = [x for x in recs if x.get("k") == "call" and x.get("api") == api]
+        expect(len(calls) == n, f"{label}: the shim recorded {len(calls)} {api}, expected {n}")
+        foreign = [l for l in stderr_lines(err) if "libotherhook" in l]
+        if not before and api != "cudaMalloc":
+            expect(len(foreign) == 1 and "not libcuda" in foreign[0],
+                   f"{label}: no single line naming the interposer between the shim and the "
+                   f"driver: {stderr_lines(err)}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("case")
+    a = ap.parse_args()
+    b = Build(a.build)
+    tmp = tempfile.mkdtemp(prefix=f"cmg-hostile-{a.case}-")
+    cases = {
+        "options-garbage": case_options_garbage,
+        "unknown-names": case_unknown_names,
+        "log-missing-dir": case_log_missing_dir,
+        "log-symlink": case_log_symlink,
+        "log-fifo": case_log_fifo,
+        "log-directory": case_log_directory,
+        "log-planted-file": case_log_planted_file,
+        "log-umask": case_log_umask,
+        "log-pattern": case_log_pattern,
+        "log-long-path": case_log_long_path,
+        "disk-full": case_disk_full,
+        "disk-tmpfs": case_disk_tmpfs,
+        "interposer-before": lambda r: case_interposer(r, True),
+        "interposer-after": lambda r: case_interposer(r, False),
+    }
+    try:
+        cases[a.case](Runner(b, tmp))
+    except Failure as e:
+        print(f"FAIL {a.case}: {e}\n  (files kept in {tmp})")
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"ok {a.case}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

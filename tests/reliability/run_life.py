@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Process-life cases (tests/reliability/life_cases.cpp, dl_reload.cpp) run under the shim on the
+# fake CUDA stack. Each checks the exit status against a run without the shim where that makes
+# sense, the steps the program printed, and every log: whole JSON lines, a header, and an `end`
+# record where the process ended normally (docs/reliability.md, "Process life").
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Build, Failure, expect, logs_in, read_log, scale, steps, stderr_lines  # noqa: E402
+
+
+def sanitizer_signal_options(env):
+    # A sanitizer installs its own SIGSEGV/SIGBUS/SIGFPE handlers at start, and the shim never
+    # replaces a handler; for the crash cases the sanitizer leaves those signals alone.
+    extra = "handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_abort=0:handle_sigill=0"
+    for k in ("ASAN_OPTIONS", "TSAN_OPTIONS", "UBSAN_OPTIONS"):
+        env[k] = (env[k] + ":" if env.get(k) else "") + extra
+
+
+def complete(path, recs):
+    expect(recs and recs[0].get("cumemguard_log") == 1, f"{path}: no header")
+    expect(recs[-1].get("k") == "end", f"{path}: does not end with `end` (last: {recs[-1]})")
+    kinds = [r.get("k") for r in recs]
+    expect(kinds.count("end") == 1, f"{path}: {kinds.count('end')} end records")
+    expect("summary" in kinds, f"{path}: no summary")
+
+
+def case_fork_locks(b, tmp):
+    argv = [b.prog("tests", "reliability", "life_cases"), "fork-locks"]
+    rc, out, err = b.run(argv, b.env(shim=False), timeout=240)
+    expect(rc == 0 and steps(out).get("children_ok") == "30", f"without shim: {rc} {out} {err}")
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p"),
+                                     extra={"CUMEMGUARD_STACKS": "8"}), timeout=240)
+    s = steps(out)
+    expect(rc == 0, f"exit {rc}\n{err[-2000:]}")
+    expect(s.get("children_hung") == "0", f"{s.get('children_hung')} children hung")
+    expect(s.get("children_ok") == "30", f"children_ok {s.get('children_ok')}")
+    expect(s.get("parent_failures") == "0", f"parent calls failed: {s.get('parent_failures')}")
+    logs = logs_in(tmp)
+    expect(len(logs) == 31, f"{len(logs)} logs, expected the parent's and 30 children's")
+    recs = {p: read_log(p)[0] for p in logs}
+    pids = {r[0]["pid"] for r in recs.values()}
+    parent = [p for p, r in recs.items() if r[0]["ppid"] not in pids]
+    expect(len(parent) == 1, f"cannot tell the parent's log among {len(recs)}")
+    ppid = recs[parent[0]][0]["pid"]
+    for p, r in recs.items():
+        complete(p, r)
+        if p != parent[0]:
+            expect(r[0]["ppid"] == ppid, f"{p}: ppid {r[0]['ppid']}, expected {ppid}")
+            calls = [x for x in r if x.get("k") == "call"]
+            expect(calls, f"{p}: the child's calls are not in its own log")
+
+
+def case_exec(b, tmp, how):
+    argv = [b.prog("tests", "reliability", "life_cases"), how]
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")), timeout=120)
+    s = steps(out)
+    expect(rc == 0, f"exit {rc}\n{err[-2000:]}")
+    expect(s.get("child_hung") == "0" and s.get("child_status") == "0",
+           f"child: hung {s.get('child_hung')}, status {s.get('child_status')}")
+    expect(s.get("parent_failures") == "0", f"parent calls failed: {s.get('parent_failures')}")
+    logs = {p: read_log(p)[0] for p in logs_in(tmp)}
+    expect(len(logs) == 2, f"{len(logs)} logs, expected the parent's and the child's")
+    child = [p for p, r in logs.items() if r[0]["pid"] == int(s["child_pid"])]
+    expect(len(child) == 1, f"no log of the child {s['child_pid']}")
+    crec = logs[child[0]]
+    expect(crec[0]["argv"][1:] == ["child-work"], f"child header argv {crec[0]['argv']}")
+    for p, r in logs.items():
+        complete(p, r)
+
+
+def case_exec_fds(b, tmp):
+    argv = [b.prog("tests", "reliability", "life_cases"), "exec-fds"]
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")), timeout=60)
+    expect(rc == 0, f"exit {rc}\n{err[-2000:]}")
+    fds = [l for l in out.splitlines() if l.startswith("fd ")]
+    expect(fds, f"the child listed no descriptors: {out}")
+    leaked = [l for l in fds if tmp in l]
+    expect(not leaked, f"the exec'd child inherited the parent's log: {leaked}")
+
+
+def case_dl_reload(b, tmp):
+    argv = [b.prog("tests", "reliability", "dl_reload")]
+    rc0, out0, err0 = b.run(argv, b.env(shim=False), timeout=60)
+    s0 = steps(out0)
+    expect(rc0 == 0 and s0.get("second.failures") == "0", f"without shim: {rc0} {out0} {err0}")
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")), timeout=60)
+    s = steps(out)
+    expect(rc == 0, f"exit {rc} (without the shim: {rc0})\n{out}\n{err[-2000:]}")
+    expect(s.get("first.failures") == "0" and s.get("second.failures") == "0",
+           f"calls failed under the shim: {s}")
+    # The shim pins libcuda once it holds pointers into it (docs/reliability.md): the library is
+    # not unloaded under it, so no wrapper can ever call into an unmapped driver.
+    expect(s.get("unloaded") == "0", f"libcuda was unloaded under the shim: {s}")
+    (log,) = logs_in(tmp)
+    recs = read_log(log)[0]
+    complete(log, recs)
+    # Both rounds went through the shim: the second round's lookups were wrapped too.
+    creates = [r for r in recs if r.get("k") == "call" and r.get("api") == "cuMemCreate"]
+    expect(len(creates) == 2, f"{len(creates)} cuMemCreate calls recorded, expected 2")
+
+
+def case_static_dtor(b, tmp):
+    argv = [b.prog("tests", "reliability", "life_cases"), "static-dtor"]
+    rc0, out0, _ = b.run(argv, b.env(shim=False), timeout=60)
+    s0 = steps(out0)
+    expect(rc0 == 0 and s0.get("late.free") == "0" and s0.get("late.double_free") == "1",
+           f"without shim: {rc0} {s0}")
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")), timeout=60)
+    s = steps(out)
+    expect(rc == 0, f"exit {rc}\n{err[-2000:]}")
+    want = {"late.free": "0", "late.double_free": "0", "late.unmap": "0", "late.release": "0",
+            "late.addrfree": "0"}
+    expect(all(s.get(k) == v for k, v in want.items()), f"late calls under the shim: {s}")
+    (log,) = logs_in(tmp)
+    recs = read_log(log)[0]
+    complete(log, recs)
+    # The frees from the destructor came before the summary: they are in the log, the double free
+    # is a finding, and nothing they freed is reported as a leak.
+    kinds = [r.get("k") for r in recs]
+    last_call = max(i for i, k in enumerate(kinds) if k == "call")
+    expect(last_call < kinds.index("summary"), "calls recorded after the exit summary")
+    findings = [(r["class"], r["action"]) for r in recs if r.get("k") == "finding"]
+    expect(findings == [("double-free", "skip")], f"findings {findings}")
+    leaks = [r for r in recs if r.get("k") == "leak"]
+    expect(not leaks, f"frees from a static destructor reported as leaks: {leaks}")
+
+
+def case_exit_thread(b, tmp):
+    argv = [b.prog("tests", "reliability", "life_cases"), "exit-thread"]
+    for i in range(10):
+        d = os.path.join(tmp, str(i))
+        os.mkdir(d)
+        rc, out, err = b.run(argv, b.env(log=os.path.join(d, "log.%p"),
+                                         extra={"CUMEMGUARD_STACKS": "4"}), timeout=60)
+        expect(rc == 0, f"run {i}: exit {rc}\n{err[-3000:]}")
+        for p in logs_in(d):
+            recs = read_log(p)[0]
+            complete(p, recs)
+
+
+def case_kill(b, tmp, sig):
+    argv = [b.prog("tests", "reliability", "life_cases"), "spin"]
+    report = b.prog("tools", "cumemguard")
+    for i, delay in enumerate((0.05, 0.2, 0.5)):
+        d = os.path.join(tmp, str(i))
+        os.mkdir(d)
+        p = subprocess.Popen(argv, env=b.env(log=os.path.join(d, "log.%p")),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = p.stdout.readline()
+        expect(line.strip() == b"spinning", f"the writer did not start: {line!r}")
+        time.sleep(delay)
+        p.send_signal(sig)
+        try:
+            p.wait(timeout=30 * scale())
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure(f"did not die of signal {sig} within 30 s")
+        expect(p.returncode == -sig, f"exit {p.returncode}, expected death by signal {sig}")
+        (log,) = logs_in(d)
+        recs, cut = read_log(log, allow_cut_last=True)
+        expect(recs and recs[0].get("cumemguard_log") == 1, f"{log}: no header")
+        expect(not any(r.get("k") == "end" for r in recs), f"{log}: an end record after a kill")
+        # The reader takes it as a truncated log, not as an unreadable one.
+        rc, out, err = b.run([report, "report", "--no-symbolize", log], b.env(shim=False))
+        expect(rc in (0, 1), f"cumemguard report on the killed log: exit {rc}\n{err}")
+        expect("truncated" in (out + err).lower() or "cut off" in (out + err).lower(),
+               f"the report does not say the log was cut off:\n{out[:1500]}")
+
+
+def case_crash(b, tmp, case, want_sig, own=False, off=False):
+    argv = [b.prog("tests", "reliability", "life_cases"), case]
+    base_env = b.env(shim=False)
+    sanitizer_signal_options(base_env)
+    rc0, out0, _ = b.run(argv, base_env, timeout=60)
+    extra = {"CUMEMGUARD_SUMMARY": "1"}
+    if off:
+        extra["CUMEMGUARD_CRASH_SUMMARY"] = "0"
+    env = b.env(log=os.path.join(tmp, "log.%p"), extra=extra)
+    sanitizer_signal_options(env)
+    rc, out, err = b.run(argv, env, timeout=60)
+    expect(rc == rc0, f"exit {rc} under the shim, {rc0} without it\n{err[-2000:]}")
+    (log,) = logs_in(tmp)
+    recs, _ = read_log(log, allow_cut_last=True)
+    ends = [r for r in recs if r.get("k") == "end"]
+    if own or off:
+        expect(not ends, f"the shim wrote a crash summary it should not have: {ends}")
+        if own:
+            expect("own handler" in out, f"the program's own handler did not run: {out}")
+        if case == "handler-first":
+            expect(steps(out).get("handler_kept") == "1", f"the program's handler was replaced: {out}")
+        return
+    expect(rc == -want_sig, f"exit {rc}, expected death by signal {want_sig}")
+    expect(len(ends) == 1 and ends[0].get("signal") == want_sig and recs[-1] is ends[0],
+           f"the log does not end with the crash's end record: {recs[-3:]}")
+    summ = [r for r in recs if r.get("k") == "summary"]
+    expect(len(summ) == 1, f"{len(summ)} summary records")
+    expect(summ[0]["calls"].get("cudaMalloc", 0) >= 2 and
+           summ[0]["findings"].get("double-free") == 1,
+           f"the crash summary lacks the counters: {summ[0]}")
+    rows = {(r["dev"], r["mem"]): r for r in summ[0]["bytes"]}
+    # The 3 MiB the program leaked, plus whatever the busy threads had in flight.
+    cur = rows.get((0, "linear"), {}).get("current", 0)
+    expect(cur == 3 << 20 if case != "crash-thread" else cur >= 3 << 20,
+           f"bytes live at the crash: {summ[0]['bytes']}")
+    lines = [l for l in stderr_lines(err) if "killed by" in l]
+    expect(len(lines) == 1, f"stderr crash line: {stderr_lines(err)}")
+    # The report reads a crashed log.
+    rc2, out2, err2 = b.run([b.prog("tools", "cumemguard"), "report", "--no-symbolize", log],
+                            b.env(shim=False))
+    expect(rc2 in (0, 1), f"cumemguard report on the crashed log: exit {rc2}\n{err2}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("case")
+    a = ap.parse_args()
+    b = Build(a.build)
+    tmp = tempfile.mkdtemp(prefix=f"cmg-life-{a.case}-")
+    cases = {
+        "fork-locks": lambda: case_fork_locks(b, tmp),
+        "fork-exec": lambda: case_exec(b, tmp, "fork-exec"),
+        "vfork-exec": lambda: case_exec(b, tmp, "vfork-exec"),
+        "posix-spawn": lambda: case_exec(b, tmp, "posix-spawn"),
+        "exec-fds": lambda: case_exec_fds(b, tmp),
+        "dl-reload": lambda: case_dl_reload(b, tmp),
+        "static-dtor": lambda: case_static_dtor(b, tmp),
+        "exit-thread": lambda: case_exit_thread(b, tmp),
+        "sigterm": lambda: case_kill(b, tmp, signal.SIGTERM),
+        "sigkill": lambda: case_kill(b, tmp, signal.SIGKILL),
+        "crash-segv": lambda: case_crash(b, tmp, "crash-segv", signal.SIGSEGV),
+        "crash-abort": lambda: case_crash(b, tmp, "crash-abort", signal.SIGABRT),
+        "crash-thread": lambda: case_crash(b, tmp, "crash-thread", signal.SIGSEGV),
+        "crash-own-handler": lambda: case_crash(b, tmp, "crash-own-handler", 0, own=True),
+        "handler-first": lambda: case_crash(b, tmp, "handler-first", 0, own=True),
+        "crash-off": lambda: case_crash(b, tmp, "crash-segv", signal.SIGSEGV, off=True),
+    }
+    try:
+        cases[a.case]()
+    except Failure as e:
+        print(f"FAIL {a.case}: {e}\n  (files kept in {tmp})")
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"ok {a.case}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
