@@ -60,7 +60,7 @@ int put_hex_str(char *out, std::uint64_t v) {
 }  // namespace
 
 bool JsonLine::room(std::size_t n) {
-  if (!cut_ && len_ + n + kReserve < cap_) return true;
+  if (!cut_ && len_ + n + kReserve + static_cast<std::size_t>(depth_) < cap_) return true;
   cut_ = true;
   return false;
 }
@@ -76,7 +76,7 @@ void JsonLine::put_escaped(std::string_view s) {
   const auto *u = reinterpret_cast<const unsigned char *>(s.data());
   const std::size_t n = s.size();
   for (std::size_t i = 0; i < n;) {
-    if (len_ + 8 + kReserve >= cap_) {
+    if (len_ + 8 + kReserve + static_cast<std::size_t>(depth_) >= cap_) {
       cut_ = true;
       return;
     }
@@ -178,6 +178,7 @@ JsonLine &JsonLine::begin_object(std::string_view k) {
   }
   buf_[len_++] = '{';
   first_ = true;
+  ++depth_;
   return *this;
 }
 
@@ -186,6 +187,7 @@ JsonLine &JsonLine::end_object() {
     --skip_;
     return *this;
   }
+  --depth_;
   buf_[len_++] = '}';
   first_ = false;
   return *this;
@@ -198,6 +200,7 @@ JsonLine &JsonLine::begin_array(std::string_view k) {
   }
   buf_[len_++] = '[';
   first_ = true;
+  ++depth_;
   return *this;
 }
 
@@ -206,6 +209,7 @@ JsonLine &JsonLine::end_array() {
     --skip_;
     return *this;
   }
+  --depth_;
   buf_[len_++] = ']';
   first_ = false;
   return *this;

@@ -44,7 +44,9 @@ class JsonLine {
   char *buf_;
   std::size_t cap_, len_ = 0;
   bool first_ = true;
-  int skip_ = 0;  // objects/arrays left out because they did not fit
+  int skip_ = 0;   // objects/arrays left out because they did not fit
+  int depth_ = 0;  // objects/arrays open: one closing byte each is kept free (fuzz_jsonline found
+                   // deep nesting writing its closing brackets past the buffer)
   bool cut_ = false;
 };
 

@@ -128,13 +128,13 @@ R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
       return R(0);
     }
     fc.action = Action::Forward;
-    fc.over_limit = true;
+    fc.over_limit = !held().closed();  // at exit nothing is held back, and no limit was reached
   }
   if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.rec.size, 0);
-  if (quarantined(api, v.rec.kind)) {
-    // Answer success now, free later: the address is not re-issued while it is held.
-    held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Quarantine,
-                     c.ev()});
+  // Answer success now, free later: the address is not re-issued while it is held.
+  if (quarantined(api, v.rec.kind) &&
+      held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Quarantine,
+                       c.ev()})) {
     s.counters.add(v.rec.dev, v.rec.kind, delta);
     args.s("held", "quarantine");
     if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, 0);

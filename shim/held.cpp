@@ -25,7 +25,7 @@ namespace {
 // from the shim's destructor instead would meet cudaErrorCudartUnloading.
 void release_at_exit() {
   ReentryGuard guard;
-  held().release_all();
+  held().close();
 }
 
 void register_exit_release() {
@@ -34,16 +34,32 @@ void register_exit_release() {
 }
 }  // namespace
 
-void HeldFrees::hold(const Held &h) {
+bool HeldFrees::hold(const Held &h) {
   register_exit_release();
   std::lock_guard lk(mu_);
+  if (closed_) return false;  // exit has begun: nothing would release it later
   q_.push_back(h);
   bytes_[static_cast<int>(h.why)] += h.size;
+  return true;
+}
+
+bool HeldFrees::closed() const {
+  std::lock_guard lk(mu_);
+  return closed_;
+}
+
+void HeldFrees::close() {
+  {
+    std::lock_guard lk(mu_);
+    closed_ = true;
+  }
+  release_all();
 }
 
 bool HeldFrees::hold_within(const Held &h, std::uint64_t limit) {
   register_exit_release();
   std::lock_guard lk(mu_);
+  if (closed_) return false;  // the caller frees it now
   auto &b = bytes_[static_cast<int>(h.why)];
   if (h.size > limit || b > limit - h.size) return false;
   q_.push_back(h);
@@ -129,6 +145,7 @@ bool HeldFrees::empty() const {
 
 void HeldFrees::fork_child() {
   mu_.unlock();
+  closed_ = false;
   q_.clear();
   bytes_[0] = bytes_[1] = 0;
   released_[0] = released_[1] = 0;

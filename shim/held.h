@@ -30,8 +30,10 @@ struct Held {
 
 class HeldFrees {
  public:
-  void hold(const Held &h);
-  // Holds h only if the bytes held for its reason stay within `limit`; false when they would not.
+  // Holds h; false once exit has begun (close()): the caller frees it itself then.
+  bool hold(const Held &h);
+  // Holds h only if the bytes held for its reason stay within `limit`; false when they would not,
+  // or once exit has begun (closed() tells which).
   bool hold_within(const Held &h, std::uint64_t limit);
   // Releases the oldest entries of `why` until at most `keep_bytes` of it remain; returns bytes.
   std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes);
@@ -43,6 +45,10 @@ class HeldFrees {
   std::optional<Held> find(std::uint64_t ptr) const;
   std::uint64_t released_bytes(HoldReason why) const;  // all released so far
   bool empty() const;
+  // Exit: releases everything and holds nothing more (frees from library destructors come after
+  // the exit handlers: nothing would release them).
+  void close();
+  bool closed() const;
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
   void fork_child();  // the child owns none of the parent's memory: forget, do not free
@@ -53,6 +59,7 @@ class HeldFrees {
   std::deque<Held> q_;
   std::uint64_t bytes_[2] = {0, 0};
   std::uint64_t released_[2] = {0, 0};
+  bool closed_ = false;
 };
 
 HeldFrees &held();

@@ -206,16 +206,19 @@ void stacks_fork_prepare() {
   Table &t = table();
   for (auto &s : t.shards) s.mu.lock();
   t.mu.lock();
+  stackwalk_fork_prepare();
 }
 
 void stacks_fork_parent() {
   Table &t = table();
+  stackwalk_fork_parent();
   t.mu.unlock();
   for (auto &s : t.shards) s.mu.unlock();
 }
 
 void stacks_fork_child() {
   Table &t = table();
+  stackwalk_fork_child();
   t.mu.unlock();
   for (auto &s : t.shards) {
     s.mu.unlock();

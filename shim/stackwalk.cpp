@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 
 extern "C" {
 // libgcc's FDE lookup (unwind-dw2-fde.h, not installed): the FDE covering pc, or NULL.
@@ -49,8 +50,15 @@ constexpr std::size_t kEntries = 2048;  // per thread; distinct return addresses
 struct ThreadCache {
   std::uintptr_t lo = 0, hi = 0;  // this thread's stack
   std::uint64_t gen = 0;
+  ThreadCache *prev = nullptr, *next = nullptr;  // every thread's cache (g_caches)
   Entry e[kEntries];
 };
+
+// Every live cache, so that a forked child can free those of the threads that stayed in the parent
+// (their only references were in those threads' TLS: a leak in every child otherwise). Taken once
+// per thread, when its cache is made or freed, and around fork; it nests no other lock.
+std::mutex g_caches_mu;
+ThreadCache *g_caches = nullptr;
 
 thread_local __attribute__((tls_model("initial-exec"))) ThreadCache *t_cache = nullptr;
 pthread_key_t g_key;
@@ -63,7 +71,12 @@ std::atomic<std::int64_t> g_checked_s{0};
 std::atomic<unsigned long long> g_objects_seen{0};
 
 void free_cache(void *p) {
-  delete static_cast<ThreadCache *>(p);
+  auto *c = static_cast<ThreadCache *>(p);
+  std::lock_guard lk(g_caches_mu);  // deleted under the lock: a fork sees it listed or gone
+  if (c->prev) c->prev->next = c->next;
+  else g_caches = c->next;
+  if (c->next) c->next->prev = c->prev;
+  delete c;
   t_cache = nullptr;
 }
 
@@ -97,6 +110,12 @@ ThreadCache *cache() {
     c = new ThreadCache;
     c->lo = reinterpret_cast<std::uintptr_t>(addr);
     c->hi = c->lo + size;
+    {
+      std::lock_guard lk(g_caches_mu);
+      c->next = g_caches;
+      if (g_caches) g_caches->prev = c;
+      g_caches = c;
+    }
     t_cache = c;
     pthread_setspecific(g_key, c);
   }
@@ -465,6 +484,21 @@ __attribute__((noinline)) int cached_backtrace(std::uintptr_t *pcs, int max,
     sp = cfa;
   }
   return -1;
+}
+
+void stackwalk_fork_prepare() { g_caches_mu.lock(); }
+
+void stackwalk_fork_parent() { g_caches_mu.unlock(); }
+
+void stackwalk_fork_child() {
+  // Only the forking thread exists in the child: the other threads' caches go.
+  for (ThreadCache *c = g_caches, *next = nullptr; c; c = next) {
+    next = c->next;
+    if (c != t_cache) delete c;
+  }
+  g_caches = t_cache;
+  if (t_cache) t_cache->prev = t_cache->next = nullptr;
+  g_caches_mu.unlock();
 }
 
 }  // namespace cmg::shim

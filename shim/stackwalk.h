@@ -24,4 +24,9 @@ int cached_backtrace(std::uintptr_t *pcs, int max, bool (*skip)(std::uintptr_t p
 // The same walk with libgcc's unwinder (reference and fallback).
 int libgcc_backtrace(std::uintptr_t *pcs, int max, bool (*skip)(std::uintptr_t pc));
 
+// Around fork: the child frees the per-thread caches of the threads it does not have.
+void stackwalk_fork_prepare();
+void stackwalk_fork_parent();
+void stackwalk_fork_child();
+
 }  // namespace cmg::shim

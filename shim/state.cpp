@@ -4,6 +4,7 @@
 #include "state.h"
 
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -395,16 +396,67 @@ void report_finding_without_call(Finding f, const char *where, bool print) {
 // once even if the program never calls CUDA, and policies that act on the environment at load
 // (the PyTorch allocator variable) run before any library reads it.
 extern "C" __attribute__((visibility("hidden"))) int cmg_dlsym_ready;
+extern "C" int __cxa_atexit(void (*fn)(void *), void *arg, void *dso_handle);
+
+namespace {
+
+void final_summary(void *) { cmg::shim::exit_summary(/*from_abort=*/false); }
+
+// Whether the shim was loaded with the program (LD_PRELOAD, or a library it links), not by a later
+// dlopen: such objects come before libc in the loader's list, those dlopen'ed after it.
+bool loaded_with_program() {
+  struct Find {
+    std::uintptr_t self;
+    int at = 0, self_at = -1, libc_at = -1;
+  } f{reinterpret_cast<std::uintptr_t>(&final_summary)};
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, std::size_t, void *p) {
+        auto &f = *static_cast<Find *>(p);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto &ph = info->dlpi_phdr[i];
+          const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (ph.p_type == PT_LOAD && f.self >= lo && f.self < lo + ph.p_memsz) f.self_at = f.at;
+        }
+        const char *name = info->dlpi_name ? std::strrchr(info->dlpi_name, '/') : nullptr;
+        if (f.libc_at < 0 && name && std::strncmp(name, "/libc.so", 8) == 0) f.libc_at = f.at;
+        ++f.at;
+        return 0;
+      },
+      &f);
+  return f.self_at >= 0 && f.libc_at >= 0 && f.self_at < f.libc_at;
+}
+
+bool g_summary_at_exit = false;
+
+}  // namespace
 
 __attribute__((constructor)) static void cmg_load() {
   __atomic_store_n(&cmg_dlsym_ready, 1, __ATOMIC_RELEASE);  // loader.cpp: instrumented code may run
   if (cmg::shim::disabled()) return;
+  // The exit summary must come after every library's destructor: a preloaded library is finalised
+  // early (right after the program), and the program's libraries free CUDA memory from their
+  // destructors after it (tests/reliability life-library-dtor). Exit handlers run last-registered
+  // first, and __libc_start_main registers the loader's finaliser (every destructor) only after
+  // the constructors of the libraries loaded with the program ran: a handler registered here, tied
+  // to no library, runs after all destructors. What it uses was leaked on purpose and is still
+  // there. A shim dlopen'ed later would register after the finaliser (its handler would run before
+  // every destructor): it writes the summary from its destructor instead, as a library must.
+  if (loaded_with_program()) {
+    __cxa_atexit(final_summary, nullptr, nullptr);
+    g_summary_at_exit = true;
+  }
   cmg::shim::options_ready();
   cmg::shim::on_load();
 }
 
-// Runs after every other library's destructors (the preloaded shim is finalized last).
+// Exit handlers ran (held frees went back to the driver then); nothing is held from now on. The
+// log's buffered lines are written now, in case a later destructor crashes or hangs.
 __attribute__((destructor)) static void cmg_unload() {
   if (cmg::shim::disabled()) return;
-  cmg::shim::exit_summary(/*from_abort=*/false);
+  cmg::shim::held().close();
+  if (!g_summary_at_exit) {
+    cmg::shim::exit_summary(/*from_abort=*/false);
+  } else if (cmg::shim::active()) {
+    cmg::shim::state().log.flush();
+  }
 }

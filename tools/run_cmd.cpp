@@ -106,6 +106,42 @@ bool exists(const std::string &p) {
 
 }  // namespace
 
+// The LD_PRELOAD the program gets: the shim first, so its definitions win, and what was already
+// preloaded keeps its order after it; except a sanitizer runtime, which stays in front (ASan and
+// TSan abort when their runtime is not the first library: "ASan runtime does not come first"; a
+// program that links the runtime itself needs ASAN_OPTIONS=verify_asan_link_order=0 under any
+// preload).
+namespace {
+std::string preload_with(const std::string &shim, const char *old) {
+  std::vector<std::string> front, back;
+  std::string cur;
+  const std::string list = old ? old : "";
+  for (std::size_t i = 0; i <= list.size(); ++i) {
+    // ld.so separates LD_PRELOAD entries by colons or spaces.
+    if (i == list.size() || list[i] == ':' || list[i] == ' ') {
+      if (!cur.empty()) {
+        const std::size_t slash = cur.rfind('/');
+        const std::string base = slash == std::string::npos ? cur : cur.substr(slash + 1);
+        const bool runtime = base.starts_with("libasan.") || base.starts_with("libtsan.") ||
+                             base.starts_with("libhwasan.") ||
+                             base.starts_with("libclang_rt.asan") ||
+                             base.starts_with("libclang_rt.hwasan") ||
+                             base.starts_with("libclang_rt.tsan");
+        (runtime ? front : back).push_back(cur);
+      }
+      cur.clear();
+    } else {
+      cur += list[i];
+    }
+  }
+  std::string out;
+  for (const auto &e : front) out += e + ":";
+  out += shim;
+  for (const auto &e : back) out += ":" + e;
+  return out;
+}
+}  // namespace
+
 std::string find_shim() {
   if (const char *e = std::getenv("CUMEMGUARD_SHIM_PATH"); e && *e && exists(e)) return e;
   char buf[PATH_MAX];
@@ -199,10 +235,7 @@ int run_main(int argc, char **argv) {
     }
     setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
   }
-  // The shim goes first so its definitions win; anything already preloaded keeps its place.
-  std::string preload = shim;
-  if (const char *old = std::getenv("LD_PRELOAD"); old && *old) preload += std::string(":") + old;
-  setenv("LD_PRELOAD", preload.c_str(), 1);
+  setenv("LD_PRELOAD", preload_with(shim, std::getenv("LD_PRELOAD")).c_str(), 1);
   if (!mode.empty()) setenv("CUMEMGUARD_MODE", mode.c_str(), 1);
   if (!stacks.empty()) setenv("CUMEMGUARD_STACKS", stacks.c_str(), 1);
   if (!no_summary && !std::getenv("CUMEMGUARD_SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);

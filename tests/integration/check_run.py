@@ -20,6 +20,21 @@ def fail(msg):
 def main():
     cg = os.path.abspath(sys.argv[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
+    # A sanitized build: its runtime must be preloaded first, and the launcher keeps it there.
+    first = os.environ.get("CMG_PRELOAD_FIRST", "")
+    if first:
+        env["LD_PRELOAD"] = first
+    else:
+        # The shim goes first, what was preloaded keeps its order after it, except a sanitizer
+        # runtime, which must stay first (paths need not exist: ld.so only warns).
+        e = dict(env, LD_PRELOAD="/nonexistent/libother.so /nonexistent/libasan.so.8")
+        out = subprocess.run([cg, "run", "--no-summary", "--no-log", "--", "sh", "-c",
+                              'echo "$LD_PRELOAD"'], env=e, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True).stdout.strip()
+        parts = out.split(":")
+        if (len(parts) != 3 or parts[0] != "/nonexistent/libasan.so.8"
+                or not parts[1].endswith("libcumemguard.so") or parts[2] != "/nonexistent/libother.so"):
+            fail(f"LD_PRELOAD given to the program: {out!r}")
     run = lambda args, **kw: subprocess.run([cg, "run", "--no-summary"] + args, env=env,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True, **kw)

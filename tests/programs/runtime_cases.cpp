@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -139,6 +141,25 @@ int threads() {
   return failures.load() ? 1 : 0;
 }
 
+// Forks n children one after the other; returns how many exited with status 0.
+int fork_children(int n) {
+  int ok = 0;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      // The child's CUDA calls are recorded in a log of its own; whatever the driver answers
+      // (the real one refuses a context inherited across fork), the child exits cleanly.
+      void *q = nullptr;
+      (void)cudaMalloc(&q, 4096);
+      std::exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) ++ok;
+  }
+  return ok;
+}
+
 int forked() {
   void *p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, 1 << 20));
@@ -150,22 +171,46 @@ int forked() {
       if (cudaMalloc(&q, 4096) == cudaSuccess) cudaFree(q);
     }
   });
-  int children_ok = 0;
-  for (int i = 0; i < 20; ++i) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      // The child's CUDA calls are recorded in a log of its own; whatever the driver answers
-      // (the real one refuses a context inherited across fork), the child exits cleanly.
-      void *q = nullptr;
-      (void)cudaMalloc(&q, 4096);
-      std::exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) ++children_ok;
-  }
+  const int children_ok = fork_children(20);
   stop = true;
   busy.join();
+  std::printf("children_ok %d\n", children_ok);
+  out("free", cudaFree(p));
+  return 0;
+}
+
+// fork while other threads that made CUDA calls (with stacks on: each has a stack-walk cache) sit
+// idle: the child exits through the leak check of a sanitized build, which must find nothing of
+// the parent's threads or model left unreferenced (the shim's fork handlers).
+int forked_quiet() {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  void *f = nullptr;
+  CHECK_CUDA(cudaMalloc(&f, 4096));
+  CHECK_CUDA(cudaFree(f));  // a freed record in the model too
+  std::mutex m;
+  std::condition_variable cv;
+  bool go = false;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.emplace_back([&] {
+      void *q = nullptr;
+      if (cudaMalloc(&q, 4096) == cudaSuccess) cudaFree(q);
+      std::unique_lock lk(m);
+      ++ready;
+      cv.wait(lk, [&] { return go; });
+    });
+  }
+  while (ready.load() < 4) std::this_thread::yield();
+  int children_ok = 0;
+  {
+    std::lock_guard lk(m);  // every idle thread is inside cv.wait now
+    children_ok = fork_children(5);
+    go = true;
+  }
+  cv.notify_all();
+  for (auto &t : idle) t.join();
   std::printf("children_ok %d\n", children_ok);
   out("free", cudaFree(p));
   return 0;
@@ -190,6 +235,7 @@ int main(int argc, char **argv) {
   if (c == "oom_retry") return oom_retry();
   if (c == "threads") return threads();
   if (c == "fork") return forked();
+  if (c == "fork-quiet") return forked_quiet();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }
