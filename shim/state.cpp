@@ -408,7 +408,7 @@ bool loaded_with_program() {
   struct Find {
     std::uintptr_t self;
     int at = 0, self_at = -1, libc_at = -1;
-  } f{reinterpret_cast<std::uintptr_t>(&final_summary)};
+  } find{reinterpret_cast<std::uintptr_t>(&final_summary)};
   dl_iterate_phdr(
       [](dl_phdr_info *info, std::size_t, void *p) {
         auto &f = *static_cast<Find *>(p);
@@ -422,8 +422,8 @@ bool loaded_with_program() {
         ++f.at;
         return 0;
       },
-      &f);
-  return f.self_at >= 0 && f.libc_at >= 0 && f.self_at < f.libc_at;
+      &find);
+  return find.self_at >= 0 && find.libc_at >= 0 && find.self_at < find.libc_at;
 }
 
 bool g_summary_at_exit = false;

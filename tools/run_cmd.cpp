@@ -56,7 +56,7 @@ void usage(FILE *f) {
                "                    cumemguard.<program>.%%p.log in the current directory\n"
                "  --no-log          write no event log\n"
                "  --mode MODE       guard (default), report or strict\n"
-               "  --stacks N        capture N return addresses per event (0 = off)\n"
+               "  --stacks N        capture N return addresses per event (0 = off, at most 64)\n"
                "  --no-summary      do not print the exit summary\n"
                "  -e NAME=VALUE     set an environment variable for the program (repeatable)\n"
                "  -h, --help        this help\n");
@@ -220,6 +220,18 @@ int run_main(int argc, char **argv) {
     std::fprintf(stderr, "cumemguard run: --mode must be guard, report or strict, not '%s'\n",
                  mode.c_str());
     return 64;
+  }
+  if (!stacks.empty()) {
+    // Checked by the options table the shim reads, so that a bad value stops here instead of
+    // turning stacks off in the program with a warning.
+    const std::pair<std::string_view, std::string_view> kv[] = {{"CUMEMGUARD_STACKS", stacks}};
+    const auto parsed = parse_options(kv);
+    if (!parsed.problems.empty()) {
+      const std::string &why = parsed.problems.front();  // "...; keeping '0'": not here
+      std::fprintf(stderr, "cumemguard run: --stacks: %s\n",
+                   why.substr(0, why.find("; keeping")).c_str());
+      return 64;
+    }
   }
   std::string shim = find_shim();
   if (shim.empty()) {

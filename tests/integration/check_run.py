@@ -47,6 +47,10 @@ def main():
     p = run(["--", "/nonexistent/prog"])
     if p.returncode != 127 or "cannot run" not in p.stderr:
         fail(f"missing program: {p.returncode} {p.stderr!r}")
+    for bad in ("abc", "100"):
+        p = run(["--stacks", bad, "--", "true"])
+        if p.returncode != 64 or "--stacks" not in p.stderr or "keeping" in p.stderr:
+            fail(f"--stacks {bad}: {p.returncode} {p.stderr!r}")
     p = run(["--frobnicate", "--", "true"])
     if p.returncode != 64 or "unknown option" not in p.stderr:
         fail(f"bad option: {p.returncode} {p.stderr!r}")

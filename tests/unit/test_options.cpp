@@ -71,6 +71,14 @@ TEST_CASE("Unknown CUMEMGUARD_ names warn, with a suggestion only for near misse
   CHECK(p.problems[0] ==
         "unknown option CUMEMGUARD_STAKCS (did you mean CUMEMGUARD_STACKS?); ignored");
   CHECK(p.problems[1] == "unknown option CUMEMGUARD_FOO; ignored");
+  // Two adjacent letters swapped are one typo, even in a short name.
+  auto q = parse({{"CUMEMGUARD_MOED", "report"}});
+  REQUIRE(q.problems.size() == 1);
+  CHECK(q.problems[0] == "unknown option CUMEMGUARD_MOED (did you mean CUMEMGUARD_MODE?); ignored");
+  CHECK(cmg::edit_distance("MOED", "MODE") == 1);
+  CHECK(cmg::edit_distance("MODE", "MODE") == 0);
+  CHECK(cmg::edit_distance("STACKS", "STAKCS") == 1);
+  CHECK(cmg::edit_distance("ABC", "CA") == 3);  // no edit of a letter twice (optimal alignment)
 }
 
 TEST_CASE("Strict config makes problems fatal") {
