@@ -43,8 +43,9 @@ bool parse_count(std::string_view s, std::int64_t &out) {
   return ec == std::errc() && p == s.data() + s.size() && out >= 0;
 }
 
+// One line, as for the other commands; the whole usage is one --help away.
 int usage_error(const std::string &msg) {
-  std::cerr << "cumemguard report: " << msg << "\n" << kUsage;
+  std::cerr << "cumemguard report: " << msg << " (see cumemguard report --help)\n";
   return 2;
 }
 

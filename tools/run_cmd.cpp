@@ -212,8 +212,7 @@ int run_main(int argc, char **argv) {
     }
   }
   if (i >= argc) {
-    std::fprintf(stderr, "cumemguard run: no program given\n");
-    usage(stderr);
+    std::fprintf(stderr, "cumemguard run: no program given (see cumemguard run --help)\n");
     return 64;
   }
   if (!mode.empty() && mode != "guard" && mode != "report" && mode != "strict") {
