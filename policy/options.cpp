@@ -80,11 +80,11 @@ bool parse_int(std::string_view s, std::int64_t &out) {
 
 }  // namespace
 
-std::string shown(std::string_view s) {
-  constexpr std::size_t kMax = 64;
+std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed) {
   static const char digits[] = "0123456789abcdef";
   std::string out;
-  for (std::size_t i = 0; i < s.size() && i < kMax; ++i) {
+  std::size_t i = 0;
+  for (; i < s.size() && out.size() < max_out; ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7f) {
       out += "\\x";
@@ -94,6 +94,14 @@ std::string shown(std::string_view s) {
       out += static_cast<char>(c);
     }
   }
+  consumed = i;
+  return out;
+}
+
+std::string shown(std::string_view s) {
+  constexpr std::size_t kMax = 64;
+  std::size_t used = 0;
+  std::string out = escape_controls(s.substr(0, kMax), std::string::npos, used);
   if (s.size() > kMax) out += "... (" + std::to_string(s.size()) + " bytes)";
   return out;
 }

@@ -78,7 +78,11 @@ bool parse_bool(std::string_view s, bool &out);
 // escaped (a newline must not start a second line, an escape sequence must not reach the
 // terminal) and long text shortened to 64 bytes (a megabyte of garbage is still one short line).
 std::string shown(std::string_view s);
-// Case-insensitive Levenshtein distance, for "did you mean" hints on misspelt names.
+// s with control bytes written as \xNN, cut once the result reaches max_out bytes; consumed says
+// how many bytes of s it covers. Every diagnostic line goes through it (options, the shim's stderr).
+std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed);
+// Case-insensitive edit distance (optimal string alignment: an adjacent swap counts one), for
+// "did you mean" hints on misspelt names.
 std::size_t edit_distance(std::string_view a, std::string_view b);
 
 }  // namespace cmg

@@ -65,21 +65,9 @@ void write_note_record(LogLevel level, std::string_view msg) {
 constexpr std::size_t kMaxLine = 2000;
 
 std::string one_line(std::string_view msg) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(std::min(msg.size(), kMaxLine) + 32);
-  std::size_t i = 0;
-  for (; i < msg.size() && out.size() < kMaxLine; ++i) {
-    const auto c = static_cast<unsigned char>(msg[i]);
-    if (c < 0x20 || c == 0x7f) {
-      out += "\\x";
-      out += digits[c >> 4];
-      out += digits[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (i < msg.size()) out += "... (" + std::to_string(msg.size() - i) + " more bytes)";
+  std::size_t used = 0;
+  std::string out = escape_controls(msg, kMaxLine, used);
+  if (used < msg.size()) out += "... (" + std::to_string(msg.size() - used) + " more bytes)";
   return out;
 }
 

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.h"
+
 namespace {
 
 const char *en(CUresult r) {
@@ -52,15 +54,6 @@ void must(CUresult r, const char *what) {
                 : 1);
 }
 #define MUST(call) must((call), #call)
-
-CUmemAllocationProp device_prop() {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = 0;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
 
 CUresult set_rw(CUdeviceptr p, size_t size) {
   CUmemAccessDesc d{};

@@ -59,3 +59,14 @@ inline CUcontext init_primary() {
   CHECK_CU(cuCtxSetCurrent(c));
   return c;
 }
+
+// A pinned device allocation on device 0 that can be exported to a file descriptor: the properties
+// every VMM test program creates its allocations with.
+inline CUmemAllocationProp device_prop(CUmemLocationType loc = CU_MEM_LOCATION_TYPE_DEVICE) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = loc;
+  p.location.id = 0;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}

@@ -17,18 +17,9 @@ CUcontext g_ctx = nullptr;
 
 void out(const char *step, CUresult r) { std::printf("%s %s\n", step, cu_name(r)); }
 
-CUmemAllocationProp prop_for(CUmemLocationType loc = CU_MEM_LOCATION_TYPE_DEVICE) {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = loc;
-  p.location.id = 0;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
-
 CUresult create(CUmemGenericAllocationHandle *h, size_t size,
                 CUmemLocationType loc = CU_MEM_LOCATION_TYPE_DEVICE) {
-  CUmemAllocationProp p = prop_for(loc);
+  CUmemAllocationProp p = device_prop(loc);
   return cuMemCreate(h, size, &p, 0);
 }
 
@@ -260,7 +251,7 @@ int main(int argc, char **argv) {
     return 64;
   }
   g_ctx = init_primary();
-  CUmemAllocationProp p = prop_for();
+  CUmemAllocationProp p = device_prop();
   CHECK_CU(cuMemGetAllocationGranularity(&G, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   std::string c = argv[1];
   if (c == "P01") return p01();

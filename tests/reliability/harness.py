@@ -3,6 +3,7 @@
 # without the shim, reading logs line by line, and the failure type the cases raise.
 import json
 import os
+import shutil
 import subprocess
 
 
@@ -87,3 +88,15 @@ def logs_in(d):
 
 def stderr_lines(err):
     return [l for l in err.splitlines() if l.startswith("cumemguard")]
+
+
+def run_case(name, fn, tmp):
+    """Runs one case: prints "ok NAME" and removes tmp, or "FAIL NAME: why" and keeps it."""
+    try:
+        fn()
+    except Failure as e:
+        print(f"FAIL {name}: {e}\n  (files kept in {tmp})")
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"ok {name}")
+    return 0

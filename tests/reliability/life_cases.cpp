@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "../programs/cuda_check.h"
+
 extern char **environ;
 
 namespace {
@@ -29,15 +31,6 @@ namespace {
 const char *g_self = nullptr;
 
 void out(const char *step, long long v) { std::printf("%s %lld\n", step, v); }
-
-CUmemAllocationProp prop() {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = 0;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
 
 // One round of the traffic every hook sees: linear memory through the runtime and the driver, and
 // a full VMM cycle. Returns the number of calls that failed.
@@ -49,7 +42,7 @@ int traffic_round() {
   CUdeviceptr d = 0;
   if (cuMemAlloc(&d, 8192) != CUDA_SUCCESS) ++bad;
   else if (cuMemFree(d) != CUDA_SUCCESS) ++bad;
-  CUmemAllocationProp pr = prop();
+  CUmemAllocationProp pr = device_prop();
   CUmemGenericAllocationHandle h = 0;
   CUdeviceptr v = 0;
   if (cuMemCreate(&h, 2 << 20, &pr, 0) != CUDA_SUCCESS) return bad + 1;
@@ -230,7 +223,7 @@ struct LateFree {
 
 int static_dtor() {
   if (cudaMalloc(&g_late.p, 1 << 20) != cudaSuccess) return 2;
-  CUmemAllocationProp pr = prop();
+  CUmemAllocationProp pr = device_prop();
   if (cuMemCreate(&g_late.h, 2 << 20, &pr, 0) != CUDA_SUCCESS) return 2;
   if (cuMemAddressReserve(&g_late.v, 2 << 20, 0, 0, 0) != CUDA_SUCCESS) return 2;
   if (cuMemMap(g_late.v, 2 << 20, 0, g_late.h, 0) != CUDA_SUCCESS) return 2;

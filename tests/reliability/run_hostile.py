@@ -8,7 +8,6 @@
 import argparse
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -16,7 +15,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Build, Failure, expect, logs_in, read_log, scale, steps, stderr_lines  # noqa: E402
+from harness import (Build, Failure, expect, logs_in, read_log, run_case, scale, steps,  # noqa: E402
+                     stderr_lines)
 
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GARBAGE = ["", "garbage", "-1", "0", "99999999999999999999999999", "18446744073709551616",
@@ -282,14 +282,7 @@ def main():
         "interposer-before": lambda r: case_interposer(r, True),
         "interposer-after": lambda r: case_interposer(r, False),
     }
-    try:
-        cases[a.case](Runner(b, tmp))
-    except Failure as e:
-        print(f"FAIL {a.case}: {e}\n  (files kept in {tmp})")
-        return 1
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {a.case}")
-    return 0
+    return run_case(a.case, lambda: cases[a.case](Runner(b, tmp)), tmp)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@
 # record where the process ended normally (docs/reliability.md, "Process life").
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +13,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Build, Failure, expect, logs_in, read_log, scale, steps, stderr_lines  # noqa: E402
+from harness import (Build, Failure, expect, logs_in, read_log, run_case, scale, steps,  # noqa: E402
+                     stderr_lines)
 
 
 def sanitizer_signal_options(env):
@@ -283,14 +283,7 @@ def main():
         "handler-first": lambda: case_crash(b, tmp, "handler-first", 0, own=True),
         "crash-off": lambda: case_crash(b, tmp, "crash-segv", signal.SIGSEGV, off=True),
     }
-    try:
-        cases[a.case]()
-    except Failure as e:
-        print(f"FAIL {a.case}: {e}\n  (files kept in {tmp})")
-        return 1
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {a.case}")
-    return 0
+    return run_case(a.case, cases[a.case], tmp)
 
 
 if __name__ == "__main__":

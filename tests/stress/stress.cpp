@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fakecuda.h"
+#include "../programs/cuda_check.h"
 
 namespace {
 
@@ -154,15 +155,6 @@ struct Res {
   bool ever_mapped = false;
 };
 
-CUmemAllocationProp prop() {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = 0;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
-
 template <class V>
 typename V::value_type take(V &v, std::size_t i) {
   auto x = v[i];
@@ -182,7 +174,7 @@ void worker(std::uint64_t seed, int ops) {
   std::vector<Phys> phys;
   std::vector<CUmemGenericAllocationHandle> released;  // for deliberate double releases
   std::vector<Res> res;
-  const CUmemAllocationProp pr = prop();
+  const CUmemAllocationProp pr = device_prop();
   CUmemAccessDesc acc{};
   acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   acc.location.id = 0;
