@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "fork_gate.h"
 
 namespace {
 
@@ -142,10 +143,10 @@ int threads() {
 }
 
 // Forks n children one after the other; returns how many exited with status 0.
-int fork_children(int n) {
+int fork_children(int n, ForkGate *gate = nullptr) {
   int ok = 0;
   for (int i = 0; i < n; ++i) {
-    pid_t pid = fork();
+    pid_t pid = gate ? gate->fork() : fork();
     if (pid == 0) {
       // The child's CUDA calls are recorded in a log of its own; whatever the driver answers
       // (the real one refuses a context inherited across fork), the child exits cleanly.
@@ -165,13 +166,15 @@ int forked() {
   CHECK_CUDA(cudaMalloc(&p, 1 << 20));
   // Another thread holds the shim busy while this one forks: the child must not deadlock.
   std::atomic<bool> stop{false};
+  ForkGate gate(1);
   std::thread busy([&] {
-    while (!stop) {
+    for (bool first = true; !stop; first = false) {
+      GateRound round(gate, first);
       void *q = nullptr;
       if (cudaMalloc(&q, 4096) == cudaSuccess) cudaFree(q);
     }
   });
-  const int children_ok = fork_children(20);
+  const int children_ok = fork_children(20, &gate);
   stop = true;
   busy.join();
   std::printf("children_ok %d\n", children_ok);

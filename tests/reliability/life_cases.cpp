@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../programs/cuda_check.h"
+#include "../programs/fork_gate.h"
 
 extern char **environ;
 
@@ -56,14 +57,21 @@ int traffic_round() {
 
 // Threads that keep calling into the shim (its model, log and stack-table locks) until stopped.
 struct Busy {
+  ForkGate gate;
   std::atomic<bool> stop{false};
   std::atomic<int> failures{0};
   std::vector<std::thread> ts;
-  explicit Busy(int n) {
+  explicit Busy(int n) : gate(n) {
     for (int i = 0; i < n; ++i)
       ts.emplace_back([this] {
-        cudaFree(nullptr);  // the runtime makes the primary context current on this thread
-        while (!stop.load(std::memory_order_relaxed)) failures += traffic_round();
+        {
+          GateRound round(gate, true);
+          cudaFree(nullptr);  // the runtime makes the primary context current on this thread
+        }
+        while (!stop.load(std::memory_order_relaxed)) {
+          GateRound round(gate);
+          failures += traffic_round();
+        }
       });
   }
   void join() {
@@ -103,7 +111,7 @@ int fork_locks() {
   int ok = 0, hung = 0;
   std::thread forker([&] {
     for (int i = 0; i < 30; ++i) {
-      pid_t pid = fork();
+      pid_t pid = busy.gate.fork();
       if (pid == 0) {
         void *q = nullptr;
         (void)cudaMalloc(&q, 4096);
