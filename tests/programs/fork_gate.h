@@ -1,19 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // ForkGate: lets the test programs that fork while other threads make CUDA calls run under a
-// memory allocator that is not fork-safe. gcc 12's AddressSanitizer runtime takes no lock of its
-// own allocator around fork() (later LLVM runtimes do): a child forked while another thread held
-// one of its size-class locks waits on that lock forever at its next malloc (seen as
-// SizeClassAllocator64::GetFromAllocator in the hung child). The shim and glibc's malloc are not
-// involved, so the sanitized runs set CMG_TEST_FORK_GATE and the threads that make calls park
-// between calls while fork() runs; without it (normal and ThreadSanitizer builds) fork() lands
-// wherever they are, inside the shim's locks included.
+// memory allocator that is not fork-safe. The AddressSanitizer runtimes of gcc 12 and clang 14
+// install no fork handler for their own allocator: a child forked while another thread held one
+// of its size-class locks waits on that lock forever at its next malloc (a hung child's stack ends
+// in SizeClassAllocator64::GetFromAllocator). Even a child that only execs allocates first, in
+// the shim's fork handler. The lock is the runtime's own, which no fork handler of the shim can
+// take, so the AddressSanitizer runs set CMG_TEST_FORK_GATE and the threads that make calls park
+// between calls while fork() runs; without it (normal and ThreadSanitizer builds, whose
+// allocators are fork-safe) fork() lands wherever they are, inside the shim's locks included.
 #pragma once
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 
 class ForkGate {
  public:
@@ -70,3 +75,37 @@ class GateRound {
  private:
   ForkGate &g_;
 };
+
+// fork() once the thread named `comm` (one the program does not control, like the shim's IPC
+// broker, which allocates as it starts and serves) is blocked in poll, when the gate is on; at
+// most 5 s of waiting. A process without such a thread forks at once.
+inline pid_t fork_when_blocked(const char *comm) {
+  if (std::getenv("CMG_TEST_FORK_GATE") == nullptr) return ::fork();
+  for (int tries = 0; tries < 5000; ++tries) {
+    bool found = false, blocked = false;
+    if (DIR *d = opendir("/proc/self/task")) {
+      while (dirent *e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        const std::string task = std::string("/proc/self/task/") + e->d_name;
+        char name[32] = {}, sys[32] = {};
+        if (FILE *f = std::fopen((task + "/comm").c_str(), "r")) {
+          if (!std::fgets(name, sizeof name, f)) name[0] = 0;
+          std::fclose(f);
+        }
+        name[std::strcspn(name, "\n")] = 0;
+        if (std::strcmp(name, comm) != 0) continue;
+        found = true;
+        if (FILE *f = std::fopen((task + "/syscall").c_str(), "r")) {
+          if (!std::fgets(sys, sizeof sys, f)) sys[0] = 0;
+          std::fclose(f);
+        }
+        const long nr = std::strtol(sys, nullptr, 10);  // x86-64: 7 poll, 271 ppoll
+        blocked = nr == 7 || nr == 271;
+      }
+      closedir(d);
+    }
+    if (!found || blocked) break;
+    usleep(1000);
+  }
+  return ::fork();
+}

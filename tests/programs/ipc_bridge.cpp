@@ -27,6 +27,7 @@
 
 #include "cuda_check.h"
 #include "fakecuda.h"
+#include "fork_gate.h"
 
 namespace {
 
@@ -186,7 +187,7 @@ Peer spawn(const char *role, const char *cas, int uid_to_drop = -1) {
   if (pipe(a) != 0 || pipe(b) != 0) std::exit(4);
   std::fflush(stdout);
   Peer p;
-  p.pid = fork();
+  p.pid = fork_when_blocked("cmg-ipc-broker");
   if (p.pid == 0) {
     close(a[1]);
     close(b[0]);
@@ -713,7 +714,7 @@ int forked() {
   CUipcMemHandle h{};
   out("export", export_drv(h, s.v));
   std::fflush(stdout);
-  pid_t c = fork();
+  pid_t c = fork_when_blocked("cmg-ipc-broker");
   if (c == 0) {
     // Our abstract name in /proc/net/unix gives the listener's inode; no descriptor of ours may
     // point at it.

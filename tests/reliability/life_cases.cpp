@@ -103,8 +103,8 @@ int child_work() {
 }
 
 int fork_locks() {
-  // Forks from a thread that is not main, while 6 others are inside the shim: the child must find
-  // every shim lock free (pthread_atfork), make calls and exit. On the fake driver, as on the real
+  // Forks from a thread that is not main, while 6 others are inside the shim (between calls under
+  // the fork gate): the child must find every shim lock free (pthread_atfork), make calls and exit. On the fake driver, as on the real
   // one, a forked child cannot use the parent's context; it still writes its own log.
   cudaFree(nullptr);
   Busy busy(6);
@@ -138,7 +138,7 @@ int fork_exec(const char *how) {
   const char *argv[] = {g_self, "child-work", nullptr};
   pid_t pid = -1;
   if (std::strcmp(how, "fork") == 0) {
-    pid = fork();
+    pid = busy.gate.fork();  // the shim's fork handler allocates in the child before execv
     if (pid == 0) {
       execv(g_self, const_cast<char **>(argv));
       _exit(127);
