@@ -107,6 +107,9 @@ void write_header() {
       j.str(std::string("CUMEMGUARD_") + std::string(v.spec->name), v.raw);
   j.end_object();
   s.log.write(j.finish(), 0);
+  // On disk at once: a log whose process is killed before the next flush still says whose it is,
+  // and the report reads it as cut off rather than as not a log.
+  s.log.flush();
 }
 
 // fork(): every lock of the shim but the linear shards' is held across it, taken in the one order

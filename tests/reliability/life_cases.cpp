@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Process-life cases for the shim (run_life.py): fork from a thread while other threads hold the
 // shim's locks, fork+exec, vfork, posix_spawn, exit() from a thread, frees from static destructors
-// after main() returns, a long-running writer to be killed, and crashes. Each case prints one
+// after main() returns, a long-running writer and an idle process to be killed, and crashes. Each case prints one
 // "step value" line per result the harness checks; the same binary runs with and without the shim.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -249,6 +249,15 @@ int spin() {
   for (;;) pause();
 }
 
+int idle() {
+  // One call, then nothing until killed (run_life.py sends SIGKILL): whatever the shim keeps in
+  // memory is lost, and its header must already be on disk.
+  cudaFree(nullptr);
+  std::printf("idle\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
 // A real fault, not undefined behaviour a sanitizer would report first: a store to a page that
 // exists and may not be written.
 void fault() {
@@ -327,6 +336,7 @@ int main(int argc, char **argv) {
   if (c == "exit-thread") return exit_thread();
   if (c == "static-dtor") return static_dtor();
   if (c == "spin") return spin();
+  if (c == "idle") return idle();
   if (c == "crash-segv") return crash("segv", false);
   if (c == "crash-abort") return crash("abort", false);
   if (c == "crash-thread") return crash("thread", false);

@@ -209,6 +209,26 @@ def case_kill(b, tmp, sig):
                f"the report does not say the log was cut off:\n{out[:1500]}")
 
 
+def case_kill_idle(b, tmp):
+    # Killed after one call and nothing since: no later write has flushed the log's buffer, so the
+    # header is there only because it went to disk when the log was opened.
+    argv = [b.prog("tests", "reliability", "life_cases"), "idle"]
+    p = subprocess.Popen(argv, env=b.env(log=os.path.join(tmp, "log.%p")),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = p.stdout.readline()
+    expect(line.strip() == b"idle", f"the program did not start: {line!r}")
+    p.kill()
+    p.wait(timeout=30 * scale())
+    expect(p.returncode == -signal.SIGKILL, f"exit {p.returncode}, expected death by SIGKILL")
+    (log,) = logs_in(tmp)
+    recs, _ = read_log(log, allow_cut_last=True)
+    expect(recs and recs[0].get("cumemguard_log") == 1 and recs[0].get("pid") == p.pid,
+           f"{log}: no header of pid {p.pid}: {recs[:1]}")
+    rc, out, err = b.run([b.prog("tools", "cumemguard"), "report", "--no-symbolize", log],
+                         b.env(shim=False))
+    expect(rc == 0 and "TRUNCATED" in out, f"cumemguard report on the killed log: exit {rc}\n{out[:1500]}{err}")
+
+
 def case_crash(b, tmp, case, want_sig, own=False, off=False):
     argv = [b.prog("tests", "reliability", "life_cases"), case]
     base_env = b.env(shim=False)
@@ -271,6 +291,7 @@ def main():
         "exit-thread": lambda: case_exit_thread(b, tmp),
         "sigterm": lambda: case_kill(b, tmp, signal.SIGTERM),
         "sigkill": lambda: case_kill(b, tmp, signal.SIGKILL),
+        "kill-idle": lambda: case_kill_idle(b, tmp),
         "crash-segv": lambda: case_crash(b, tmp, "crash-segv", signal.SIGSEGV),
         "crash-abort": lambda: case_crash(b, tmp, "crash-abort", signal.SIGABRT),
         "crash-thread": lambda: case_crash(b, tmp, "crash-thread", signal.SIGSEGV),
