@@ -6,7 +6,6 @@
 import argparse
 import glob
 import json
-import re
 import os
 import shutil
 import subprocess
@@ -912,10 +911,6 @@ def main():
     first = os.environ.get("CMG_PRELOAD_FIRST", "")
     if first:
         env["LD_PRELOAD"] = f"{first}:{other}" if other else first
-        if re.search(r"lib(clang_rt\.)?asan", os.path.basename(first)):
-            # An AddressSanitizer runtime's allocator is not fork-safe: the programs that fork
-            # while other threads allocate park those threads first (tests/programs/fork_gate.h).
-            env["CMG_TEST_FORK_GATE"] = "1"
 
     # 1. Without the shim: the driver's own answers.
     rc, out, err = run(cmd + c["args"], env)

@@ -5,12 +5,14 @@
 // of its size-class locks waits on that lock forever at its next malloc (a hung child's stack ends
 // in SizeClassAllocator64::GetFromAllocator). Even a child that only execs allocates first, in
 // the shim's fork handler. The lock is the runtime's own, which no fork handler of the shim can
-// take, so the AddressSanitizer runs set CMG_TEST_FORK_GATE and the threads that make calls park
-// between calls while fork() runs; without it (normal and ThreadSanitizer builds, whose
-// allocators are fork-safe) fork() lands wherever they are, inside the shim's locks included.
+// take, so the AddressSanitizer runs set CMG_TEST_FORK_GATE (tests/meson.build) and the threads
+// that make calls park between calls while fork() runs; without it (normal and ThreadSanitizer
+// builds, whose allocators are fork-safe) fork() lands wherever they are, inside the shim's locks
+// included.
 #pragma once
 
 #include <dirent.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -19,6 +21,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+
+inline bool fork_gate_on() { return std::getenv("CMG_TEST_FORK_GATE") != nullptr; }
 
 class ForkGate {
  public:
@@ -55,7 +59,7 @@ class ForkGate {
   }
 
  private:
-  const bool on_ = std::getenv("CMG_TEST_FORK_GATE") != nullptr;
+  const bool on_ = fork_gate_on();
   const int workers_;
   std::mutex m_;
   std::condition_variable cv_;
@@ -80,7 +84,7 @@ class GateRound {
 // broker, which allocates as it starts and serves) is blocked in poll, when the gate is on; at
 // most 5 s of waiting. A process without such a thread forks at once.
 inline pid_t fork_when_blocked(const char *comm) {
-  if (std::getenv("CMG_TEST_FORK_GATE") == nullptr) return ::fork();
+  if (!fork_gate_on()) return ::fork();
   for (int tries = 0; tries < 5000; ++tries) {
     bool found = false, blocked = false;
     if (DIR *d = opendir("/proc/self/task")) {
@@ -99,8 +103,8 @@ inline pid_t fork_when_blocked(const char *comm) {
           if (!std::fgets(sys, sizeof sys, f)) sys[0] = 0;
           std::fclose(f);
         }
-        const long nr = std::strtol(sys, nullptr, 10);  // x86-64: 7 poll, 271 ppoll
-        blocked = nr == 7 || nr == 271;
+        const long nr = std::strtol(sys, nullptr, 10);  // the system call it is blocked in
+        blocked = nr == SYS_poll || nr == SYS_ppoll;
       }
       closedir(d);
     }

@@ -3,7 +3,6 @@
 # without the shim, reading logs line by line, and the failure type the cases raise.
 import json
 import os
-import re
 import shutil
 import subprocess
 
@@ -28,9 +27,6 @@ class Build:
         self.shim = os.path.join(self.root, "shim", "libcumemguard.so")
         self.fake = os.path.join(self.root, "tests", "fakecuda")
         self.first = os.environ.get("CMG_PRELOAD_FIRST", "")
-        # An AddressSanitizer runtime's allocator is not fork-safe: the programs that fork while
-        # other threads allocate park those threads first (tests/programs/fork_gate.h).
-        self.fork_gate = bool(re.search(r"lib(clang_rt\.)?asan", os.path.basename(self.first)))
 
     def prog(self, *parts):
         return os.path.join(self.root, *parts)
@@ -47,8 +43,6 @@ class Build:
             env["LD_PRELOAD"] = ":".join(([self.first] if self.first else []) + libs)
         if log:
             env["CUMEMGUARD_LOG"] = log
-        if self.fork_gate:
-            env["CMG_TEST_FORK_GATE"] = "1"
         env.update(extra or {})
         return env
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Process-life cases for the shim (run_life.py): fork from a thread while other threads hold the
 // shim's locks, fork+exec, vfork, posix_spawn, exit() from a thread, frees from static destructors
-// after main() returns, a long-running writer and an idle process to be killed, and crashes. Each case prints one
-// "step value" line per result the harness checks; the same binary runs with and without the shim.
+// after main() returns, a long-running writer and an idle process to be killed, and crashes. Each
+// case prints one "step value" line per result the harness checks; the same binary runs with and
+// without the shim.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
@@ -104,8 +105,9 @@ int child_work() {
 
 int fork_locks() {
   // Forks from a thread that is not main, while 6 others are inside the shim (between calls under
-  // the fork gate): the child must find every shim lock free (pthread_atfork), make calls and exit. On the fake driver, as on the real
-  // one, a forked child cannot use the parent's context; it still writes its own log.
+  // the fork gate): the child must find every shim lock free (pthread_atfork), make calls and
+  // exit. On the fake driver, as on the real one, a forked child cannot use the parent's context;
+  // it still writes its own log.
   cudaFree(nullptr);
   Busy busy(6);
   int ok = 0, hung = 0;

@@ -37,8 +37,8 @@ def case_fork_locks(b, tmp):
     argv = [b.prog("tests", "reliability", "life_cases"), "fork-locks"]
     rc, out, err = b.run(argv, b.env(shim=False), timeout=240)
     expect(rc == 0 and steps(out).get("children_ok") == "30", f"without shim: {rc} {out} {err}")
-    extra = {"CUMEMGUARD_STACKS": "8"}
-    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p"), extra=extra), timeout=240)
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p"),
+                                     extra={"CUMEMGUARD_STACKS": "8"}), timeout=240)
     s = steps(out)
     expect(rc == 0, f"exit {rc}\n{err[-2000:]}")
     expect(s.get("children_hung") == "0", f"{s.get('children_hung')} children hung")
@@ -226,7 +226,8 @@ def case_kill_idle(b, tmp):
            f"{log}: no header of pid {p.pid}: {recs[:1]}")
     rc, out, err = b.run([b.prog("tools", "cumemguard"), "report", "--no-symbolize", log],
                          b.env(shim=False))
-    expect(rc == 0 and "TRUNCATED" in out, f"cumemguard report on the killed log: exit {rc}\n{out[:1500]}{err}")
+    expect(rc == 0 and "TRUNCATED" in out,
+           f"cumemguard report on the killed log: exit {rc}\n{out[:1500]}{err}")
 
 
 def case_crash(b, tmp, case, want_sig, own=False, off=False):
