@@ -25,7 +25,18 @@ struct EventRef {
 // What kind of memory an allocation or a call concerns (log field `mem`).
 enum class MemKind : std::uint8_t { Linear, Async, Managed, Host, Vmm, Va, Ipc };
 inline constexpr int kMemKinds = 7;
-std::string_view mem_kind_name(MemKind k);
+constexpr std::string_view mem_kind_name(MemKind k) {
+  switch (k) {
+    case MemKind::Linear: return "linear";
+    case MemKind::Async: return "async";
+    case MemKind::Managed: return "managed";
+    case MemKind::Host: return "host";
+    case MemKind::Vmm: return "vmm";
+    case MemKind::Va: return "va";
+    case MemKind::Ipc: return "ipc";
+  }
+  return "?";
+}
 
 // Physical allocation location (CUmemLocationType reduced to what the model needs).
 enum class Location : std::uint8_t { Device, Host, HostNuma, Other };
@@ -44,9 +55,5 @@ struct Finding {
   std::uint64_t bytes = 0;
   std::uint64_t blocked_ns = 0;
 };
-
-// Render helpers used by the policy when it writes messages and state objects.
-std::string hex(std::uint64_t v);
-std::string json_escape(std::string_view s);
 
 }  // namespace cmg

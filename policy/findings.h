@@ -10,14 +10,17 @@ namespace cmg {
 
 enum class Action : unsigned char { Forward, Skip, Defer, Abort };
 
+// When a finding stands (findings.def): always, or only when the driver refuses the call.
+enum class Stands : unsigned char { Always, IfRefused };
+
 enum class FindingClass : unsigned char {
-#define CMG_FINDING(e, id, act, help) e,
+#define CMG_FINDING(e, id, act, stands, help) e,
 #include "findings.def"
 #undef CMG_FINDING
 };
 
 inline constexpr std::size_t kFindingClassCount = 0
-#define CMG_FINDING(e, id, act, help) +1
+#define CMG_FINDING(e, id, act, stands, help) +1
 #include "findings.def"
 #undef CMG_FINDING
     ;
@@ -27,6 +30,7 @@ struct FindingInfo {
   std::string_view id;      // "double-release"
   std::string_view option;  // "ACTION_DOUBLE_RELEASE"
   Action guard_action;      // what guard mode does by default
+  Stands stands;            // IfRefused: dropped when the driver accepts the call
   std::string_view help;
 };
 

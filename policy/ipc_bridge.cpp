@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The legacy-IPC bridge without CUDA (see ipc_bridge.h and docs/ipc-bridge.md).
 #include "ipc_bridge.h"
+#include "text.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -51,13 +52,6 @@ std::string mib(std::uint64_t b) {
   else
     std::snprintf(buf, sizeof buf, "%" PRIu64 " bytes", b);
   return buf;
-}
-
-std::string at_seq(const EventRef &e) {
-  if (!e.known()) return "before tracking";
-  std::string s = "seq " + std::to_string(e.seq);
-  if (e.api) s += std::string(" (") + e.api + ")";
-  return s;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // Transport registry, flush classification and flush policy (see transport.h).
 #include "transport.h"
 
+#include "text.h"
+
 #include <cstdio>
 #include <new>
 

@@ -180,10 +180,10 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     }
   }
   if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
-    if (auto res = s.vmm.reservation_containing(ptr)) {
+    if (auto res = s.vmm.reservation_range(ptr)) {
       v.cls = FreeClass::InVmm;
-      v.vmm_base = res->base;
-      v.vmm_size = res->size;
+      v.vmm_base = res->first;
+      v.vmm_size = res->second;
     }
   }
   Finding f = finding_for_free(v, api_name(api), ptr);
@@ -192,18 +192,17 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
   // proven redundant: forward it, and report it only if the driver refuses.
   const bool async = v.rec.kind == MemKind::Async;
   const bool proven = v.cls == FreeClass::DoubleFree && !async;
-  const bool confirm = needs_driver_refusal(f.cls) || (v.cls == FreeClass::DoubleFree && async);
-  const Action a = decide(f, proven);
-  if (a == Action::Skip) {
-    report_finding(c, std::move(f), a, 0, args);
+  const Decision d = decide(s.opts, f.cls, proven, v.cls == FreeClass::DoubleFree && async);
+  if (d.skip) {
+    report_finding(c, std::move(f), d.action, 0, args);
     Call::Extra x;
     x.skipped = true;
     c.log(0, args, x);
     return R(0);
   }
-  if (a == Action::Abort && !confirm) report_finding(c, f, a, -1, args);
+  if (d.abort_first) report_finding(c, f, d.action, -1, args);
   R r = real();
-  if (!confirm || r != R(0)) report_finding(c, std::move(f), a, static_cast<int>(r), args);
+  if (d.stands(r == R(0))) report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
   c.log(static_cast<int>(r), args);
   return r;
 }

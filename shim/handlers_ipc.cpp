@@ -48,7 +48,7 @@ ipc::TorchHint torch_now() {
 // The IPC calls the shim answers itself are recorded as answered without the driver ("skip"),
 // unless strict mode aborts.
 Action answered(const Finding &f) {
-  const Action a = decide(f, false);
+  const Action a = decide(state().opts, f.cls, false).action;
   return a == Action::Abort ? a : Action::Skip;
 }
 
@@ -107,7 +107,7 @@ int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, const std::functio
   Finding f = ipc::ipc_vmm_finding(v->s, torch_now(), plan);
   if (plan.what == ipc::ExportPlan::What::Deny)
     return answer_error(c, std::move(f), k.codes.invalid_value, args);
-  const Action a = decide(f, false);
+  const Action a = decide(state().opts, f.cls, false).action;
   int r = real();
   // The finding stands only if the driver refuses (real-driver.md section 2); a driver that
   // accepts the call proves the model wrong, not the program.

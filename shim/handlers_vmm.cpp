@@ -18,54 +18,28 @@ Location location_of(const CUmemAllocationProp *prop) {
   }
 }
 
-// What the model knows of the range, for the record of a call the driver refused. Computed only
-// then (after the rollback, so it describes the range as it was before the call): on success it
-// would cost a locked look-up per call for nothing.
-struct NoVaState {
-  const char *operator()() const { return nullptr; }
-};
-
-// Runs a call the model has a verdict on: skip (proven redundant), abort (strict), or forward and
-// then commit or roll back. Returns the status the caller gets.
-template <class Real, class Commit, class Rollback, class VaState = NoVaState>
-CUresult with_verdict(Call &c, VmmVerdict &v, Args &args, Real &&real, Commit &&commit,
-                      Rollback &&rollback, VaState &&va_state = VaState{}) {
-  if (v.finding) {
-    const Action a = decide(*v.finding, v.skippable);
-    const FindingClass cls = v.finding->cls;
-    if (a == Action::Skip) {
-      rollback();  // a skippable verdict changed nothing; this keeps that true by construction
-      report_finding(c, std::move(*v.finding), a, CUDA_SUCCESS, args);
-      Call::Extra x;
-      x.skipped = true;
-      c.log(CUDA_SUCCESS, args, x);
-      return CUDA_SUCCESS;
-    }
-    if (a == Action::Abort && !needs_driver_refusal(cls)) {
-      rollback();
-      report_finding(c, std::move(*v.finding), a, -1, args);
-    }
-    CUresult r = real();
-    Call::Extra x = r == CUDA_SUCCESS ? commit() : (rollback(), Call::Extra{});
-    if (r != CUDA_SUCCESS) x.va_state = va_state();
-    if (!needs_driver_refusal(cls) || r != CUDA_SUCCESS)
-      report_finding(c, std::move(*v.finding), a, r, args);
-    c.log(r, args, x);
-    return r;
-  }
-  CUresult r = real();
-  Call::Extra x = r == CUDA_SUCCESS ? commit() : (rollback(), Call::Extra{});
-  if (r != CUDA_SUCCESS) x.va_state = va_state();
-  c.log(r, args, x);
-  return r;
-}
-
-Call::Extra freed_extra(const VmmModel::Freed &f) {
+// Runs a VMM call whose transaction the model opened: the ticket says whether the driver is
+// called (policy/decide.h), the model completes the transaction with the driver's answer, and the
+// finding is reported when it stands. Nothing here decides.
+template <class Real>
+CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real) {
+  const VmmOutcome o = run_transaction(state().vmm, t, real);
+  if (o.abort_first) report_finding(c, *t.finding, Action::Abort, -1, args);  // does not return
+  if (o.report) report_finding(c, std::move(*t.finding), t.decision.action, o.status, args);
   Call::Extra x;
-  x.mem = MemKind::Vmm;
-  x.dev = f.dev;
-  x.delta = -static_cast<std::int64_t>(f.bytes);
-  return x;
+  x.skipped = !o.called;
+  const bool ok = o.called && o.status == CUDA_SUCCESS;
+  if (ok && (t.op == VmmTicket::Op::Unmap || t.op == VmmTicket::Op::Release)) {
+    x.mem = MemKind::Vmm;
+    x.dev = o.freed.dev;
+    x.delta = -static_cast<std::int64_t>(o.freed.bytes);
+  } else if (ok && t.va_freed) {
+    x.mem = MemKind::Va;
+    x.delta = -static_cast<std::int64_t>(t.size);
+  }
+  x.va_state = t.va_state;
+  c.log(o.status, args, x);
+  return static_cast<CUresult>(o.status);
 }
 
 }  // namespace
@@ -106,8 +80,7 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
   const Location loc = location_of(prop);
   // The types the allocation really has (bug-patterns.md P15), not the ones first asked for.
   state().vmm.on_create(*h, size, loc, prop->location.id,
-                        static_cast<unsigned>(use->requestedHandleTypes), false, c.ev());
-  VmmModel::break_pairing(t_vmm);
+                        static_cast<unsigned>(use->requestedHandleTypes), false, c.ev(), t_vmm);
   Call::Extra x;
   x.mem = MemKind::Vmm;
   x.dev = loc == Location::Device ? prop->location.id : -1;
@@ -121,12 +94,10 @@ CUresult vmm_release(CUmemGenericAllocationHandle h) {
   Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
-  VmmVerdict v = s.vmm.begin_release(h, c.ev(), t_vmm);
+  VmmTicket t = s.vmm.begin_release(h, c.ev(), t_vmm, s.opts);
   Args args;
   args.hex("handle", h);
-  return with_verdict(
-      c, v, args, real, [&] { return freed_extra(s.vmm.commit_release(v)); },
-      [&] { s.vmm.rollback_release(v); });
+  return run(c, t, args, real);
 }
 
 CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
@@ -142,8 +113,7 @@ CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr ad
     return r;
   }
   args.hex("ptr", *ptr);
-  state().vmm.on_reserve(*ptr, size, c.ev());
-  VmmModel::break_pairing(t_vmm);
+  state().vmm.on_reserve(*ptr, size, c.ev(), t_vmm);
   Call::Extra x;
   x.mem = MemKind::Va;
   x.delta = static_cast<std::int64_t>(size);
@@ -156,23 +126,10 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
   Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
-  VmmVerdict v = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm);
+  VmmTicket t = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm, s.opts);
   Args args;
   args.hex("ptr", ptr).u("size", size);
-  return with_verdict(
-      c, v, args, real,
-      [&] {
-        Call::Extra x;
-        const bool mapped_va = !v.changed && v.finding &&
-                               v.finding->cls == FindingClass::FreeMappedVa;
-        if (mapped_va) s.vmm.force_address_free(ptr, size, c.ev());
-        if (v.changed || mapped_va) {
-          x.mem = MemKind::Va;
-          x.delta = -static_cast<std::int64_t>(size);
-        }
-        return x;
-      },
-      [&] { s.vmm.rollback_address_free(v); });
+  return run(c, t, args, real);
 }
 
 CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
@@ -181,16 +138,10 @@ CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
   Call c(Api::cuMemMap, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
-  VmmVerdict v = s.vmm.check_map(ptr, size, offset, h, t_vmm);
+  VmmTicket t = s.vmm.begin_map(ptr, size, offset, h, c.ev(), t_vmm, s.opts);
   Args args;
   args.hex("ptr", ptr).u("size", size).u("offset", offset).hex("handle", h).u("flags", flags);
-  return with_verdict(
-      c, v, args, real,
-      [&] {
-        s.vmm.on_map_ok(ptr, size, offset, h, c.ev());
-        return Call::Extra{};
-      },
-      [] {}, [&] { return s.vmm.range_state(ptr, size); });
+  return run(c, t, args, real);
 }
 
 CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
@@ -198,23 +149,17 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
-  VmmVerdict v = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm);
+  VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts);
   // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).
   const auto exported = bridge::exports().begin_unmap(ptr, size);
   Args args;
   args.hex("ptr", ptr).u("size", size);
-  CUresult r = with_verdict(
-      c, v, args, real,
-      [&] {
-        if (!v.changed && v.finding) return freed_extra(s.vmm.force_unmap(ptr, size, c.ev()));
-        return freed_extra(s.vmm.commit_unmap(v));
-      },
-      [&] { s.vmm.rollback_unmap(v); }, [&] { return s.vmm.range_state(ptr, size); });
+  const CUresult r = run(c, t, args, real);
   if (!exported.empty())
     for (const auto &d : bridge::exports().end_unmap(exported, r == CUDA_SUCCESS))
       if (d.importers) {
         Finding f = ipc::free_exported_finding(d, api_name(c.api()), ptr, size);
-        const Action a = decide(f, false);
+        const Action a = decide(s.opts, f.cls, false).action;
         report_finding(c, std::move(f), a, r, args);
       }
   return r;
@@ -247,10 +192,7 @@ CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
   args.hex("addr", reinterpret_cast<std::uintptr_t>(addr));
   if (r == CUDA_SUCCESS) {
     args.hex("handle", *h);
-    state().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev());
-    // A value issued on this thread: a release of it next is not the stale one of the pairing
-    // rule (tests/integration case retain-pairing).
-    VmmModel::break_pairing(t_vmm);
+    state().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev(), t_vmm);
   }
   c.log(r, args);
   return r;
@@ -283,8 +225,9 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
   if (r == CUDA_SUCCESS) {
     args.hex("handle", *h);
     // The size of an imported allocation is not known from the handle; mappings carry it.
-    state().vmm.on_create(*h, 0, Location::Other, -1, static_cast<unsigned>(type), true, c.ev());
-    VmmModel::break_pairing(t_vmm);  // as for retain (case import-pairing)
+    // Ends this thread's pairing, as a retain does (case import-pairing).
+    state().vmm.on_create(*h, 0, Location::Other, -1, static_cast<unsigned>(type), true, c.ev(),
+                          t_vmm);
   }
   c.log(r, args);
   return r;

@@ -308,26 +308,6 @@ void Call::write_record(int res, const Args &args, const Extra &x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-bool needs_driver_refusal(FindingClass c) {
-  switch (c) {
-    case FindingClass::InvalidFree:
-    case FindingClass::ReleaseUnknown:
-    case FindingClass::MapOverMapped:
-    case FindingClass::PartialUnmap:
-    case FindingClass::FreeMappedVa:
-    case FindingClass::DoubleAddressFree:
-      return true;
-    default:
-      return false;
-  }
-}
-
-Action decide(const Finding &f, bool skippable) {
-  Action a = state().opts.action_for(f.cls);
-  if (a == Action::Skip && !skippable) return Action::Forward;
-  return a;
-}
-
 void report_finding(const Call &c, Finding f, Action action, int res, const Args &args) {
   State &s = state();
   s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);

@@ -199,13 +199,6 @@ class Call {
   std::uint64_t t0_ = 0;
 };
 
-// What to do with a call the policy found something about. A Skip is honoured only when the model
-// proved the call redundant; otherwise it becomes Forward (architecture.md: skip only what is proven).
-Action decide(const Finding &f, bool skippable);
-// Classes whose finding stands only if the driver refuses the call: when the driver accepts it, the
-// model missed something (an allocation made through a path the shim does not see) and keeps quiet.
-bool needs_driver_refusal(FindingClass c);
-
 // Writes the finding record, counts it, prints it (rate-limited) and, for Action::Abort, aborts
 // after flushing the log. `res` is what the caller gets.
 void report_finding(const Call &c, Finding f, Action action, int res, const Args &args);

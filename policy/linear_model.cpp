@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// The linear-memory model: see linear_model.h for the rules.
+#include "linear_model.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "node_reuse.h"
+#include "text.h"
+
+namespace cmg {
+
+using detail::put_reusing;
+using detail::recycle;
+
+void LinearModel::put_live(Shard &s, const LinearRec &rec) {
+  put_reusing(s.live, s.spare_live, rec.ptr, rec);
+}
+
+void LinearModel::put_freed(Shard &s, const Freed &f) {
+  put_reusing(s.freed, s.spare_freed, f.rec.ptr, f);
+}
+
+void LinearModel::drop_freed(Shard &s, FreedMap::iterator it) {
+  recycle(s.spare_freed, s.freed.extract(it));
+}
+
+void LinearModel::remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev) {
+  put_freed(s, Freed{rec, ev});
+  if (s.freed_fifo.size() < kFreedPerShard) {
+    s.freed_fifo.emplace_back(rec.ptr, ev.seq);
+    return;
+  }
+  // Bounded history: forget the oldest free (the driver will have re-issued most addresses by
+  // then) — but only if the address's current freed record is that free, not a later one.
+  const auto [old, old_seq] = s.freed_fifo[s.fifo_head];
+  s.freed_fifo[s.fifo_head] = {rec.ptr, ev.seq};
+  s.fifo_head = (s.fifo_head + 1) % kFreedPerShard;
+  auto it = s.freed.find(old);
+  if (it != s.freed.end() && it->second.free.seq == old_seq) drop_freed(s, it);
+}
+
+void LinearModel::on_alloc(const LinearRec &rec) {
+  Shard &s = shards_[shard_of(rec.ptr)];
+  std::lock_guard lk(s.mu);
+  put_live(s, rec);
+  // The address is issued again: its old free no longer says anything.
+  if (auto f = s.freed.find(rec.ptr); f != s.freed.end()) drop_freed(s, f);
+}
+
+FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev) {
+  FreeVerdict v;
+  if (ptr == 0) {
+    v.cls = FreeClass::Null;
+    return v;
+  }
+  {
+    Shard &s = shards_[shard_of(ptr)];
+    std::lock_guard lk(s.mu);
+    auto it = s.live.find(ptr);
+    if (it != s.live.end()) {
+      v.rec = it->second;
+      if (!(accepted & kind_bit(it->second.kind))) {
+        v.cls = FreeClass::WrongKind;
+        return v;
+      }
+      v.cls = FreeClass::Live;
+      v.this_free = ev;
+      recycle(s.spare_live, s.live.extract(it));
+      remember_freed(s, v.rec, ev);
+      return v;
+    }
+  }
+  // Slow path (only for frees that are not a live base address): an interior pointer, or a
+  // double free, which is proven only when no live allocation covers the address now.
+  if (auto c = find_containing(ptr)) {
+    v.rec = *c;
+    v.cls = FreeClass::Interior;
+    return v;
+  }
+  Shard &s = shards_[shard_of(ptr)];
+  std::lock_guard lk(s.mu);
+  auto f = s.freed.find(ptr);
+  if (f != s.freed.end()) {
+    v.cls = FreeClass::DoubleFree;
+    v.rec = f->second.rec;
+    v.first_free = f->second.free;
+    return v;
+  }
+  v.cls = FreeClass::Unknown;
+  return v;
+}
+
+void LinearModel::rollback(const FreeVerdict &v) {
+  if (v.cls != FreeClass::Live) return;
+  Shard &s = shards_[shard_of(v.rec.ptr)];
+  std::lock_guard lk(s.mu);
+  // The inverse of this free only: the driver refused it, so the address was never free and
+  // nothing can have been issued there since; the check keeps that true if a caller misuses it.
+  auto f = s.freed.find(v.rec.ptr);
+  if (f == s.freed.end() || f->second.free.seq != v.this_free.seq) return;
+  drop_freed(s, f);
+  if (s.live.find(v.rec.ptr) == s.live.end()) put_live(s, v.rec);
+}
+
+std::optional<LinearRec> LinearModel::find_containing(std::uint64_t p) const {
+  for (const Shard &s : shards_) {
+    std::lock_guard lk(s.mu);
+    auto it = s.live.upper_bound(p);
+    if (it == s.live.begin()) continue;
+    --it;
+    const LinearRec &r = it->second;
+    if (p >= r.ptr && (p < r.ptr + r.size || p == r.ptr)) return r;
+  }
+  return std::nullopt;
+}
+
+std::size_t LinearModel::live_count() const {
+  std::size_t n = 0;
+  for (const Shard &s : shards_) {
+    std::lock_guard lk(s.mu);
+    n += s.live.size();
+  }
+  return n;
+}
+
+void LinearModel::for_each_live(const std::function<void(const LinearRec &)> &fn) const {
+  for (const Shard &s : shards_) {
+    std::lock_guard lk(s.mu);
+    for (const auto &[p, r] : s.live) fn(r);
+  }
+}
+
+void LinearModel::fork_child() {
+  // No destructor runs on the old shard: its lock may be held by a thread that does not exist
+  // here, and its maps may be half-changed. Its bytes are kept in a block that stays referenced,
+  // so that what the old maps point to is reachable, not leaked (LeakSanitizer checks children).
+  static void *kept = nullptr;  // a chain: a child of a child keeps its parent's too
+  if (auto *k = static_cast<unsigned char *>(std::malloc(sizeof(void *) + sizeof(shards_)))) {
+    std::memcpy(k, &kept, sizeof(void *));
+    std::memcpy(k + sizeof(void *), static_cast<const void *>(&shards_), sizeof(shards_));
+    kept = k;
+  }
+  for (Shard &s : shards_) new (&s) Shard();
+}
+
+void LinearModel::clear() {
+  for (Shard &s : shards_) {
+    std::lock_guard lk(s.mu);
+    s.live.clear();
+    s.freed.clear();
+    s.freed_fifo.clear();
+    s.fifo_head = 0;
+    s.spare_live.clear();
+    s.spare_freed.clear();
+  }
+}
+
+Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t ptr) {
+  Finding f;
+  const std::string p = hex(ptr);
+  const std::string who = std::string(api ? api : "free");
+  switch (v.cls) {
+    case FreeClass::DoubleFree:
+      f.cls = FindingClass::DoubleFree;
+      f.msg = who + " of " + p + ", which was already freed at " + at_seq(v.first_free) +
+              "; it was allocated at " + at_seq(v.rec.alloc) + " (" + std::to_string(v.rec.size) +
+              " bytes, " + std::string(mem_kind_name(v.rec.kind)) + ")";
+      f.related.push_back({"allocation", v.rec.alloc});
+      f.related.push_back({"first free", v.first_free});
+      f.bytes = v.rec.size;
+      break;
+    case FreeClass::Interior:
+      f.cls = FindingClass::InvalidFree;
+      f.msg = who + " of " + p + ", which is " + std::to_string(ptr - v.rec.ptr) +
+              " bytes inside the allocation at " + hex(v.rec.ptr) + " (" +
+              std::to_string(v.rec.size) + " bytes, allocated at " + at_seq(v.rec.alloc) +
+              "); only the base address can be freed";
+      f.related.push_back({"allocation", v.rec.alloc});
+      break;
+    case FreeClass::WrongKind:
+      f.cls = FindingClass::InvalidFree;
+      f.msg = who + " of " + p + ", which is " + std::string(mem_kind_name(v.rec.kind)) +
+              " memory allocated by " + (v.rec.alloc.api ? v.rec.alloc.api : "an earlier call") +
+              " at " + at_seq(v.rec.alloc) + "; it must be freed by the matching API";
+      f.related.push_back({"allocation", v.rec.alloc});
+      break;
+    case FreeClass::InVmm:
+      f.cls = FindingClass::InvalidFree;
+      f.msg = who + " of " + p + ", which lies in the VMM reservation at " + hex(v.vmm_base) +
+              " (+" + std::to_string(v.vmm_size) +
+              " bytes): VMM memory is released with cuMemUnmap, cuMemRelease and cuMemAddressFree";
+      break;
+    default:
+      f.cls = FindingClass::InvalidFree;
+      f.msg = who + " of " + p + ", which was never allocated in this process (or not through "
+              "an API the shim sees)";
+      break;
+  }
+  return f;
+}
+
+}  // namespace cmg

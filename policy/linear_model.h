@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// The linear-memory model: cudaMalloc / cuMemAlloc / host / async / managed allocations and IPC
+// imports by address, with the frees that can still be recognised. Pure C++, thread-safe.
+//
+//  * Frees are noted before forwarding (the address leaves the live set at once), so a concurrent
+//    re-issue of the address by the driver cannot be confused with the allocation being freed; a
+//    free the driver refuses is put back only if the freed record is still the one this free made.
+//  * Addresses are reused by the driver (real-driver.md D18, 49 of 50 cuMemAlloc pointers): a
+//    freed record lasts until the address is issued again, or until the bounded history forgets it.
+//  * Sharded by address: many threads allocate at once, each call takes one shard's lock.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "event.h"
+
+namespace cmg {
+
+struct LinearRec {
+  std::uint64_t ptr = 0, size = 0;
+  std::int32_t dev = -1;
+  MemKind kind = MemKind::Linear;
+  EventRef alloc;
+};
+
+enum class FreeClass : std::uint8_t {
+  Live,        // a live allocation of an accepted kind: a normal free
+  Null,        // nullptr: a no-op for every free API
+  DoubleFree,  // freed before and not re-issued since
+  Interior,    // inside a live allocation, not its base
+  WrongKind,   // a live allocation of another kind (host pointer to cudaFree, …)
+  InVmm,       // inside a VMM reservation
+  Unknown,     // never seen
+};
+
+struct FreeVerdict {
+  FreeClass cls = FreeClass::Unknown;
+  LinearRec rec;            // the live (or freed, or containing) allocation when known
+  EventRef first_free;      // DoubleFree: the earlier free
+  EventRef this_free;       // Live: the free noted now (rollback checks it is still the last one)
+  std::uint64_t vmm_base = 0, vmm_size = 0;  // InVmm: the reservation
+};
+
+using KindMask = unsigned;
+constexpr KindMask kind_bit(MemKind k) { return 1u << static_cast<unsigned>(k); }
+
+class LinearModel {
+ public:
+  void on_alloc(const LinearRec &rec);
+  // Classifies a free of ptr by an API that frees the kinds in `accepted`. A Live verdict removes
+  // the allocation from the live set and remembers it as freed (noted before forwarding); call
+  // rollback() if the driver then refuses the free.
+  FreeVerdict begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev);
+  void rollback(const FreeVerdict &v);
+  std::optional<LinearRec> find_containing(std::uint64_t p) const;
+  std::size_t live_count() const;
+  void for_each_live(const std::function<void(const LinearRec &)> &fn) const;
+  void clear();
+  // fork(): the child does not own the parent's CUDA objects and starts with an empty model. The 64
+  // shard locks are not held across fork (holding them all made fork's cost grow with the shards
+  // and exceeded what ThreadSanitizer's deadlock detector can follow): the child builds fresh shards
+  // over the old ones without touching them, so a map another thread was changing at the fork is
+  // simply left behind (the child's copy of it leaks, the parent's is untouched).
+  void fork_child();
+
+  static constexpr std::size_t kShards = 64;
+  static constexpr std::size_t kFreedPerShard = 4096;
+  static std::size_t shard_of(std::uint64_t p) {
+    std::uint64_t x = p >> 8;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ull;
+    return static_cast<std::size_t>(x >> 58);
+  }
+
+ private:
+  struct Freed {
+    LinearRec rec;
+    EventRef free;
+  };
+  using LiveMap = std::map<std::uint64_t, LinearRec>;
+  using FreedMap = std::map<std::uint64_t, Freed>;
+  struct alignas(64) Shard {
+    mutable std::mutex mu;
+    LiveMap live;
+    FreedMap freed;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring
+    std::size_t fifo_head = 0;
+    std::vector<LiveMap::node_type> spare_live;    // node_reuse.h
+    std::vector<FreedMap::node_type> spare_freed;
+  };
+  void remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev);
+  static void put_live(Shard &s, const LinearRec &rec);
+  static void put_freed(Shard &s, const Freed &f);
+  static void drop_freed(Shard &s, FreedMap::iterator it);
+  std::array<Shard, kShards> shards_;
+};
+
+// The finding for a free the linear model did not accept (DoubleFree, Interior, WrongKind, InVmm,
+// Unknown): phrased here so the hooks stay free of policy text.
+Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t ptr);
+
+}  // namespace cmg

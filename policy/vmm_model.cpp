@@ -1,0 +1,650 @@
+// SPDX-License-Identifier: Apache-2.0
+// The VMM model: see vmm_model.h for the transaction and generation rules.
+#include "vmm_model.h"
+
+#include <algorithm>
+
+#include "node_reuse.h"
+#include "text.h"
+
+namespace cmg {
+
+using detail::erase_keep;
+using detail::put_reusing;
+using detail::recycle;
+
+namespace {
+
+template <class Map>
+auto first_after(Map &m, std::uint64_t off) {
+  return detail::first_ending_after(m, off, [](const auto &v) { return v.off + v.size; });
+}
+
+template <class Map>
+bool overlaps(const Map &m, std::uint64_t off, std::uint64_t end) {
+  auto it = first_after(m, off);
+  return it != m.end() && it->second.off < end;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Helpers under the lock.
+
+Reservation *VmmModel::res_containing_locked(std::uint64_t p) {
+  auto it = res_.upper_bound(p);
+  if (it == res_.begin()) return nullptr;
+  --it;
+  return (p >= it->second.base && p < it->second.base + it->second.size) ? &it->second : nullptr;
+}
+
+const Reservation *VmmModel::res_containing_locked(std::uint64_t p) const {
+  return const_cast<VmmModel *>(this)->res_containing_locked(p);
+}
+
+void VmmModel::issue_locked(std::uint64_t value, std::uint64_t alloc_id, const EventRef &ev) {
+  auto it = handles_.find(value);
+  if (it != handles_.end() && it->second.refs > 0) {
+    // The driver issued a value the model holds live: the model missed its release (made through
+    // a path the shim does not see). The driver is the truth: that issue is gone.
+    auto a = allocs_.find(it->second.alloc_id);
+    if (a != allocs_.end()) {
+      a->second.handle_refs -= std::min(a->second.handle_refs, it->second.refs);
+      VmmFreed gone;
+      drop_if_dead_locked(a->first, nullptr, gone);
+    }
+  }
+  HandleRec h;
+  h.value = value;
+  h.alloc_id = alloc_id;
+  h.refs = 1;
+  h.gen = next_gen_++;
+  h.issued = ev;
+  handles_.insert_or_assign(value, h);
+}
+
+void VmmModel::drop_if_dead_locked(std::uint64_t alloc_id, VmmTicket *t, VmmFreed &freed) {
+  auto it = allocs_.find(alloc_id);
+  if (it == allocs_.end() || it->second.handle_refs != 0 || it->second.map_count != 0) return;
+  freed.bytes += it->second.size;
+  freed.dev = it->second.dev();
+  counters_.add(it->second.dev(), MemKind::Vmm, -static_cast<std::int64_t>(it->second.size));
+  if (t) t->dropped.push_back(it->second);
+  recycle(spare_allocs_, allocs_.extract(it));
+}
+
+// The inverse of the drops a refused call made: the allocation is back, with the bytes.
+void VmmModel::undo_drops_locked(VmmTicket &t) {
+  t.dropped.each([&](const PhysAlloc &a) {
+    if (allocs_.count(a.id)) return;  // ids are never reused: present means never dropped
+    put_reusing(allocs_, spare_allocs_, a.id, a);
+    counters_.add(a.dev(), MemKind::Vmm, static_cast<std::int64_t>(a.size));
+  });
+  t.freed = {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issuing calls.
+
+void VmmModel::on_create(std::uint64_t handle, std::uint64_t size, Location loc, int loc_id,
+                         unsigned handle_types, bool imported, const EventRef &ev,
+                         ThreadVmmState &ts) {
+  ts.pending = false;
+  std::lock_guard lk(mu_);
+  PhysAlloc a;
+  a.id = next_alloc_id_++;
+  a.size = size;
+  a.loc = loc;
+  a.loc_id = loc_id;
+  a.handle_types = handle_types;
+  a.handle_refs = 1;
+  a.imported = imported;
+  a.created = ev;
+  counters_.add(a.dev(), MemKind::Vmm, static_cast<std::int64_t>(size));
+  const std::uint64_t id = a.id;
+  put_reusing(allocs_, spare_allocs_, id, std::move(a));
+  issue_locked(handle, id, ev);
+}
+
+void VmmModel::on_retain(std::uint64_t handle, std::uint64_t va, const EventRef &ev,
+                         ThreadVmmState &ts) {
+  // A value issued on this thread: a release of it next is not the stale one of the pairing rule
+  // (tests/integration case retain-pairing).
+  ts.pending = false;
+  std::lock_guard lk(mu_);
+  std::uint64_t alloc_id = 0;
+  if (Reservation *r = res_containing_locked(va)) {
+    auto m = first_after(r->maps, va - r->base);
+    if (m != r->maps.end() && m->second.off <= va - r->base) alloc_id = m->second.alloc_id;
+  }
+  if (auto a = allocs_.find(alloc_id); a != allocs_.end()) a->second.handle_refs++;
+  auto h = handles_.find(handle);
+  if (h != handles_.end() && h->second.refs > 0 && h->second.alloc_id == alloc_id) {
+    h->second.refs++;  // the driver handed out a value that is live already (real-driver.md D16)
+    return;
+  }
+  issue_locked(handle, alloc_id, ev);
+}
+
+void VmmModel::on_reserve(std::uint64_t base, std::uint64_t size, const EventRef &ev,
+                          ThreadVmmState &ts) {
+  ts.pending = false;
+  std::lock_guard lk(mu_);
+  Reservation r;
+  r.base = base;
+  r.size = size;
+  r.gen = next_gen_++;
+  r.reserved = ev;
+  put_reusing(res_, spare_res_, base, std::move(r));
+  for (auto it = freed_res_.lower_bound(base); it != freed_res_.end() && it->first < base + size;)
+    it = erase_keep(freed_res_, spare_freed_res_, it);
+  counters_.add(-1, MemKind::Va, static_cast<std::int64_t>(size));
+}
+
+void VmmModel::on_set_access(std::uint64_t va, std::uint64_t size) {
+  std::lock_guard lk(mu_);
+  Reservation *r = res_containing_locked(va);
+  if (!r) return;
+  const std::uint64_t off = va - r->base;
+  for (auto it = first_after(r->maps, off); it != r->maps.end() && it->second.off < off + size;
+       ++it)
+    it->second.access = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Map.
+
+VmmTicket VmmModel::begin_map(std::uint64_t va, std::uint64_t size, std::uint64_t offset,
+                              std::uint64_t handle, const EventRef &ev, ThreadVmmState &ts,
+                              const Options &o) {
+  ts.pending = false;
+  VmmTicket t;
+  t.op = VmmTicket::Op::Map;
+  t.va = va;
+  t.size = size;
+  t.value = handle;
+  t.alloc_off = offset;
+  t.ev = ev;
+  std::lock_guard lk(mu_);
+  Reservation *r = res_containing_locked(va);
+  // Not ours to judge (reserved before tracking, size 0, past the end): the driver answers.
+  if (!r || size == 0 || size > r->base + r->size - va) return t;
+  const std::uint64_t off = va - r->base;
+  t.res_gen = r->gen;
+  auto cur = first_after(r->maps, off);
+  if (cur != r->maps.end() && cur->second.off < off + size) {
+    // real-driver.md D12: refused, and the new handle stays alive. Not noted: if the driver
+    // accepts it after all, end() follows the driver.
+    t.finding = vmm_findings::map_over_mapped(va, size, handle, *r, cur->second);
+    t.decision = decide(o, FindingClass::MapOverMapped, false);
+    return t;
+  }
+  note_map_locked(t, *r, off);
+  return t;
+}
+
+void VmmModel::note_map_locked(VmmTicket &t, Reservation &r, std::uint64_t off) {
+  Mapping m;
+  m.off = off;
+  m.size = t.size;
+  m.handle = t.value;
+  m.alloc_off = t.alloc_off;
+  m.mapped = t.ev;
+  auto h = handles_.find(t.value);
+  if (h != handles_.end() && h->second.refs > 0) {
+    HandleRec &hr = h->second;
+    m.alloc_id = hr.alloc_id;
+    m.gen = hr.gen;
+    t.gen = hr.gen;
+    t.prev_where = {hr.last_res, hr.last_off, hr.ever_mapped};
+    hr.last_res = r.base;
+    hr.last_off = off;
+    hr.ever_mapped = true;
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) a->second.map_count++;
+  }
+  for (auto it = first_after(r.asleep, off); it != r.asleep.end() && it->second.off < off + t.size;) {
+    t.woken.push_back(it->second);
+    it = erase_keep(r.asleep, spare_sleepers_, it);
+  }
+  put_reusing(r.maps, spare_maps_, off, m);
+  t.prev_ever_mapped = r.ever_mapped;
+  r.ever_mapped = true;
+  t.noted = true;
+}
+
+void VmmModel::end_map_locked(VmmTicket &t, bool ok) {
+  Reservation *r = res_containing_locked(t.va);
+  if (!r || r->gen != t.res_gen) return;
+  const std::uint64_t off = t.va - r->base;
+  if (!t.noted) {
+    if (!ok || !t.finding) return;
+    // The driver accepted a map over what the model holds mapped: the model drifted (memory
+    // unmapped through a path the shim does not see). Follow the driver.
+    force_unmap_locked(*r, off, off + t.size, t.ev, t.freed);
+    note_map_locked(t, *r, off);
+    return;
+  }
+  if (ok) return;
+  auto m = r->maps.find(off);
+  if (m == r->maps.end() || m->second.mapped.seq != t.ev.seq) return;  // not this map's any more
+  const std::uint64_t alloc_id = m->second.alloc_id;
+  erase_keep(r->maps, spare_maps_, m);
+  if (auto a = allocs_.find(alloc_id); a != allocs_.end() && a->second.map_count) {
+    a->second.map_count--;
+    VmmFreed gone;  // another thread released the last handle meanwhile: the driver freed it then
+    drop_if_dead_locked(alloc_id, nullptr, gone);
+  }
+  if (auto h = handles_.find(t.value); h != handles_.end() && h->second.gen == t.gen && t.gen &&
+                                       h->second.last_res == r->base && h->second.last_off == off) {
+    h->second.last_res = t.prev_where.res;
+    h->second.last_off = t.prev_where.off;
+    h->second.ever_mapped = t.prev_where.ever_mapped;
+  }
+  t.woken.each([&](const Sleeper &s) {
+    if (!overlaps(r->asleep, s.off, s.off + s.size) && !overlaps(r->maps, s.off, s.off + s.size))
+      put_reusing(r->asleep, spare_sleepers_, s.off, s);
+  });
+  r->ever_mapped = t.prev_ever_mapped || !r->maps.empty() || !r->asleep.empty();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unmap.
+
+VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
+                                ThreadVmmState &ts, const Options &o) {
+  VmmTicket t;
+  t.op = VmmTicket::Op::Unmap;
+  t.va = va;
+  t.size = size;
+  t.ev = ev;
+  std::lock_guard lk(mu_);
+  Reservation *r = res_containing_locked(va);
+  if (!r || size == 0 || size > r->base + r->size - va) {
+    ts.pending = false;
+    return t;  // not ours to judge: the driver answers (real-driver.md D10)
+  }
+  const std::uint64_t off = va - r->base, end = off + size;
+  t.res_gen = r->gen;
+  // Legitimate only when the range is exactly tiled by whole mappings (real-driver.md D9).
+  bool exact = true;
+  std::uint64_t cur = off;
+  std::size_t hits = 0;
+  for (auto it = first_after(r->maps, off); it != r->maps.end() && it->second.off < end; ++it) {
+    if (it->second.off != cur) exact = false;
+    cur = it->second.off + it->second.size;
+    ++hits;
+  }
+  if (hits == 0) {
+    // real-driver.md D3/D4: the driver answers SUCCESS and does nothing; the call is redundant.
+    // The sleeping ranges it covers are remembered on this thread for the pairing rule.
+    std::vector<const Sleeper *> asleep;
+    ts.pending = true;
+    ts.base = va;
+    ts.size = size;
+    ts.nlast = 0;
+    ts.noop_unmap = ev;
+    for (auto it = first_after(r->asleep, off); it != r->asleep.end() && it->second.off < end;
+         ++it) {
+      const Sleeper &s = it->second;
+      if (ts.nlast < ts.last.size())
+        ts.last[ts.nlast++] = ThreadVmmState::Last{s.handle, s.gen, s.alloc_id, s.unmapped};
+      asleep.push_back(&s);
+    }
+    t.finding = vmm_findings::unmap_unmapped(va, size, *r, asleep);
+    t.decision = decide(o, FindingClass::UnmapUnmapped, true);
+    return t;  // nothing to note: forwarded (report mode), the driver does nothing either
+  }
+  ts.pending = false;
+  if (!exact || cur != end) {
+    std::vector<const Mapping *> hit;
+    for (auto it = first_after(r->maps, off); it != r->maps.end() && it->second.off < end; ++it)
+      hit.push_back(&it->second);
+    t.finding = vmm_findings::partial_unmap(va, size, *r, hit);
+    t.decision = decide(o, FindingClass::PartialUnmap, false);
+    return t;
+  }
+  note_unmap_locked(t, *r, off, end);
+  return t;
+}
+
+void VmmModel::note_unmap_locked(VmmTicket &t, Reservation &r, std::uint64_t off,
+                                 std::uint64_t end) {
+  for (auto it = first_after(r.maps, off); it != r.maps.end() && it->second.off < end;) {
+    const Mapping m = it->second;
+    t.unmapped.push_back(m);
+    it = erase_keep(r.maps, spare_maps_, it);
+    put_reusing(r.asleep, spare_sleepers_, m.off,
+                Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, t.ev});
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
+      a->second.map_count--;
+    drop_if_dead_locked(m.alloc_id, &t, t.freed);
+  }
+  t.noted = true;
+}
+
+void VmmModel::force_unmap_locked(Reservation &r, std::uint64_t off, std::uint64_t end,
+                                  const EventRef &ev, VmmFreed &freed) {
+  for (auto it = first_after(r.maps, off); it != r.maps.end() && it->second.off < end;) {
+    const Mapping m = it->second;
+    it = erase_keep(r.maps, spare_maps_, it);
+    put_reusing(r.asleep, spare_sleepers_, m.off,
+                Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, ev});
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
+      a->second.map_count--;
+    drop_if_dead_locked(m.alloc_id, nullptr, freed);
+  }
+}
+
+void VmmModel::end_unmap_locked(VmmTicket &t, bool ok) {
+  Reservation *r = res_containing_locked(t.va);
+  if (!t.noted) {
+    // The driver accepted an unmap the model expected it to refuse (a partial unmap): follow it.
+    if (ok && t.finding && t.finding->cls == FindingClass::PartialUnmap && r &&
+        r->gen == t.res_gen)
+      force_unmap_locked(*r, t.va - r->base, t.va - r->base + t.size, t.ev, t.freed);
+    return;
+  }
+  if (ok) return;
+  // Refused: the mappings are back where they were, with the allocations that died with them.
+  undo_drops_locked(t);
+  if (!r || r->gen != t.res_gen) return;
+  t.unmapped.each([&](const Mapping &m) {
+    auto s = r->asleep.find(m.off);
+    if (s != r->asleep.end() && s->second.unmapped.seq == t.ev.seq)
+      erase_keep(r->asleep, spare_sleepers_, s);
+    if (overlaps(r->maps, m.off, m.off + m.size)) return;  // mapped again meanwhile
+    put_reusing(r->maps, spare_maps_, m.off, m);
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) a->second.map_count++;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Release.
+
+VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, ThreadVmmState &ts,
+                                  const Options &o) {
+  VmmTicket t;
+  t.op = VmmTicket::Op::Release;
+  t.value = handle;
+  t.ev = ev;
+  const bool paired = ts.pending;
+  ts.pending = false;
+  std::lock_guard lk(mu_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) {
+    t.finding = vmm_findings::release_unknown(handle);
+    t.decision = decide(o, FindingClass::ReleaseUnknown, false);
+    return t;
+  }
+  HandleRec &h = it->second;
+  if (h.refs > 0) {
+    for (unsigned i = 0; paired && i < ts.nlast; ++i) {
+      const ThreadVmmState::Last &l = ts.last[i];
+      if (l.handle != handle || l.gen == h.gen) continue;
+      // The value was issued again since the range went to sleep. Issued to another thread, the
+      // new generation is not this thread's to release; issued to this thread, it is someone's
+      // live memory when it is mapped (P02) — a wake-up whose map failed releases its fresh,
+      // unmapped handle the same way, and that release is legitimate.
+      const auto a = allocs_.find(h.alloc_id);
+      const bool mapped = a != allocs_.end() && a->second.map_count > 0;
+      if (h.issued.tid == ev.tid && !mapped) continue;
+      t.finding = vmm_findings::stale_release_paired(handle, ts, l, h);
+      t.decision = decide(o, FindingClass::StaleRelease, true);
+      if (t.decision.skip || t.decision.abort_first) return t;
+      break;  // forwarded (report mode): the driver releases the new generation; follow it
+    }
+    note_release_locked(t, h);
+    return t;
+  }
+  // The value is not live: a second release of it. Before a re-issuing create has returned to the
+  // shim, this is still the value's current generation, so the release is skipped as a double
+  // release rather than forwarded to destroy the new owner's handle.
+  bool replaced = false;
+  EventRef replaced_by;
+  if (h.ever_mapped) {
+    if (auto r = res_.find(h.last_res); r != res_.end()) {
+      auto m = r->second.maps.find(h.last_off);
+      if (m != r->second.maps.end() && m->second.alloc_id != h.alloc_id) {
+        replaced = true;
+        replaced_by = m->second.mapped;
+      }
+      auto s = r->second.asleep.find(h.last_off);
+      if (s != r->second.asleep.end() && s->second.alloc_id != h.alloc_id) {
+        replaced = true;
+        replaced_by = s->second.unmapped;
+      }
+    }
+  }
+  t.finding = vmm_findings::released_again(handle, h, replaced, replaced_by);
+  t.decision = decide(o, t.finding->cls, true);
+  return t;
+}
+
+void VmmModel::note_release_locked(VmmTicket &t, HandleRec &h) {
+  h.refs--;
+  if (h.refs == 0) h.released = t.ev;
+  t.gen = h.gen;
+  t.alloc_id = h.alloc_id;
+  t.noted = true;
+  if (auto a = allocs_.find(h.alloc_id); a != allocs_.end() && a->second.handle_refs)
+    a->second.handle_refs--;
+  drop_if_dead_locked(h.alloc_id, &t, t.freed);
+}
+
+void VmmModel::end_release_locked(VmmTicket &t, bool ok) {
+  if (!t.noted || ok) return;
+  // Refused: the driver kept the reference, so the value was never free at the driver.
+  auto h = handles_.find(t.value);
+  if (h == handles_.end()) return;
+  // A newer generation of the value seen meanwhile can only be the driver handing out this same
+  // live value again: a retain of the same allocation (real-driver.md D16) that the model took
+  // for a re-issue because it had noted the reference gone. It is the same issue: the reference
+  // goes back to it. Any other newer generation is not this release's to touch.
+  const bool same_issue = h->second.gen == t.gen || (h->second.alloc_id == t.alloc_id &&
+                                                     h->second.issued.seq > t.ev.seq);
+  if (!same_issue) return;
+  undo_drops_locked(t);
+  if (h->second.refs++ == 0) h->second.released = {};
+  if (auto a = allocs_.find(h->second.alloc_id); a != allocs_.end()) a->second.handle_refs++;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Address free.
+
+VmmTicket VmmModel::begin_address_free(std::uint64_t base, std::uint64_t size, const EventRef &ev,
+                                       ThreadVmmState &ts, const Options &o) {
+  ts.pending = false;
+  VmmTicket t;
+  t.op = VmmTicket::Op::AddressFree;
+  t.va = base;
+  t.size = size;
+  t.ev = ev;
+  std::lock_guard lk(mu_);
+  auto it = res_.find(base);
+  if (it == res_.end()) {
+    auto f = freed_res_.find(base);
+    if (f != freed_res_.end() && !res_containing_locked(base)) {
+      t.finding = vmm_findings::double_address_free(base, size, f->second.second);
+      t.decision = decide(o, FindingClass::DoubleAddressFree, false);
+    }
+    return t;
+  }
+  Reservation &r = it->second;
+  if (size != r.size) return t;  // the driver refuses a wrong size (real-driver.md D14)
+  t.res_gen = r.gen;
+  if (!r.maps.empty()) {
+    t.finding = vmm_findings::free_mapped_va(base, size, r);
+    t.decision = decide(o, FindingClass::FreeMappedVa, false);
+    return t;
+  }
+  t.freed_res = std::move(r);  // moved, not copied: its maps keep their nodes
+  recycle(spare_res_, res_.extract(it));
+  if (freed_res_.size() > 4096) erase_keep(freed_res_, spare_freed_res_, freed_res_.begin());
+  put_reusing(freed_res_, spare_freed_res_, base, std::make_pair(std::uint64_t{size}, ev));
+  counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(size));
+  t.va_freed = true;
+  t.noted = true;
+  return t;
+}
+
+void VmmModel::end_address_free_locked(VmmTicket &t, bool ok) {
+  if (!t.noted) {
+    if (!ok || !t.finding || t.finding->cls != FindingClass::FreeMappedVa) return;
+    // The driver freed a reservation the model holds mappings in: follow it.
+    auto it = res_.find(t.va);
+    if (it == res_.end() || it->second.gen != t.res_gen) return;
+    for (const auto &[o, m] : it->second.maps) {
+      if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
+        a->second.map_count--;
+      drop_if_dead_locked(m.alloc_id, nullptr, t.freed);
+    }
+    counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(it->second.size));
+    res_.erase(it);
+    freed_res_.insert_or_assign(t.va, std::make_pair(t.size, t.ev));
+    t.va_freed = true;
+    return;
+  }
+  if (ok) return;
+  // Refused: the driver kept the range, so no reservation can overlap it now; the check keeps
+  // that true.
+  t.va_freed = false;
+  if (auto f = freed_res_.find(t.va); f != freed_res_.end() && f->second.second.seq == t.ev.seq)
+    erase_keep(freed_res_, spare_freed_res_, f);
+  auto next = res_.lower_bound(t.va);
+  if (res_containing_locked(t.va) || (next != res_.end() && next->first < t.va + t.size)) return;
+  counters_.add(-1, MemKind::Va, static_cast<std::int64_t>(t.freed_res->size));
+  put_reusing(res_, spare_res_, t.va, std::move(*t.freed_res));
+  t.freed_res.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+VmmFreed VmmModel::end(VmmTicket &t, bool ok) {
+  if (t.op == VmmTicket::Op::None) return {};
+  std::lock_guard lk(mu_);
+  switch (t.op) {
+    case VmmTicket::Op::Map: end_map_locked(t, ok); break;
+    case VmmTicket::Op::Unmap: end_unmap_locked(t, ok); break;
+    case VmmTicket::Op::Release: end_release_locked(t, ok); break;
+    case VmmTicket::Op::AddressFree: end_address_free_locked(t, ok); break;
+    case VmmTicket::Op::None: break;
+  }
+  if (!ok && (t.op == VmmTicket::Op::Map || t.op == VmmTicket::Op::Unmap))
+    t.va_state = range_state_locked(t.va, t.size);
+  return t.freed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries.
+
+std::optional<ReservationPages> VmmModel::pages_of(std::uint64_t p) const {
+  std::lock_guard lk(mu_);
+  const Reservation *r = res_containing_locked(p);
+  if (!r) return std::nullopt;
+  ReservationPages out{r->base, r->size, r->reserved, {}};
+  for (const auto &[o, m] : r->maps) {
+    PageView v{m.off, m.size, m.alloc_id, m.mapped.seq, 0, Location::Device, 0};
+    // By allocation, not by handle value: the handle may be released while the mapping lives
+    // (NCCL releases right after mapping; real-driver.md section 6).
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) {
+      v.handle_types = a->second.handle_types;
+      v.loc = a->second.loc;
+      v.loc_id = a->second.loc_id;
+    }
+    out.pages.push_back(v);
+  }
+  return out;
+}
+
+std::optional<std::pair<std::uint64_t, std::uint64_t>> VmmModel::reservation_range(
+    std::uint64_t p) const {
+  std::lock_guard lk(mu_);
+  const Reservation *r = res_containing_locked(p);
+  if (!r) return std::nullopt;
+  return std::make_pair(r->base, r->size);
+}
+
+std::optional<HandleRec> VmmModel::handle(std::uint64_t value) const {
+  std::lock_guard lk(mu_);
+  auto h = handles_.find(value);
+  if (h == handles_.end()) return std::nullopt;
+  return h->second;
+}
+
+std::optional<std::pair<PhysAlloc, std::uint64_t>> VmmModel::mapped_at(std::uint64_t va) const {
+  std::lock_guard lk(mu_);
+  const Reservation *r = res_containing_locked(va);
+  if (!r) return std::nullopt;
+  const std::uint64_t off = va - r->base;
+  auto it = first_after(r->maps, off);
+  if (it == r->maps.end() || it->second.off > off) return std::nullopt;
+  auto a = allocs_.find(it->second.alloc_id);
+  if (a == allocs_.end()) return std::nullopt;
+  return std::make_pair(a->second, it->second.alloc_off + (off - it->second.off));
+}
+
+const char *VmmModel::range_state(std::uint64_t va, std::uint64_t size) const {
+  std::lock_guard lk(mu_);
+  return range_state_locked(va, size);
+}
+
+const char *VmmModel::range_state_locked(std::uint64_t va, std::uint64_t size) const {
+  const Reservation *r = res_containing_locked(va);
+  if (!r) return "not reserved";
+  const std::uint64_t off = va - r->base;
+  const std::uint64_t end = size > r->size - off ? r->size : off + (size ? size : 1);
+  std::uint64_t mapped = 0;
+  for (auto it = first_after(r->maps, off); it != r->maps.end() && it->second.off < end; ++it) {
+    const Mapping &m = it->second;
+    mapped += std::min(end, m.off + m.size) - std::max(off, m.off);
+  }
+  if (mapped && mapped >= end - off) return "mapped";
+  if (mapped) return "partly mapped";
+  if (overlaps(r->asleep, off, end)) return "asleep";
+  return r->ever_mapped ? "unmapped" : "reserved, never mapped";
+}
+
+VmmCounts VmmModel::counts() const {
+  std::lock_guard lk(mu_);
+  VmmCounts c;
+  c.phys = allocs_.size();
+  for (const auto &[id, a] : allocs_) c.phys_bytes += a.size;
+  for (const auto &[v, h] : handles_) c.handles += h.refs > 0;
+  c.reservations = res_.size();
+  for (const auto &[b, r] : res_) {
+    c.mappings += r.maps.size();
+    c.va_bytes += r.size;
+  }
+  return c;
+}
+
+void VmmModel::for_each_alloc(const std::function<void(const PhysAlloc &)> &fn) const {
+  std::lock_guard lk(mu_);
+  for (const auto &[id, a] : allocs_) fn(a);
+}
+
+void VmmModel::for_each_reservation(const std::function<void(const Reservation &)> &fn) const {
+  std::lock_guard lk(mu_);
+  for (const auto &[b, r] : res_) fn(r);
+}
+
+void VmmModel::for_each_live_handle(const std::function<void(const HandleRec &)> &fn) const {
+  std::lock_guard lk(mu_);
+  for (const auto &[v, h] : handles_)
+    if (h.refs > 0) fn(h);
+}
+
+void VmmModel::clear() {
+  std::lock_guard lk(mu_);
+  spare_allocs_.clear();
+  spare_res_.clear();
+  spare_freed_res_.clear();
+  spare_maps_.clear();
+  spare_sleepers_.clear();
+  allocs_.clear();
+  handles_.clear();
+  res_.clear();
+  freed_res_.clear();
+}
+
+}  // namespace cmg

@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: Apache-2.0
+// The VMM model: physical allocations with their (reused) handle values, reservations with their
+// mappings and sleeping ranges. Pure C++, thread-safe. Every intercepted VMM call is one
+// transaction of this model:
+//
+//  * Calls that issue something (create, retain, import, reserve) are applied after the driver
+//    succeeded, under the lock, in one pass.
+//  * Calls that take something away or bind it (map, unmap, release, address free) are *noted*
+//    before they are forwarded: begin_*() checks them under the lock, asks the policy
+//    (policy/decide.h) what happens to a finding, and — unless the call will be answered without
+//    the driver — applies the call at once, so a concurrent re-issue of the value or the address
+//    by the driver can never be confused with what this call takes away. The ticket it returns
+//    carries the inverse delta; end() applies it if the driver refuses the call. Nothing carried
+//    across the unlocked driver call is written back as a snapshot: each inverse step is checked
+//    against the generation it undoes. A successful call costs one locked pass.
+//  * Issue identity, not progress (real-driver.md D18: the driver re-issues released handle values
+//    and reservations). Each handle value carries a generation, bumped under the lock when it is
+//    (re-)issued; mappings, sleeping ranges and each thread's record of its last no-op unmap keep
+//    the generation they saw. A release paired with a no-op unmap refers to the generation of the
+//    sleeping range's last handle: if the value is not live, the release is redundant; if it is live
+//    in a newer generation, the value was issued again since the range went to sleep, and the
+//    release would free its new owner's memory (stale-release). Before the re-issuing create has
+//    returned to the shim, the old generation is still the current one, not live, so the release is
+//    a double release: there is no window in which the stale release is forwarded.
+//  * One mutex: VMM calls cost the driver tens of microseconds each (real-driver.md section 4) and
+//    the model's work per call is a few map look-ups.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "counters.h"
+#include "decide.h"
+#include "event.h"
+#include "inline_vec.h"
+
+namespace cmg {
+
+struct PhysAlloc {
+  std::uint64_t id = 0;
+  std::uint64_t size = 0;
+  Location loc = Location::Device;
+  int loc_id = 0;                   // device ordinal or NUMA node
+  unsigned handle_types = 0;        // CUmemAllocationHandleType bits the allocation has
+  unsigned handle_refs = 0;         // live handle references (create, retain, import)
+  unsigned map_count = 0;
+  bool imported = false;
+  EventRef created;
+  int dev() const { return loc == Location::Device ? loc_id : -1; }
+};
+
+struct HandleRec {
+  std::uint64_t value = 0;
+  std::uint64_t alloc_id = 0;
+  unsigned refs = 0;                // >0: live
+  std::uint64_t gen = 0;            // this issue of the value (model-wide counter, never reused)
+  EventRef issued, released;
+  std::uint64_t last_res = 0, last_off = 0;  // where this value was last mapped (reservation, offset)
+  bool ever_mapped = false;
+};
+
+struct Mapping {
+  std::uint64_t off = 0, size = 0;  // within the reservation
+  std::uint64_t alloc_id = 0;       // 0: the handle was not known to the model
+  std::uint64_t handle = 0;         // value used at map time
+  std::uint64_t gen = 0;            // and its generation
+  std::uint64_t alloc_off = 0;
+  bool access = false;
+  EventRef mapped;
+};
+
+// A range that was mapped and then unmapped while its reservation was kept: "asleep".
+struct Sleeper {
+  std::uint64_t off = 0, size = 0;
+  std::uint64_t handle = 0;         // the last handle value that backed it
+  std::uint64_t gen = 0;            // and its generation
+  std::uint64_t alloc_id = 0;
+  EventRef unmapped;
+};
+
+struct Reservation {
+  std::uint64_t base = 0, size = 0;
+  std::uint64_t gen = 0;                      // this issue of the range
+  std::map<std::uint64_t, Mapping> maps;      // by offset
+  std::map<std::uint64_t, Sleeper> asleep;    // by offset
+  EventRef reserved;
+  bool ever_mapped = false;
+};
+
+// Per-thread record of the last no-op unmap, for the stale-release pairing rule: vLLM's
+// unmap_and_release() issues the unmap and the release back to back on one thread. Every model
+// entry point takes it and ends the pairing itself, except the release that it pairs with.
+struct ThreadVmmState {
+  bool pending = false;
+  std::uint64_t base = 0, size = 0;
+  struct Last {
+    std::uint64_t handle, gen, alloc_id;
+    EventRef unmapped;
+  };
+  std::array<Last, 8> last{};
+  unsigned nlast = 0;
+  EventRef noop_unmap;
+};
+
+// A reservation's mapped pages with what their allocations really are (legacy IPC diagnosis and
+// the bridge's exports).
+struct PageView {
+  std::uint64_t off = 0, size = 0;
+  std::uint64_t alloc_id = 0;
+  std::uint64_t map_seq = 0;   // the cuMemMap that made the mapping
+  unsigned handle_types = 0;   // CUmemAllocationHandleType bits the allocation has
+  Location loc = Location::Device;
+  int loc_id = 0;
+};
+struct ReservationPages {
+  std::uint64_t base = 0, size = 0;
+  EventRef reserved;
+  std::vector<PageView> pages;  // by offset
+};
+
+struct VmmCounts {
+  std::size_t phys = 0, handles = 0, reservations = 0, mappings = 0;
+  std::uint64_t phys_bytes = 0, va_bytes = 0;
+};
+
+// Physical bytes that went away with a call (the last reference of an allocation) and their device.
+struct VmmFreed {
+  std::uint64_t bytes = 0;
+  int dev = -1;
+};
+
+// One VMM call in flight: what begin_*() decided and what end() undoes if the driver refuses.
+struct VmmTicket {
+  enum class Op : std::uint8_t { None, Map, Unmap, Release, AddressFree };
+  Op op = Op::None;
+  std::uint64_t va = 0, size = 0, value = 0;  // the call's range and handle
+  std::uint64_t alloc_off = 0;       // map: the offset into the allocation
+  std::optional<Finding> finding;
+  Decision decision;                 // what happens to the finding (decide.h)
+  bool noted = false;                // the call is applied in the model; end() undoes it on refusal
+  EventRef ev;
+  std::uint64_t gen = 0;             // release: the generation whose reference it dropped; map:
+                                     // the generation it mapped
+  std::uint64_t res_gen = 0;         // map, unmap: the reservation's generation
+  std::uint64_t alloc_id = 0;        // release: the allocation of the reference it dropped
+  InlineVec<Mapping, 1> unmapped;    // unmap: the mappings it took away (now asleep)
+  InlineVec<Sleeper, 1> woken;       // map: the sleeping ranges it replaced
+  InlineVec<PhysAlloc, 1> dropped;   // allocations whose last reference went with the call
+  std::optional<Reservation> freed_res;  // address free: the reservation it removed
+  VmmFreed freed;                    // bytes that went away with the call
+  struct Where {
+    std::uint64_t res = 0, off = 0;
+    bool ever_mapped = false;
+  } prev_where;                      // map: where the handle value was last mapped before
+  bool prev_ever_mapped = false;     // map: whether the reservation had been mapped before
+  bool va_freed = false;             // address free: the reservation's bytes went away
+  const char *va_state = nullptr;    // a refused call: what the model knows of the range
+
+  bool skip() const { return finding && decision.skip; }
+};
+
+class VmmModel {
+ public:
+  explicit VmmModel(ByteCounters &counters) : counters_(counters) {}
+
+  // Issuing calls, after the driver succeeded.
+  void on_create(std::uint64_t handle, std::uint64_t size, Location loc, int loc_id,
+                 unsigned handle_types, bool imported, const EventRef &ev, ThreadVmmState &ts);
+  // cuMemRetainAllocationHandle(&h, va) succeeded.
+  void on_retain(std::uint64_t handle, std::uint64_t va, const EventRef &ev, ThreadVmmState &ts);
+  void on_reserve(std::uint64_t base, std::uint64_t size, const EventRef &ev, ThreadVmmState &ts);
+  void on_set_access(std::uint64_t va, std::uint64_t size);
+
+  // Taking and binding calls: begin before the driver, end after it (ok: the driver succeeded).
+  VmmTicket begin_map(std::uint64_t va, std::uint64_t size, std::uint64_t offset,
+                      std::uint64_t handle, const EventRef &ev, ThreadVmmState &ts,
+                      const Options &o);
+  VmmTicket begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
+                        ThreadVmmState &ts, const Options &o);
+  VmmTicket begin_release(std::uint64_t handle, const EventRef &ev, ThreadVmmState &ts,
+                          const Options &o);
+  VmmTicket begin_address_free(std::uint64_t base, std::uint64_t size, const EventRef &ev,
+                               ThreadVmmState &ts, const Options &o);
+  // Completes the transaction. A skipped ticket needs no end() (nothing was noted). Returns what
+  // went away with the call (0 bytes when it was refused), and sets t.va_state when it was refused.
+  VmmFreed end(VmmTicket &t, bool ok);
+
+  // Queries.
+  std::optional<ReservationPages> pages_of(std::uint64_t p) const;
+  // The reservation containing p: its base and size, without its mappings.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> reservation_range(std::uint64_t p) const;
+  std::optional<HandleRec> handle(std::uint64_t value) const;
+  // The physical allocation mapped at va, with the offset into it.
+  std::optional<std::pair<PhysAlloc, std::uint64_t>> mapped_at(std::uint64_t va) const;
+  VmmCounts counts() const;
+  // What the model knows of [va, va+size): "not reserved", "reserved, never mapped", "mapped",
+  // "partly mapped", "asleep" (unmapped after being mapped), "unmapped".
+  const char *range_state(std::uint64_t va, std::uint64_t size) const;
+  void for_each_alloc(const std::function<void(const PhysAlloc &)> &fn) const;
+  void for_each_reservation(const std::function<void(const Reservation &)> &fn) const;
+  void for_each_live_handle(const std::function<void(const HandleRec &)> &fn) const;
+  void clear();
+  void fork_prepare() { mu_.lock(); }
+  void fork_parent() { mu_.unlock(); }
+  void fork_child() {
+    mu_.unlock();
+    clear();
+  }
+
+ private:
+  using Allocs = std::unordered_map<std::uint64_t, PhysAlloc>;
+  using Reservations = std::map<std::uint64_t, Reservation>;
+  using FreedReservations = std::map<std::uint64_t, std::pair<std::uint64_t, EventRef>>;
+  using Maps = std::map<std::uint64_t, Mapping>;
+  using Sleepers = std::map<std::uint64_t, Sleeper>;
+
+  Reservation *res_containing_locked(std::uint64_t p);
+  const Reservation *res_containing_locked(std::uint64_t p) const;
+  const char *range_state_locked(std::uint64_t va, std::uint64_t size) const;
+  // Issues handle value `value` to allocation `alloc_id` in a new generation.
+  void issue_locked(std::uint64_t value, std::uint64_t alloc_id, const EventRef &ev);
+  // Drops the allocation when nothing refers to it any more; keeps it in `t` for the inverse.
+  void drop_if_dead_locked(std::uint64_t alloc_id, VmmTicket *t, VmmFreed &freed);
+  void undo_drops_locked(VmmTicket &t);
+  void note_map_locked(VmmTicket &t, Reservation &r, std::uint64_t offset);
+  void note_unmap_locked(VmmTicket &t, Reservation &r, std::uint64_t off, std::uint64_t end);
+  void note_release_locked(VmmTicket &t, HandleRec &h);
+  void end_map_locked(VmmTicket &t, bool ok);
+  void end_unmap_locked(VmmTicket &t, bool ok);
+  void end_release_locked(VmmTicket &t, bool ok);
+  void end_address_free_locked(VmmTicket &t, bool ok);
+  // The driver accepted a call the model expected it to refuse (a partial unmap, a map over a
+  // mapped range, an address free with mappings): the model missed something and follows it.
+  void force_unmap_locked(Reservation &r, std::uint64_t off, std::uint64_t end, const EventRef &ev,
+                          VmmFreed &freed);
+
+  ByteCounters &counters_;
+  mutable std::mutex mu_;
+  std::uint64_t next_alloc_id_ = 1;
+  std::uint64_t next_gen_ = 1;    // handle-value and reservation generations
+  Allocs allocs_;
+  std::unordered_map<std::uint64_t, HandleRec> handles_;   // live and released values
+  Reservations res_;                                       // by base
+  FreedReservations freed_res_;                            // base -> (size, free)
+  // Nodes of erased records, reused by the next insertions (node_reuse.h).
+  std::vector<Allocs::node_type> spare_allocs_;
+  std::vector<Reservations::node_type> spare_res_;
+  std::vector<FreedReservations::node_type> spare_freed_res_;
+  std::vector<Maps::node_type> spare_maps_;
+  std::vector<Sleepers::node_type> spare_sleepers_;
+};
+
+// Findings of the VMM model (vmm_findings.cpp): phrased here, from what the model holds.
+namespace vmm_findings {
+Finding map_over_mapped(std::uint64_t va, std::uint64_t size, std::uint64_t handle,
+                        const Reservation &r, const Mapping &current);
+Finding unmap_unmapped(std::uint64_t va, std::uint64_t size, const Reservation &r,
+                       const std::vector<const Sleeper *> &asleep);
+Finding partial_unmap(std::uint64_t va, std::uint64_t size, const Reservation &r,
+                      const std::vector<const Mapping *> &hit);
+Finding release_unknown(std::uint64_t handle);
+Finding stale_release_paired(std::uint64_t handle, const ThreadVmmState &pair,
+                             const ThreadVmmState::Last &l, const HandleRec &h);
+Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
+                       const EventRef &replaced_by);
+Finding double_address_free(std::uint64_t base, std::uint64_t size, const EventRef &first);
+Finding free_mapped_va(std::uint64_t base, std::uint64_t size, const Reservation &r);
+// JSON array of the mapped and unmapped pieces of [off, off+size) of r.
+std::string describe_range(const Reservation &r, std::uint64_t off, std::uint64_t size);
+}  // namespace vmm_findings
+
+}  // namespace cmg
+
+namespace cmg {
+
+// The one sequence of a VMM call the model has a ticket for, shared by the hooks and the tests:
+// skip (answered without the driver), abort first (strict mode, reported before the driver), or
+// call the driver and complete the transaction with its answer.
+struct VmmOutcome {
+  bool called = false;      // the driver was called
+  bool abort_first = false; // strict: the caller reports with Action::Abort and aborts
+  int status = 0;           // what the caller gets (0 when skipped)
+  bool report = false;      // the finding stands: report it with `status`
+  VmmFreed freed;
+};
+
+template <class Driver>
+VmmOutcome run_transaction(VmmModel &m, VmmTicket &t, Driver &&driver) {
+  VmmOutcome o;
+  if (t.skip()) {
+    o.report = true;
+    return o;
+  }
+  if (t.finding && t.decision.abort_first) {
+    o.abort_first = o.report = true;
+    return o;
+  }
+  o.called = true;
+  o.status = static_cast<int>(driver());
+  o.freed = m.end(t, o.status == 0);
+  o.report = t.finding && t.decision.stands(o.status == 0);
+  return o;
+}
+
+}  // namespace cmg
