@@ -2,6 +2,7 @@
 // The legacy-IPC bridge without CUDA (see ipc_bridge.h and docs/ipc-bridge.md).
 #include "ipc_bridge.h"
 #include "text.h"
+#include "units.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -43,15 +44,6 @@ constexpr std::array<std::uint8_t, 4> kChunkMagic = {'C', 'M', 'G', 'P'};
 template <std::size_t N>
 bool has_magic(const std::uint8_t *p, const std::array<std::uint8_t, N> &m) {
   return std::memcmp(p, m.data(), N) == 0;
-}
-
-std::string mib(std::uint64_t b) {
-  char buf[48];
-  if (b % (1u << 20) == 0)
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " MiB", b >> 20);
-  else
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " bytes", b);
-  return buf;
 }
 
 }  // namespace
@@ -508,7 +500,7 @@ std::string bridge_blocker(const Subject &s) {
            std::to_string(kMaxPages) + ")";
   for (const SubjectPage &p : s.pages) {
     if (p.handle_types & kTypePosixFd) continue;
-    std::string why = "the page at +" + std::to_string(p.off) + " (" + mib(p.size) +
+    std::string why = "the page at +" + std::to_string(p.off) + " (" + human_bytes(p.size) +
                       ") has handle types " + handle_type_names(p.handle_types) +
                       ", without POSIX_FD, and cannot be exported as a file descriptor";
     why += p.device ? " (in bridge mode the shim adds POSIX_FD at cuMemCreate where the device "
@@ -543,10 +535,10 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
   }
   std::string list;
   for (std::size_t i = 0; i < s.pages.size() && i < 8; ++i)
-    list += (i ? ", +" : "+") + std::to_string(s.pages[i].off) + " (" + mib(s.pages[i].size) + ")";
+    list += (i ? ", +" : "+") + std::to_string(s.pages[i].off) + " (" + human_bytes(s.pages[i].size) + ")";
   if (s.pages.size() > 8) list += ", and " + std::to_string(s.pages.size() - 8) + " more";
   f.msg = std::string(s.api) + " of " + hex(s.ptr) + ", which lies in the VMM reservation " +
-          hex(s.res_base) + " (" + mib(s.res_size) + ", reserved at " + at_seq(s.reserved) + "; " +
+          hex(s.res_base) + " (" + human_bytes(s.res_size) + ", reserved at " + at_seq(s.reserved) + "; " +
           std::to_string(s.pages.size()) + " mapped page(s)" +
           (list.empty() ? std::string() : ": " + list) + "; handle types " +
           (s.pages.empty() ? std::string("none mapped") : handle_type_names(types)) +
@@ -609,7 +601,7 @@ Finding free_exported_finding(const ExportTable::Dropped &d, const char *api, st
   f.cls = FindingClass::FreeExported;
   f.msg = std::string(api) + " of " + hex(va) + " (+" + std::to_string(size) +
           " bytes) frees pages of bridge export " + std::to_string(d.id) + " (reservation " +
-          hex(d.res_base) + ", " + std::to_string(d.pages) + " page(s), " + mib(d.bytes) +
+          hex(d.res_base) + ", " + std::to_string(d.pages) + " page(s), " + human_bytes(d.bytes) +
           ", exported at " + at_seq(d.made) + ") while importers still hold " +
           std::to_string(d.importers) +
           " open(s) of it: they keep the pages they mapped (imported memory stays alive until "

@@ -245,19 +245,6 @@ Action decide_flush(const Options &o, FlushTarget target) {
   return Action::Forward;
 }
 
-std::string human_bytes(std::uint64_t b) {
-  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  char buf[32];
-  if (u == 0)
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
-  else
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, unit[u]);
-  return buf;
-}
-
 std::string human_ns(std::uint64_t ns) {
   char buf[32];
   if (ns < 1000)

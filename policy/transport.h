@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "event.h"
+#include "units.h"
 #include "options.h"
 
 namespace cmg {
@@ -161,8 +162,7 @@ struct FlushEvent {
 };
 Finding flush_finding(const FlushEvent &e);
 
-// "8.0 MiB", "301.2 ms": used in messages and the exit summary.
-std::string human_bytes(std::uint64_t b);
+// "301.2 ms": used in messages and the exit summary (bytes: units.h).
 std::string human_ns(std::uint64_t ns);
 
 }  // namespace cmg

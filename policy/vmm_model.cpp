@@ -168,7 +168,10 @@ VmmTicket VmmModel::begin_map(std::uint64_t va, std::uint64_t size, std::uint64_
   std::lock_guard lk(mu_);
   Reservation *r = res_containing_locked(va);
   // Not ours to judge (reserved before tracking, size 0, past the end): the driver answers.
-  if (!r || size == 0 || size > r->base + r->size - va) return t;
+  if (!r || size == 0 || size > r->base + r->size - va) {
+    t.va_state = range_state_locked(va, size);
+    return t;
+  }
   const std::uint64_t off = va - r->base;
   t.res_gen = r->gen;
   auto cur = first_after(r->maps, off);
@@ -177,6 +180,7 @@ VmmTicket VmmModel::begin_map(std::uint64_t va, std::uint64_t size, std::uint64_
     // accepts it after all, end() follows the driver.
     t.finding = vmm_findings::map_over_mapped(va, size, handle, *r, cur->second);
     t.decision = decide(o, FindingClass::MapOverMapped, false);
+    t.va_state = range_state_locked(va, size);
     return t;
   }
   note_map_locked(t, *r, off);
@@ -261,6 +265,7 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
   Reservation *r = res_containing_locked(va);
   if (!r || size == 0 || size > r->base + r->size - va) {
     ts.pending = false;
+    t.va_state = range_state_locked(va, size);
     return t;  // not ours to judge: the driver answers (real-driver.md D10)
   }
   const std::uint64_t off = va - r->base, end = off + size;
@@ -301,6 +306,7 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
       hit.push_back(&it->second);
     t.finding = vmm_findings::partial_unmap(va, size, *r, hit);
     t.decision = decide(o, FindingClass::PartialUnmap, false);
+    t.va_state = range_state_locked(va, size);
     return t;
   }
   note_unmap_locked(t, *r, off, end);
@@ -521,6 +527,10 @@ void VmmModel::end_address_free_locked(VmmTicket &t, bool ok) {
 
 VmmFreed VmmModel::end(VmmTicket &t, bool ok) {
   if (t.op == VmmTicket::Op::None) return {};
+  // A call that succeeded as noted, or one the model noted nothing for and has nothing to follow
+  // (its va_state was read under begin's lock): no second locked pass.
+  if (ok && t.noted) return t.freed;
+  if (!t.noted && (!t.finding || !ok)) return t.freed;
   std::lock_guard lk(mu_);
   switch (t.op) {
     case VmmTicket::Op::Map: end_map_locked(t, ok); break;
@@ -529,8 +539,8 @@ VmmFreed VmmModel::end(VmmTicket &t, bool ok) {
     case VmmTicket::Op::AddressFree: end_address_free_locked(t, ok); break;
     case VmmTicket::Op::None: break;
   }
-  if (!ok && (t.op == VmmTicket::Op::Map || t.op == VmmTicket::Op::Unmap))
-    t.va_state = range_state_locked(t.va, t.size);
+  if (!ok && t.noted && (t.op == VmmTicket::Op::Map || t.op == VmmTicket::Op::Unmap))
+    t.va_state = range_state_locked(t.va, t.size);  // after the undo: as it was before the call
   return t.freed;
 }
 

@@ -5,6 +5,7 @@
 // buffered lines are given up and the crash lines are written directly). No allocation, no
 // stdio, no locale, no waiting on a lock. The models are not read (their locks may be held by the
 // thread that crashed), so the crash summary has counters and findings but no leak records.
+#include "clock.h"
 #include "crash.h"
 
 #include <errno.h>
@@ -77,12 +78,6 @@ class Line {
   bool full_ = false;
 };
 
-std::uint64_t mono_now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 void write_all(int fd, std::string_view s) {
   while (!s.empty()) {
     ssize_t n = ::write(fd, s.data(), s.size());
@@ -95,7 +90,7 @@ void write_all(int fd, std::string_view s) {
 void write_crash_summary(int sig) {
   State &s = state();
   if (!active() || s.summary_printed.load(std::memory_order_acquire)) return;
-  const std::uint64_t ts = mono_now() - s.start_mono_ns;
+  const std::uint64_t ts = mono_ns() - s.start_mono_ns;
   // Large enough for every API and finding class; a static buffer, since the crashing thread's
   // stack may be nearly spent.
   static char buf[16384];

@@ -413,6 +413,16 @@ bool single_variant(std::string_view base, Api &out) {
 
 }  // namespace
 
+void *driver_export(std::atomic<void *> &slot, const char *name) {
+  void *p = slot.load(std::memory_order_acquire);
+  if (p) return p;
+  void *h = libcuda_handle();
+  if (!h) return nullptr;
+  p = real_dlsym(h, name);
+  if (p) slot.store(p, std::memory_order_release);
+  return p;
+}
+
 void clear_runtime_error() {
   static std::atomic<void *> fn{nullptr};
   void *f = fn.load(std::memory_order_relaxed);

@@ -56,6 +56,15 @@ void clear_runtime_error();
 // The loaded libcuda.so.1 (no load is triggered), or nullptr.
 void *libcuda_handle();
 
+// The driver's own export `name` (never a wrapper of the shim), looked up once into `slot`: the one
+// way shim code calls the driver for itself (the device of a context, error names, attributes).
+// Returns nullptr while the driver is not loaded (tried again on the next call).
+void *driver_export(std::atomic<void *> &slot, const char *name);
+template <class F>
+F driver_fn(std::atomic<void *> &slot, const char *name) {
+  return reinterpret_cast<F>(driver_export(slot, name));
+}
+
 // CUMEMGUARD_LOG_LEVEL=debug: one raw stderr line per lookup the shim answers or routes.
 bool trace_lookups();
 void trace_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

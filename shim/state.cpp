@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bridge.h"
+#include "clock.h"
 #include "crash.h"
 #include "diag.h"
 #include "flush.h"
@@ -52,18 +53,6 @@ std::mutex g_activate_mu;
 // The parent's log path, in a forked child: a pattern without %p must not make the child truncate
 // its parent's log.
 std::string *g_parent_log = nullptr;
-
-std::uint64_t mono_raw() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-std::uint64_t unix_raw() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 std::vector<std::string> read_argv() {
   std::vector<std::string> out;
@@ -179,7 +168,7 @@ State &state_slow() {
   return *s;
 }
 
-std::uint64_t now_ns() { return mono_raw() - state().start_mono_ns; }
+std::uint64_t now_ns() { return mono_ns() - state().start_mono_ns; }
 
 std::uint32_t thread_id_slow() {
   t_tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
@@ -200,8 +189,8 @@ bool options_ready() {
   }
   parsing_here = true;
   State &s = state();
-  s.start_mono_ns = mono_raw();
-  s.start_unix_ns = unix_raw();
+  s.start_mono_ns = mono_ns();
+  s.start_unix_ns = unix_ns();
   s.rank = rank_from_env();
   ParsedOptions p = parse_options(environ);
   s.opts = p.options;
@@ -242,17 +231,11 @@ void activate_slow() {
 }
 
 int current_device() {
-  static std::atomic<void *> fn{nullptr};
-  void *f = fn.load(std::memory_order_relaxed);
-  if (!f) {
-    void *h = libcuda_handle();
-    if (!h) return -1;
-    f = real_dlsym(h, "cuCtxGetDevice");  // the 2000 ABI: (CUdevice *)
-    if (!f) return -1;
-    fn.store(f, std::memory_order_relaxed);
-  }
+  static std::atomic<void *> slot{nullptr};
+  // The 2000 ABI: cuCtxGetDevice(CUdevice *) of the context current on this thread.
+  auto f = driver_fn<PFN_cuCtxGetDevice_v2000>(slot, "cuCtxGetDevice");
   CUdevice d = -1;
-  if (reinterpret_cast<PFN_cuCtxGetDevice_v2000>(f)(&d) != CUDA_SUCCESS) return -1;
+  if (!f || f(&d) != CUDA_SUCCESS) return -1;
   return d;
 }
 
@@ -266,8 +249,13 @@ Call::Call(Api api, StackWhen stack, Nested nested)
   tracked_ = true;
   s.calls.add(api);
   ev_.seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
-  t0_ = now_ns();
-  ev_.ts = t0_;
+  // Times are read only where they are written: in the event log. Without one, a call's event is
+  // identified by its seq alone (the clock read is one of the larger costs of a call whose
+  // caches the driver has just evicted, docs/performance.md).
+  if (s.log.is_open()) {
+    t0_ = now_ns();
+    ev_.ts = t0_;
+  }
   ev_.tid = thread_id();
   ev_.api = api_name(api);
   if (s.opts.stacks > 0 && stack != StackWhen::Never) {

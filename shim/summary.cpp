@@ -20,14 +20,6 @@
 namespace cmg::shim {
 namespace {
 
-std::string human(std::int64_t b) {
-  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b < 0 ? -b : b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  return fmt::format("{}{:.{}f} {}", b < 0 ? "-" : "", v, u ? 1 : 0, unit[u]);
-}
-
 void write_leaks(State &s) {
   char buf[1024];
   auto emit = [&](JsonLine &j) { s.log.write(j.finish(), now_ns()); };
@@ -111,7 +103,7 @@ void print_summary(State &s) {
                          r.kind == MemKind::Va ? std::string("-")
                          : r.dev < 0           ? std::string("host")
                                                : std::to_string(r.dev),
-                         mem_kind_name(r.kind), human(r.current), human(r.peak), human(r.total));
+                         mem_kind_name(r.kind), human_bytes(r.current), human_bytes(r.peak), human_bytes(r.total));
   }
   std::map<std::string, std::pair<std::size_t, std::uint64_t>> live;
   s.linear.for_each_live([&](const LinearRec &r) {
@@ -121,10 +113,10 @@ void print_summary(State &s) {
   });
   VmmCounts vc = s.vmm.counts();
   out += "  live at exit:";
-  for (const auto &[k, e] : live) out += fmt::format(" {} {} ({}),", k, e.first, human(e.second));
+  for (const auto &[k, e] : live) out += fmt::format(" {} {} ({}),", k, e.first, human_bytes(e.second));
   out += fmt::format(" vmm {} ({}), reservations {} ({}), handles {}\n", vc.phys,
-                     human(static_cast<std::int64_t>(vc.phys_bytes)), vc.reservations,
-                     human(static_cast<std::int64_t>(vc.va_bytes)), vc.handles);
+                     human_bytes(static_cast<std::int64_t>(vc.phys_bytes)), vc.reservations,
+                     human_bytes(static_cast<std::int64_t>(vc.va_bytes)), vc.handles);
   out += "  findings:";
   bool any = false;
   for (std::size_t i = 0; i < kFindingClassCount; ++i)

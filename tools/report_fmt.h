@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "logreader.h"
+#include "units.h"
 
 namespace cmg::report {
 
@@ -30,19 +31,8 @@ inline std::string fmt_duration(std::int64_t ns) {
 
 // "2097152 bytes (2.0 MiB)"
 inline std::string bytes_text(std::int64_t b) {
-  const double a = static_cast<double>(b < 0 ? -b : b);
-  if (a < 1024) return fmt::format("{} bytes", b);
-  const char *unit = "KiB";
-  double v = a / 1024;
-  if (v >= 1024) {
-    v /= 1024;
-    unit = "MiB";
-  }
-  if (v >= 1024) {
-    v /= 1024;
-    unit = "GiB";
-  }
-  return fmt::format("{} bytes ({}{:.1f} {})", b, b < 0 ? "-" : "", v, unit);
+  if (b > -1024 && b < 1024) return fmt::format("{} bytes", b);
+  return fmt::format("{} bytes ({})", b, cmg::human_bytes(b));
 }
 
 // JSON on one line; invalid UTF-8 from a damaged log is replaced rather than thrown on.

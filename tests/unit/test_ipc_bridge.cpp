@@ -485,8 +485,8 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
   CHECK(plan_export(IpcMode::Bridge, s, false).what == W::Report);  // nowhere to write a handle
   Finding f = ipc_vmm_finding(s, {}, {W::Report, {}});
   CHECK(f.cls == FindingClass::IpcVmm);
-  CHECK_THAT(f.msg, Catch::Contains("VMM reservation 0x7f0000000000 (8 MiB"));
-  CHECK_THAT(f.msg, Catch::Contains("2 mapped page(s): +0 (2 MiB), +2097152 (2 MiB)"));
+  CHECK_THAT(f.msg, Catch::Contains("VMM reservation 0x7f0000000000 (8.0 MiB"));
+  CHECK_THAT(f.msg, Catch::Contains("2 mapped page(s): +0 (2.0 MiB), +2097152 (2.0 MiB)"));
   CHECK_THAT(f.msg, Catch::Contains("handle types POSIX_FD"));
   CHECK_THAT(f.msg, Catch::Contains("CUMEMGUARD_IPC=bridge"));
   CHECK_THAT(f.msg, !Catch::Contains("PyTorch"));

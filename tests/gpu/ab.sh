@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The in-process A/B benchmark (benchmarks/ab.cpp, docs/performance.md "Method") on the real driver,
+# for each profile: control (no shim: must read 1.00), tracking only (the guard profile of plain
+# LD_PRELOAD), the debugging profile `cumemguard run` uses, and with the event log on.
+#   tests/gpu/ab.sh BUILD_DIR OUT_DIR [ROUNDS]     writes OUT_DIR/ab.txt
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-build}" && pwd)
+out=${2:-$build/gpu-ab}
+rounds=${3:-30}
+mkdir -p "$out"
+bench="$build/benchmarks/cmg-bench-ab"
+[ -x "$bench" ] || { echo "cmg-bench-ab not built"; exit 77; }
+if [ -z "${CMG_AB_FAKE:-}" ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu ab: no GPU here; skipped"
+    exit 77
+  fi
+  . "$here/libpath.sh"
+fi
+shim="$build/shim/libcumemguard.so"
+run() {
+  local name=$1
+  shift
+  echo "## $name: $*"
+  env -u LD_PRELOAD "$@" "$bench" --rounds "$rounds"
+  echo
+}
+{
+  run control
+  run tracking LD_PRELOAD="$shim"
+  # shellcheck disable=SC2086
+  run debug LD_PRELOAD="$shim" ${CMG_AB_DEBUG_ENV:-CUMEMGUARD_PROFILE=debug}
+  run log LD_PRELOAD="$shim" CUMEMGUARD_LOG="$out/ab.%p.log"
+} > "$out/ab.txt" 2>&1
+rm -f "$out"/ab.*.log
+cat "$out/ab.txt"
