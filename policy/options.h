@@ -86,3 +86,23 @@ std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t
 std::size_t edit_distance(std::string_view a, std::string_view b);
 
 }  // namespace cmg
+
+namespace cmg {
+
+// CUMEMGUARD_QUARANTINE=auto: the Size option's value that asks for a quarantine sized to the
+// device, resolved at run time by quarantine_for_device().
+inline constexpr std::uint64_t kAutoSize = ~std::uint64_t{0};
+
+// The quarantine `auto` gives a device of `total` bytes: 1/256 of its memory, at least 64 MiB and at
+// most 1 GiB (docs/performance.md, "Quarantine"). A stale free is caught while the address it
+// names is still held: the common bug (free, allocate again, free the old pointer) needs only the
+// allocation's own size; the floor covers allocations of tens of MiB on small devices, and the cap
+// keeps what is held far below what a program on a large device can notice (an allocation that runs
+// out of memory releases everything held and is retried once anyway).
+constexpr std::uint64_t quarantine_for_device(std::uint64_t total) {
+  constexpr std::uint64_t floor = 64ull << 20, cap = 1ull << 30;
+  const std::uint64_t q = total / 256;
+  return q < floor ? floor : (q > cap ? cap : q);
+}
+
+}  // namespace cmg

@@ -28,7 +28,7 @@ spdlog::logger *logger() {
     // Not registered and never destroyed: it must outlive every static destructor.
     auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
     auto *lg = new spdlog::logger("cumemguard", sink);
-    lg->set_pattern("cumemguard: %v");
+    lg->set_pattern("%v");  // the prefix names the process: see prefix()
     lg->set_level(spdlog::level::trace);
     lg->flush_on(spdlog::level::trace);
     return lg;
@@ -71,13 +71,22 @@ std::string one_line(std::string_view msg) {
   return out;
 }
 
+// "cumemguard[4242]: " or, when the rank is known, "cumemguard[4242 rank 1]: ": lines of many
+// processes (torchrun ranks, a forked importer) interleaved on one terminal can be told apart, as
+// ASan's ==PID== lines can. getpid() each time: a forked child writes its own.
+std::string prefix() {
+  const int rank = options_ready() ? state().rank : -1;
+  return "cumemguard[" + std::to_string(getpid()) +
+         (rank >= 0 ? " rank " + std::to_string(rank) : std::string()) + "]: ";
+}
+
 }  // namespace
 
 void diag_line(LogLevel level, std::string_view msg) {
   if (!enabled(level)) return;
-  std::string line = std::string(level_word(level)) + ": " + one_line(msg);
+  std::string line = prefix() + level_word(level) + ": " + one_line(msg);
   if (g_exit_begun.load(std::memory_order_acquire)) {
-    std::string raw = "cumemguard: " + line + "\n";
+    std::string raw = line + "\n";
     ssize_t n = ::write(2, raw.data(), raw.size());
     (void)n;
     return;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// One-line diagnostics on stderr ("cumemguard: warning: …") through spdlog while the process runs,
+// One-line diagnostics on stderr ("cumemguard[PID]: warning: …") through spdlog while the process runs,
 // raw write(2) once exit has begun (spdlog's statics may be gone by then).
 #pragma once
 

@@ -66,6 +66,7 @@ inline bool quarantined(Api api, MemKind kind) {
   return state().opts.quarantine != 0 && sync_free(api, kind);
 }
 
+
 // Linear allocation (cudaMalloc, cuMemAlloc_v2, host, managed, async, pitch). `out` reads the new
 // pointer after success; `size_of` is the size, or a callable giving it after success (pitch).
 template <class R, class Size, class Real, class Out>
@@ -139,7 +140,7 @@ R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
     args.s("held", "quarantine");
     if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, 0);
     c.log(0, args, freed);
-    held().release_down_to(HoldReason::Quarantine, s.opts.quarantine);
+    held().release_down_to(HoldReason::Quarantine, quarantine_limit(v.rec.dev));
     return R(0);
   }
   const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;

@@ -32,7 +32,23 @@ void register_exit_release() {
   static std::atomic<bool> done{false};
   if (!done.exchange(true)) std::atexit(release_at_exit);
 }
+std::atomic<std::uint64_t> g_quarantine_limit{0};  // resolved `auto`, 0 until the first hold
 }  // namespace
+
+std::uint64_t quarantine_limit(int dev) {
+  const std::uint64_t q = state().opts.quarantine;
+  if (q != kAutoSize) return q;
+  std::uint64_t limit = g_quarantine_limit.load(std::memory_order_relaxed);
+  if (limit) return limit;
+  static std::atomic<void *> slot{nullptr};
+  std::size_t total = 0;
+  // The device's memory, from the driver's own export (a host allocation, dev -1, asks device 0).
+  auto f = driver_fn<PFN_cuDeviceTotalMem_v3020>(slot, "cuDeviceTotalMem_v2");
+  if (!f || f(&total, dev < 0 ? 0 : dev) != CUDA_SUCCESS) total = 0;
+  limit = quarantine_for_device(total);
+  g_quarantine_limit.store(limit, std::memory_order_relaxed);
+  return limit;
+}
 
 bool HeldFrees::hold(const Held &h) {
   register_exit_release();

@@ -64,4 +64,8 @@ class HeldFrees {
 
 HeldFrees &held();
 
+// The quarantine in force, in bytes (CUMEMGUARD_QUARANTINE, `auto` resolved from the memory of the
+// device of the first free it holds; dev -1: device 0).
+std::uint64_t quarantine_limit(int dev);
+
 }  // namespace cmg::shim

@@ -196,13 +196,17 @@ bool trace_lookups() {
   return v == 1;
 }
 
+// A raw stderr line "cumemguard[PID]: " + fmt (the same prefix as diag.cpp's lines).
 void trace_line(const char *fmt, ...) {
   char buf[512];
+  int pre = std::snprintf(buf, sizeof buf, "cumemguard[%d]: ", static_cast<int>(getpid()));
+  if (pre < 0) pre = 0;
   va_list ap;
   va_start(ap, fmt);
-  int n = std::vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  int n = std::vsnprintf(buf + pre, sizeof buf - 1 - static_cast<std::size_t>(pre), fmt, ap);
   va_end(ap);
   if (n < 0) return;
+  n += pre;
   std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 2);
   buf[len++] = '\n';
   ssize_t w = ::write(2, buf, len);  // raw: this runs inside dlsym and the driver's lookups
@@ -353,7 +357,7 @@ void *resolve(Api a) {
   if (!p) {
     static std::atomic<bool> said{false};
     if (!said.exchange(true))
-      trace_line("cumemguard: warning: cannot find the real %s in this process; the shim answers "
+      trace_line("warning: cannot find the real %s in this process; the shim answers "
                  "'not initialized' for it", info.name);
     p = reinterpret_cast<void *>(&cmg_missing_real);
   }
@@ -486,7 +490,7 @@ void *route_proc(void *p, const char *symbol) {
     out = wrapper_ptr(a);
   }
   if (trace_lookups())
-    trace_line("cumemguard: debug: lookup %s -> %p in %s%s", symbol ? symbol : "?", p,
+    trace_line("debug: lookup %s -> %p in %s%s", symbol ? symbol : "?", p,
                module_of(p), out != p ? " (wrapped)" : "");
   return out;
 }
@@ -535,7 +539,7 @@ extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *ha
   }
   void *out = (!p || !e || in_self(p)) ? p : (adopt_real(e->api, p) ? wrapper_ptr(e->api) : p);
   if (trace_lookups())
-    trace_line("cumemguard: debug: dlsym(%p, %s) from %s -> %p in %s%s", handle, name,
+    trace_line("debug: dlsym(%p, %s) from %s -> %p in %s%s", handle, name,
                module_of(caller), p, module_of(p), out != p ? " (wrapped)" : "");
   return out;
 }

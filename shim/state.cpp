@@ -258,7 +258,9 @@ Call::Call(Api api, StackWhen stack, Nested nested)
   }
   ev_.tid = thread_id();
   ev_.api = api_name(api);
-  if (s.opts.stacks > 0 && stack != StackWhen::Never) {
+  // Stacks are shown only from the log (findings, leaks, the report): without one they are not
+  // captured at all.
+  if (s.opts.stacks > 0 && stack != StackWhen::Never && s.log.is_open()) {
     bool take = stack == StackWhen::Always || s.opts.stack_sample <= 1 ||
                 ev_.seq % static_cast<std::uint64_t>(s.opts.stack_sample) == 0;
     if (take) ev_.stack = capture_stack(static_cast<int>(s.opts.stacks));
@@ -302,6 +304,12 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
   std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   std::uint64_t ts = now_ns();
   if (s.log.is_open()) {
+    // A finding always has the stack of its call, stacks on or not: it is the first thing a user
+    // reads (findings are rare; the capture costs microseconds once).
+    const std::uint32_t stack = c.ev().stack ? c.ev().stack
+                                             : capture_stack(s.opts.stacks > 0
+                                                                 ? static_cast<int>(s.opts.stacks)
+                                                                 : kFindingFrames);
     std::string buf(16384 + f.msg.size() + f.state_json.size(), '\0');
     JsonLine j(buf.data(), buf.size());
     j.str("k", "finding").unum("seq", seq).unum("ts", ts).unum("tid", thread_id())
@@ -317,7 +325,7 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
       }
     }
     j.end_object().str("msg", f.msg);
-    if (c.ev().stack) j.unum("stack", c.ev().stack);
+    if (stack) j.unum("stack", stack);
     j.unum("call_seq", c.ev().seq);
     if (!f.related.empty()) {
       j.begin_array("related");

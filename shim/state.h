@@ -199,6 +199,9 @@ class Call {
   std::uint64_t t0_ = 0;
 };
 
+// Return addresses captured at a finding when CUMEMGUARD_STACKS is 0.
+inline constexpr int kFindingFrames = 16;
+
 // Writes the finding record, counts it, prints it (rate-limited) and, for Action::Abort, aborts
 // after flushing the log. `res` is what the caller gets.
 void report_finding(const Call &c, Finding f, Action action, int res, const Args &args);

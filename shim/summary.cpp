@@ -125,6 +125,13 @@ void print_summary(State &s) {
       any = true;
     }
   out += any ? "\n" : " none\n";
+  if (s.opts.quarantine) {
+    // What the quarantine was in this run: a stale free is caught only while its address is held.
+    const std::uint64_t q = quarantine_limit(-1);
+    out += fmt::format("  quarantine: {}{}, {} of frees released from it\n", human_bytes(static_cast<std::int64_t>(q)),
+                       s.opts.quarantine == kAutoSize ? " (auto: 1/256 of the device's memory, 64 MiB to 1 GiB)" : "",
+                       human_bytes(static_cast<std::int64_t>(held().released_bytes(HoldReason::Quarantine))));
+  }
   out += transport_summary_text();
   if (s.log.is_open())
     out += fmt::format("  log: {} (cumemguard report {})\n", s.log.path(), s.log.path());
