@@ -18,6 +18,7 @@ enum class Mode : unsigned char { Guard, Report, Strict };
 enum class LogLevel : unsigned char { Error, Warn, Info, Debug };
 enum class IpcMode : unsigned char { Report, Deny, Bridge };
 enum class FlushPolicy : unsigned char { Allow, Report, Defer };
+enum class BusyCheck : unsigned char { Off, Query, Sync };
 // CUMEMGUARD_ACTION_<CLASS>: "default" follows the mode.
 enum class ActionOverride : unsigned char { Default, Skip, Forward, Abort };
 

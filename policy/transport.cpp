@@ -245,19 +245,6 @@ Action decide_flush(const Options &o, FlushTarget target) {
   return Action::Forward;
 }
 
-std::string human_ns(std::uint64_t ns) {
-  char buf[32];
-  if (ns < 1000)
-    std::snprintf(buf, sizeof buf, "%llu ns", static_cast<unsigned long long>(ns));
-  else if (ns < 1000000)
-    std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1e3);
-  else if (ns < 1000000000)
-    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
-  else
-    std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(ns) / 1e9);
-  return buf;
-}
-
 Finding flush_finding(const FlushEvent &e) {
   Finding f;
   f.cls = FindingClass::OpportunisticFlush;

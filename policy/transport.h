@@ -162,7 +162,5 @@ struct FlushEvent {
 };
 Finding flush_finding(const FlushEvent &e);
 
-// "301.2 ms": used in messages and the exit summary (bytes: units.h).
-std::string human_ns(std::uint64_t ns);
 
 }  // namespace cmg

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "text.h"
+#include "units.h"
 #include "vmm_model.h"
 
 namespace cmg::vmm_findings {
@@ -160,6 +161,24 @@ Finding free_mapped_va(std::uint64_t base, std::uint64_t size, const Reservation
           " bytes) are still in place; the driver refuses it (unmap first)";
   f.state_json = "{\"reservation\":\"" + hex(base) + "\",\"range\":" +
                  describe_range(r, 0, r.size) + "}";
+  return f;
+}
+
+Finding unmap_while_busy(const VmmTicket &t, const char *how, std::uint64_t waited_ns) {
+  Finding f;
+  f.cls = FindingClass::UnmapWhileBusy;
+  const bool sync = std::string_view(how) == "sync";
+  f.msg = "cuMemUnmap of " + range_text(t.va, t.size) + " while device " + std::to_string(t.dev) +
+          " still had work queued (" +
+          (sync ? "the context synchronised after " + human_ns(waited_ns) +
+                      " before the unmap: the shim waited, so no kernel lost the range"
+                : std::string("the unmapping thread's default stream was busy")) +
+          "); a kernel still using the range faults with an illegal address (error 700), "
+          "reported later by an unrelated call. Synchronise the stream that uses the memory "
+          "before putting it to sleep";
+  f.related.push_back({"mapping", t.mapped});
+  f.state_json = "{\"dev\":" + std::to_string(t.dev) + ",\"check\":\"" + how +
+                 "\",\"waited_ns\":" + std::to_string(waited_ns) + "}";
   return f;
 }
 

@@ -318,6 +318,8 @@ void VmmModel::note_unmap_locked(VmmTicket &t, Reservation &r, std::uint64_t off
   for (auto it = first_after(r.maps, off); it != r.maps.end() && it->second.off < end;) {
     const Mapping m = it->second;
     t.unmapped.push_back(m);
+    if (!t.mapped.known()) t.mapped = m.mapped;
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && t.dev < 0) t.dev = a->second.dev();
     it = erase_keep(r.maps, spare_maps_, it);
     put_reusing(r.asleep, spare_sleepers_, m.off,
                 Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, t.ev});

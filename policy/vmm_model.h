@@ -150,6 +150,8 @@ struct VmmTicket {
                                      // the generation it mapped
   std::uint64_t res_gen = 0;         // map, unmap: the reservation's generation
   std::uint64_t alloc_id = 0;        // release: the allocation of the reference it dropped
+  int dev = -1;                      // unmap: the device of the memory it unmapped (-1: host, unknown)
+  EventRef mapped;                   // unmap: the map that made the (first) mapping it took away
   InlineVec<Mapping, 1> unmapped;    // unmap: the mappings it took away (now asleep)
   InlineVec<Sleeper, 1> woken;       // map: the sleeping ranges it replaced
   InlineVec<PhysAlloc, 1> dropped;   // allocations whose last reference went with the call
@@ -272,6 +274,9 @@ Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
                        const EventRef &replaced_by);
 Finding double_address_free(std::uint64_t base, std::uint64_t size, const EventRef &first);
 Finding free_mapped_va(std::uint64_t base, std::uint64_t size, const Reservation &r);
+// cuMemUnmap of memory whose device still had work queued: `how` is "query" (the stream was busy)
+// or "sync" (the context synchronised after waited_ns).
+Finding unmap_while_busy(const VmmTicket &t, const char *how, std::uint64_t waited_ns);
 // JSON array of the mapped and unmapped pieces of [off, off+size) of r.
 std::string describe_range(const Reservation &r, std::uint64_t off, std::uint64_t size);
 }  // namespace vmm_findings

@@ -2,6 +2,7 @@
 // VMM and pool-trim hook bodies (see handlers.h for the common shape; legacy IPC is in
 // handlers_ipc.cpp).
 #include "bridge.h"
+#include "busy.h"
 #include "handlers.h"
 #include "ipc_bridge.h"
 
@@ -150,11 +151,18 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   if (!c.tracked()) return real();
   State &s = state();
   VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts);
+  // Asked before the driver unmaps: afterwards the kernels would already have lost the range.
+  const BusyResult busy = t.noted ? busy_check(s.opts.busy_check, t.dev) : BusyResult{};
   // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).
   const auto exported = bridge::exports().begin_unmap(ptr, size);
   Args args;
   args.hex("ptr", ptr).u("size", size);
   const CUresult r = run(c, t, args, real);
+  if (busy.busy) {
+    Finding f = vmm_findings::unmap_while_busy(t, busy.how, busy.waited_ns);
+    report_finding(c, std::move(f), decide(s.opts, FindingClass::UnmapWhileBusy, false).action, r,
+                   args);
+  }
   if (!exported.empty())
     for (const auto &d : bridge::exports().end_unmap(exported, r == CUDA_SUCCESS))
       if (d.importers) {

@@ -356,6 +356,17 @@ CUresult stream_synchronize(CUstream h) {
   return CUDA_SUCCESS;
 }
 
+// NOT_READY while work queued before the call is still running on the stream's device (the busy
+// model is per device: every stream of a busy device has work), SUCCESS once it is idle.
+CUresult stream_query(CUstream h) {
+  if (CUresult r = require_init()) return r;
+  int dev;
+  if (CUresult r = stream_device(h, &dev)) return r;
+  if (dev >= 0 && dev < kMaxDevices && g_busy_until[dev].load() > now_ns())
+    return CUDA_ERROR_NOT_READY;
+  return CUDA_SUCCESS;
+}
+
 CUresult error_lookup(CUresult error, const char **p, bool text) {
   if (!p) return CUDA_ERROR_INVALID_VALUE;
   const char *s = text ? error_string(error) : error_name(error);
@@ -576,4 +587,12 @@ FC_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
 
 FC_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   return FC_CALL(cuStreamSynchronize_ptsz, stream_synchronize(hStream));
+}
+
+FC_EXPORT CUresult cuStreamQuery(CUstream hStream) {
+  return FC_CALL(cuStreamQuery, stream_query(hStream));
+}
+
+FC_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) {
+  return FC_CALL(cuStreamQuery_ptsz, stream_query(hStream));
 }

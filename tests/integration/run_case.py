@@ -128,6 +128,17 @@ CASES = {
     "fork-stacks": dict(prog="runtime_cases", args=["fork"], real=True,
                         shim_env={"CUMEMGUARD_STACKS": "32"},
                         base={"children_ok": "20", "free": RS}, shim={}, findings=[]),
+    # Memory unmapped while the device still has work queued (the sleep "200 lie"): the default
+    # query sees the busy default stream, the synchronising check waits and says for how long.
+    "busy-query": dict(prog="vmm_cases", args=["busy"],
+                       base={"sleep.unmap": S, "sleep.release": S, "sync": S, "free.addrfree": S},
+                       shim={}, findings=[("unmap-while-busy", "forward")]),
+    "busy-sync": dict(prog="vmm_cases", args=["busy"], shim_env={"CUMEMGUARD_BUSY_CHECK": "sync"},
+                      base={"sleep.unmap": S, "sleep.release": S, "sync": S, "free.addrfree": S},
+                      shim={}, findings=[("unmap-while-busy", "forward")]),
+    "busy-off": dict(prog="vmm_cases", args=["busy"], shim_env={"CUMEMGUARD_BUSY_CHECK": "off"},
+                     base={"sleep.unmap": S, "sleep.release": S, "sync": S, "free.addrfree": S},
+                     shim={}, findings=[]),
     "wakefail": dict(prog="vmm_cases", args=["wakefail"],
                      base={"sleep.unmap": S, "sleep.release": S, "wake.same_value": "1",
                            "wake.map": OOM, "cleanup.unmap": S, "cleanup.release": S,
@@ -695,6 +706,18 @@ def case_specific(name, recs, steps):
         live = summary["live"]
         expect(live.get("vmm", 0) == 0 and live.get("va", 0) == 0 and live.get("linear", 0) == 0,
                f"{name}: live at exit {live}")
+    if name in ("busy-query", "busy-sync"):
+        f = next(f for f in findings if f["class"] == "unmap-while-busy")
+        expect(f["api"] == "cuMemUnmap" and f["state"]["dev"] == 0, f"{name}: {f}")
+        expect(f["state"]["check"] == name[5:], f"{name}: check {f['state']}")
+        mapping = next(r for r in f["related"] if r["what"] == "mapping")
+        expect(by_seq[mapping["seq"]]["api"] == "cuMemMap", f"{name}: mapping {mapping}")
+        waited = f["state"]["waited_ns"]
+        if name == "busy-sync":
+            # The shim waited for the queued work (about 300 ms) before the driver unmapped.
+            expect(200_000_000 <= waited <= 3_000_000_000, f"{name}: waited {waited} ns")
+        else:
+            expect(waited == 0, f"{name}: waited {waited} ns")
     if name == "wakefail":
         rel = [c for c in calls if c["api"] == "cuMemRelease"]
         expect(not rel[-1].get("skipped"), f"{name}: the legitimate release was skipped")

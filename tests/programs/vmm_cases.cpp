@@ -243,6 +243,22 @@ int p31() {
   return 0;
 }
 
+// vLLM's sleep while the model's kernels still run: the device has 300 ms of work queued when the
+// allocation is unmapped and released (the fake's busy model; exit 77 on the real driver, where the
+// gpu suite runs busy_unmap.cu with a real kernel instead).
+int busy() {
+  using set_busy_fn = void (*)(int, unsigned long long);
+  auto set_busy = reinterpret_cast<set_busy_fn>(dlsym(RTLD_DEFAULT, "fakecuda_set_busy"));
+  if (!set_busy) return 77;
+  Alloc a = make(G);
+  set_busy(0, 300'000'000ull);
+  out("sleep.unmap", cuMemUnmap(a.v, G));
+  out("sleep.release", cuMemRelease(a.h));
+  out("sync", cuCtxSynchronize());
+  out("free.addrfree", cuMemAddressFree(a.v, G));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -265,6 +281,7 @@ int main(int argc, char **argv) {
   if (c == "P09") return p09();
   if (c == "P10") return p10();
   if (c == "P31") return p31();
+  if (c == "busy") return busy();
   if (c == "wakefail") return wakefail();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
