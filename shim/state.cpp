@@ -25,6 +25,7 @@
 #include "flush.h"
 #include "handlers.h"
 #include "held.h"
+#include "interposers.h"
 #include "loader.h"
 #include "stacks.h"
 #include "summary.h"
@@ -74,7 +75,7 @@ std::vector<std::string> read_argv() {
   return out;
 }
 
-void write_header() {
+void write_header(const std::vector<Interposer> &before) {
   State &s = state();
   std::vector<std::string> argv = read_argv();
   char host[256] = "";
@@ -95,6 +96,16 @@ void write_header() {
     if (v.source == OptionSource::Environment)
       j.str(std::string("CUMEMGUARD_") + std::string(v.spec->name), v.raw);
   j.end_object();
+  if (!before.empty()) {
+    j.begin_array("interposers");
+    for (const Interposer &i : before) {
+      std::string one = "{\"path\":\"" + json_escape(i.path) + "\",\"symbols\":[";
+      for (std::size_t k = 0; k < i.names.size(); ++k)
+        one += (k ? ",\"" : "\"") + std::string(i.names[k]) + "\"";
+      j.elem_raw(one + "]}");
+    }
+    j.end_array();
+  }
   s.log.write(j.finish(), 0);
   // On disk at once: a log whose process is killed before the next flush still says whose it is,
   // and the report reads it as cut off rather than as not a log.
@@ -213,6 +224,7 @@ void activate_slow() {
   std::lock_guard lk(g_activate_mu);
   if (g_active.load(std::memory_order_relaxed)) return;
   State &s = state();
+  const std::vector<Interposer> before = interposers_before();
   if (!s.opts.log.empty()) {
     std::string path = expand_log_path(s.opts.log, getpid(), s.rank);
     if (g_parent_log && path == *g_parent_log) path += "." + std::to_string(getpid());
@@ -220,9 +232,10 @@ void activate_slow() {
     if (!err.empty()) {
       note(LogLevel::Warn, err + "; continuing without an event log");
     } else {
-      write_header();
+      write_header(before);
     }
   }
+  for (const Interposer &i : before) note(LogLevel::Warn, interposer_note(i));
   if (s.opts.stacks > 0) stacks_warm_up();
   g_active.store(true, std::memory_order_release);
   if (s.opts.crash_summary) install_crash_handlers();

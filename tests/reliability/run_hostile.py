@@ -253,6 +253,20 @@ def case_interposer(r, before):
         calls = [x for x in recs if x.get("k") == "call" and x.get("api") == api]
         expect(len(calls) == n, f"{label}: the shim recorded {len(calls)} {api}, expected {n}")
         foreign = [l for l in stderr_lines(err) if "libotherhook" in l]
+        if before:
+            # Named once, at start-up, with the entry points it takes first, and in the header.
+            named = [l for l in foreign if "is loaded before cumemguard" in l]
+            expect(len(named) == 1 and all(n in named[0] for n in
+                                           ("cudaMalloc", "cuMemAlloc_v2", "cuMemCreate")),
+                   f"{label}: no single line naming the interposer before the shim: "
+                   f"{stderr_lines(err)}")
+            inter = recs[0].get("interposers", [])
+            expect(len(inter) == 1 and inter[0]["path"].endswith("libotherhook.so") and
+                   sorted(inter[0]["symbols"]) == ["cuMemAlloc_v2", "cuMemCreate", "cudaMalloc"],
+                   f"{label}: header interposers {inter}")
+        else:
+            expect(not [l for l in foreign if "is loaded before cumemguard" in l],
+                   f"{label}: an interposer after the shim named as one before it")
         if not before and api != "cudaMalloc":
             expect(len(foreign) == 1 and "not libcuda" in foreign[0],
                    f"{label}: no single line naming the interposer between the shim and the "
