@@ -128,13 +128,18 @@ Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
           at_seq(h.released) +
           (replaced ? "; the range it backed (" + hex(h.last_res + h.last_off) +
                           ") has been mapped to another allocation since"
-                    : std::string());
+                    : std::string()) +
+          // bug-patterns: a capability probe or a failed allocation path that releases what it
+          // created before mapping it, and then again in its error handling.
+          (!h.ever_mapped ? "; the handle was never mapped: an allocation path that failed or "
+                            "probed half-way released it, then released it again"
+                          : std::string());
   f.related.push_back({"first release", h.released});
   f.related.push_back({"handle issued", h.issued});
   if (replaced) f.related.push_back({"replacement", replaced_by});
   f.state_json = "{\"handle\":\"" + hex(handle) + "\",\"released\":true" +
                  (h.ever_mapped ? ",\"last_mapped_at\":\"" + hex(h.last_res + h.last_off) + "\""
-                                : std::string()) +
+                                : std::string(",\"never_mapped\":true")) +
                  "}";
   return f;
 }

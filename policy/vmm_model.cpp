@@ -204,7 +204,16 @@ void VmmModel::note_map_locked(VmmTicket &t, Reservation &r, std::uint64_t off) 
     hr.last_res = r.base;
     hr.last_off = off;
     hr.ever_mapped = true;
-    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) a->second.map_count++;
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) {
+      a->second.map_count++;
+      // An imported handle has no size until it is mapped (cuMemImportFromShareableHandle does
+      // not say): its first mapping is its size.
+      if (a->second.imported && a->second.size == 0) {
+        a->second.size = t.size;
+        counters_.add(a->second.dev(), MemKind::Vmm, static_cast<std::int64_t>(t.size));
+        t.sized_import = true;
+      }
+    }
   }
   for (auto it = first_after(r.asleep, off); it != r.asleep.end() && it->second.off < off + t.size;) {
     t.woken.push_back(it->second);
@@ -235,6 +244,10 @@ void VmmModel::end_map_locked(VmmTicket &t, bool ok) {
   erase_keep(r->maps, spare_maps_, m);
   if (auto a = allocs_.find(alloc_id); a != allocs_.end() && a->second.map_count) {
     a->second.map_count--;
+    if (t.sized_import) {
+      counters_.add(a->second.dev(), MemKind::Vmm, -static_cast<std::int64_t>(a->second.size));
+      a->second.size = 0;
+    }
     VmmFreed gone;  // another thread released the last handle meanwhile: the driver freed it then
     drop_if_dead_locked(alloc_id, nullptr, gone);
   }

@@ -162,6 +162,7 @@ struct VmmTicket {
     bool ever_mapped = false;
   } prev_where;                      // map: where the handle value was last mapped before
   bool prev_ever_mapped = false;     // map: whether the reservation had been mapped before
+  bool sized_import = false;         // map: the first mapping of an import gave it its size
   bool va_freed = false;             // address free: the reservation's bytes went away
   const char *va_state = nullptr;    // a refused call: what the model knows of the range
 

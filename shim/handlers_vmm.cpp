@@ -233,8 +233,15 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
   if (r == CUDA_SUCCESS) {
     args.hex("handle", *h);
     // The size of an imported allocation is not known from the handle; mappings carry it.
+    // Where the imported memory lives, from the driver (its size comes with its first mapping).
+    static std::atomic<void *> props_slot{nullptr};
+    CUmemAllocationProp prop{};
+    auto props = driver_fn<PFN_cuMemGetAllocationPropertiesFromHandle_v10020>(
+        props_slot, "cuMemGetAllocationPropertiesFromHandle");
+    const bool known = props && props(&prop, *h) == CUDA_SUCCESS;
     // Ends this thread's pairing, as a retain does (case import-pairing).
-    state().vmm.on_create(*h, 0, Location::Other, -1, static_cast<unsigned>(type), true, c.ev(),
+    state().vmm.on_create(*h, 0, known ? location_of(&prop) : Location::Other,
+                          known ? prop.location.id : -1, static_cast<unsigned>(type), true, c.ev(),
                           t_vmm);
   }
   c.log(r, args);

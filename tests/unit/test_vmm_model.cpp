@@ -432,3 +432,56 @@ TEST_CASE("VMM model: a wake-up whose map failed releases its fresh handle legit
   CHECK_FALSE(r.finding);  // not stale: nothing of the value's allocation is mapped anywhere
   CHECK(t.m.counts().phys == 0);
 }
+
+TEST_CASE("An imported handle gets its size from its first mapping; a refused map gives it back") {
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000, H = 0x55d0c0a0;
+  t.m.on_create(H, 0, Location::Device, 0, 1, /*imported=*/true, t.clk.next("cuMemImport"), t.ts);
+  CHECK(t.vmm_bytes() == 0);
+  t.reserve(V, 2 * G);
+  REQUIRE_FALSE(t.map(V, G, H, /*driver_ok=*/false));
+  CHECK(t.vmm_bytes() == 0);
+  REQUIRE_FALSE(t.map(V, G, H));
+  CHECK(t.vmm_bytes() == static_cast<std::int64_t>(G));
+  auto at = t.m.mapped_at(V);
+  REQUIRE(at.has_value());
+  CHECK(at->first.size == G);
+  CHECK(at->first.dev() == 0);
+  CHECK_FALSE(t.unmap(V, G).finding);
+  CHECK_FALSE(t.release(H).finding);
+  CHECK(t.vmm_bytes() == 0);
+  CHECK(t.m.counts().phys == 0);
+}
+
+TEST_CASE("A handle released twice that was never mapped is named as such") {
+  Vmm t;
+  t.create(0x100);
+  CHECK_FALSE(t.release(0x100).finding);
+  auto r = t.release(0x100);
+  CHECK(cls(r) == FindingClass::DoubleRelease);
+  CHECK(r.skipped);
+  CHECK(r->msg.find("never mapped") != std::string::npos);
+  CHECK(r->state_json.find("\"never_mapped\":true") != std::string::npos);
+}
+
+TEST_CASE("A skipped release changes nothing, whatever other threads do meanwhile") {
+  // Thread 1's release of a value that is not live is skipped without touching the model, so
+  // thread 2's retain and release of the same allocation's value are counted exactly.
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000, H = 0x55d0c0a0;
+  t.reserve(V, G);
+  t.create(H);
+  REQUIRE_FALSE(t.map(V, G, H));
+  CHECK_FALSE(t.release(H).finding);
+  VmmTicket stale = t.m.begin_release(H, t.clk.next("cuMemRelease"), t.ts, t.opts);
+  REQUIRE(stale.skip());
+  CHECK_FALSE(stale.noted);
+  t.tid = 2;
+  ThreadVmmState other;
+  std::swap(other, t.ts);
+  t.retain(H, V);
+  CHECK(t.m.handle(H)->refs == 1);
+  CHECK_FALSE(t.release(H).finding);
+  CHECK(t.m.handle(H)->refs == 0);
+  CHECK(t.m.counts().phys == 1);  // the mapping keeps the allocation (D13)
+}
