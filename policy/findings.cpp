@@ -22,13 +22,13 @@ struct OptName {
   constexpr std::string_view view() const { return std::string_view(buf, N + 6); }
 };
 
-#define CMG_FINDING(e, id, act, stands, help) constexpr OptName kOpt_##e{id};
+#define CMG_FINDING(e, id, act, stands, accepts, help) constexpr OptName kOpt_##e{id};
 #include "findings.def"
 #undef CMG_FINDING
 
 const std::array<FindingInfo, kFindingClassCount> kTable = {{
-#define CMG_FINDING(e, id, act, stands, help) \
-  {FindingClass::e, id, kOpt_##e.view(), Action::act, Stands::stands, help},
+#define CMG_FINDING(e, id, act, stands, accepts, help) \
+  {FindingClass::e, id, kOpt_##e.view(), Action::act, Stands::stands, accepts, help},
 #include "findings.def"
 #undef CMG_FINDING
 }};

@@ -14,13 +14,13 @@ enum class Action : unsigned char { Forward, Skip, Defer, Abort };
 enum class Stands : unsigned char { Always, IfRefused };
 
 enum class FindingClass : unsigned char {
-#define CMG_FINDING(e, id, act, stands, help) e,
+#define CMG_FINDING(e, id, act, stands, accepts, help) e,
 #include "findings.def"
 #undef CMG_FINDING
 };
 
 inline constexpr std::size_t kFindingClassCount = 0
-#define CMG_FINDING(e, id, act, stands, help) +1
+#define CMG_FINDING(e, id, act, stands, accepts, help) +1
 #include "findings.def"
 #undef CMG_FINDING
     ;
@@ -31,6 +31,7 @@ struct FindingInfo {
   std::string_view option;  // "ACTION_DOUBLE_RELEASE"
   Action guard_action;      // what guard mode does by default
   Stands stands;            // IfRefused: dropped when the driver accepts the call
+  std::string_view accepts;  // "skip|forward|abort": what CUMEMGUARD_ACTION_<CLASS> may ask for
   std::string_view help;
 };
 

@@ -8,13 +8,14 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 namespace cmg {
 namespace {
 
 constexpr std::size_t kTableRows = 0
-#define CMG_OPTION(field, name, kind, type, def, choices, help) +1
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) +1
 #include "options.def"
 #undef CMG_OPTION
     ;
@@ -24,13 +25,21 @@ constexpr std::string_view kActionChoices = "default|skip|forward|abort";
 std::array<OptionSpec, kTableRows + kFindingClassCount> build_specs() {
   std::array<OptionSpec, kTableRows + kFindingClassCount> specs{};
   std::size_t i = 0;
-#define CMG_OPTION(field, name, kind, type, def, choices, help) \
-  specs[i++] = OptionSpec{#field, name, OptionKind::kind, def, choices, help};
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) \
+  specs[i++] = OptionSpec{#field, name, OptionKind::kind, def, debug_def, choices, help};
 #include "options.def"
 #undef CMG_OPTION
+  // What each class's option lists: default and the actions that can apply to the class.
+  static const auto *choices = [] {
+    auto *a = new std::array<std::string, kFindingClassCount>;
+    for (std::size_t c = 0; c < kFindingClassCount; ++c)
+      (*a)[c] = "default|" + std::string(finding_info(static_cast<FindingClass>(c)).accepts);
+    return a;
+  }();
   for (std::size_t c = 0; c < kFindingClassCount; ++c) {
     const FindingInfo &f = finding_info(static_cast<FindingClass>(c));
-    specs[i++] = OptionSpec{"action", f.option, OptionKind::Enum, "default", kActionChoices,
+    specs[i++] = OptionSpec{"action", f.option, OptionKind::Enum, "default", "default",
+                            (*choices)[c],
                             "per-class override of what the mode does for this finding class"};
   }
   return specs;
@@ -108,8 +117,6 @@ std::string shown(std::string_view s) {
 
 namespace {
 
-// Unknown names reported one by one before the rest are only counted.
-constexpr std::size_t kMaxUnknownReported = 8;
 // Names longer than this get no "did you mean": typos are short, and the distance is quadratic.
 constexpr std::size_t kMaxSuggestLength = 64;
 
@@ -152,8 +159,14 @@ bool apply_value(OptionKind kind, T &dst, std::string_view raw, std::string_view
     }
     return true;
   } else if constexpr (std::is_same_v<T, std::uint64_t>) {
-    if (!parse_size(raw, dst)) {
-      why = "not a size (a number of bytes, optionally with K, M, G or T)";
+    if (choices == "auto" && iequals(raw, "auto")) {
+      dst = kSizeAuto;
+      return true;
+    }
+    if (!parse_size(raw, dst) || (choices == "auto" && dst == kSizeAuto)) {
+      why = choices == "auto" ? "not a size (a number of bytes, optionally with K, M, G or T) "
+                                "nor auto"
+                              : "not a size (a number of bytes, optionally with K, M, G or T)";
       return false;
     }
     return true;
@@ -178,7 +191,7 @@ namespace {
 
 bool apply_row(Options &o, std::size_t row, std::string_view raw, std::string &why) {
   std::size_t i = 0;
-#define CMG_OPTION(field, name, kind, type, def, choices, help) \
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) \
   if (i++ == row) return detail::apply_value(OptionKind::kind, o.field, raw, choices, why);
 #include "options.def"
 #undef CMG_OPTION
@@ -210,6 +223,27 @@ bool validate(const Options &o, std::size_t row, std::string &why) {
     why = "must not be negative";
     return false;
   }
+  if (row >= kTableRows) {
+    // An action the class cannot take would be accepted and do nothing (a leak is found at exit,
+    // nothing is left to abort or skip): refused, with what the class does take.
+    const FindingInfo &f = finding_info(static_cast<FindingClass>(row - kTableRows));
+    const ActionOverride a = o.action[row - kTableRows];
+    if (a != ActionOverride::Default &&
+        choice_index(f.accepts, choice_at(kActionChoices, static_cast<int>(a))) < 0) {
+      why = "";
+      why.append(choice_at(kActionChoices, static_cast<int>(a)));
+      why += " cannot apply to ";
+      why.append(f.id);
+      why += " findings (";
+      why += f.cls == FindingClass::Leak     ? "they are found at exit"
+             : f.cls == FindingClass::Config ? "CUMEMGUARD_STRICT_CONFIG makes them fatal"
+             : a == ActionOverride::Skip     ? "the shim cannot prove the call redundant"
+                                             : "nothing is left to do it to";
+      why += "); it takes default|";
+      why.append(f.accepts);
+      return false;
+    }
+  }
   return true;
 }
 
@@ -217,7 +251,9 @@ template <typename T>
 std::string to_text(const T &v, std::string_view choices) {
   if constexpr (std::is_same_v<T, bool>) {
     return v ? "1" : "0";
-  } else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t>) {
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    return choices == "auto" && v == kSizeAuto ? std::string("auto") : std::to_string(v);
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
     return std::to_string(v);
   } else if constexpr (std::is_same_v<T, std::string>) {
     return v;
@@ -228,7 +264,7 @@ std::string to_text(const T &v, std::string_view choices) {
 
 std::string printable(const Options &o, std::size_t row) {
   std::size_t i = 0;
-#define CMG_OPTION(field, name, kind, type, def, choices, help) \
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) \
   if (i++ == row) return to_text(o.field, choices);
 #include "options.def"
 #undef CMG_OPTION
@@ -304,71 +340,248 @@ bool parse_size(std::string_view s, std::uint64_t &out) {
   return true;
 }
 
+namespace {
+
+// One kind of problem: the first kMaxProblemsPerKind lines, then one line with the rest's count.
+class Capped {
+ public:
+  Capped(std::vector<std::string> &out, const char *rest) : out_(out), rest_(rest) {}
+  void add(std::string msg) {
+    if (++n_ <= kMaxProblemsPerKind) out_.push_back(std::move(msg));
+  }
+  void finish() {
+    if (n_ > kMaxProblemsPerKind)
+      out_.push_back("and " + std::to_string(n_ - kMaxProblemsPerKind) + " more " + rest_);
+  }
+
+ private:
+  std::vector<std::string> &out_;
+  const char *rest_;
+  std::size_t n_ = 0;
+};
+
+// The row of a name (without the prefix; `exact` false: any case, as CUMEMGUARD_OPTIONS takes it).
+std::size_t row_of(std::string_view key, bool exact) {
+  for (std::size_t i = 0; i < specs().size(); ++i)
+    if (exact ? specs()[i].name == key : iequals(specs()[i].name, key)) return i;
+  return specs().size();
+}
+
+std::string unknown_message(std::string_view shown_as, std::string_view key, bool upper) {
+  std::string msg = "unknown option ";
+  msg += shown(shown_as);
+  // Suggest only close names: a third of the name's letters may differ (typos, not guesses).
+  std::size_t best = std::max<std::size_t>(2, key.size() / 3 + 1), best_row = specs().size();
+  for (std::size_t i = 0; i < specs().size() && key.size() <= kMaxSuggestLength; ++i) {
+    std::size_t d = edit_distance(key, specs()[i].name);
+    if (d < best) best = d, best_row = i;
+  }
+  if (best_row < specs().size()) {
+    msg += " (did you mean ";
+    if (upper) {
+      msg += "CUMEMGUARD_";
+      msg.append(specs()[best_row].name);
+    } else {
+      for (char c : specs()[best_row].name) msg += lower(c);
+    }
+    msg += "?)";
+  }
+  msg += "; ignored";
+  return msg;
+}
+
+// CUMEMGUARD_OPTIONS split into NAME=VALUE entries: ':' separates, '...' or "..." quote a value
+// that holds one (the quotes are dropped), empty entries are skipped.
+struct OptionsEntry {
+  std::string name, value;
+  bool has_value;
+};
+
+std::vector<OptionsEntry> split_options(std::string_view s) {
+  std::vector<OptionsEntry> out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    OptionsEntry e{{}, {}, false};
+    std::string *cur = &e.name;
+    while (i < s.size() && s[i] != ':') {
+      const char c = s[i];
+      if (cur == &e.name && c == '=') {
+        e.has_value = true;
+        cur = &e.value;
+        ++i;
+      } else if (cur == &e.value && (c == '\'' || c == '"')) {
+        const std::size_t close = s.find(c, i + 1);
+        const std::size_t stop = close == std::string_view::npos ? s.size() : close;
+        cur->append(s.substr(i + 1, stop - i - 1));
+        i = stop == s.size() ? stop : stop + 1;
+      } else {
+        *cur += c;
+        ++i;
+      }
+    }
+    if (i < s.size()) ++i;  // the ':'
+    if (!e.name.empty() || e.has_value) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view option_source_name(OptionSource s) {
+  switch (s) {
+    case OptionSource::Default: return "default";
+    case OptionSource::Profile: return "profile";
+    case OptionSource::Options: return "options";
+    case OptionSource::Environment: return "environment";
+  }
+  return "?";
+}
+
 ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::string_view>> env) {
   ParsedOptions r;
-  // Defaults first, from the table's own strings (so the table is the only place they live).
-  for (std::size_t row = 0; row < specs().size(); ++row) {
-    std::string why;
-    apply_row(r.options, row, specs()[row].default_value, why);
-  }
-  std::vector<std::pair<std::size_t, std::string_view>> found;
-  std::size_t unknown = 0;
+  const std::size_t rows = specs().size();
+  Capped unknown(r.problems, "unknown CUMEMGUARD_* names; ignored");
+  Capped bad(r.problems, "invalid CUMEMGUARD_* values; defaults kept");
+  Capped repeated(r.problems, "names set more than once; the first entry of each is used");
+  Capped malformed(r.problems, "malformed CUMEMGUARD_OPTIONS entries; ignored");
+
+  // 1. The variables, first entry of a name winning as getenv() has it; each repeat counted.
+  struct Set {
+    std::size_t row;
+    std::string value;
+    OptionSource source;
+    std::string label;  // how a problem names it
+  };
+  std::vector<Set> vars;
+  std::vector<std::pair<std::string_view, std::size_t>> seen;  // name, times present
+  std::optional<std::string_view> options_var;
   for (const auto &[name, value] : env) {
     if (name.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
-    std::string_view key = name.substr(kOptionPrefix.size());
-    std::size_t row = specs().size();
-    for (std::size_t i = 0; i < specs().size(); ++i)
-      if (specs()[i].name == key) row = i;
-    if (row == specs().size()) {
-      if (++unknown > kMaxUnknownReported) continue;
-      std::string msg = "unknown option ";
-      msg += shown(name);
-      // Suggest only close names: a third of the name's letters may differ (typos, not guesses).
-      std::size_t best = std::max<std::size_t>(2, key.size() / 3 + 1), best_row = specs().size();
-      for (std::size_t i = 0; i < specs().size() && key.size() <= kMaxSuggestLength; ++i) {
-        std::size_t d = edit_distance(key, specs()[i].name);
-        if (d < best) best = d, best_row = i;
-      }
-      if (best_row < specs().size()) {
-        msg += " (did you mean CUMEMGUARD_";
-        msg.append(specs()[best_row].name);
-        msg += "?)";
-      }
-      msg += "; ignored";
-      r.problems.push_back(std::move(msg));
+    auto it = std::find_if(seen.begin(), seen.end(), [&](const auto &e) { return e.first == name; });
+    if (it != seen.end()) {
+      ++it->second;
       continue;
     }
-    found.emplace_back(row, value);
+    seen.emplace_back(name, 1);
+    if (name == kOptionsVariable) {
+      options_var = value;
+      continue;
+    }
+    const std::string_view key = name.substr(kOptionPrefix.size());
+    const std::size_t row = row_of(key, true);
+    if (row == rows) {
+      unknown.add(unknown_message(name, key, true));
+      continue;
+    }
+    vars.push_back(Set{row, std::string(value), OptionSource::Environment,
+                       "CUMEMGUARD_" + std::string(specs()[row].name)});
   }
-  if (unknown > kMaxUnknownReported)
-    r.problems.push_back("and " + std::to_string(unknown - kMaxUnknownReported) +
-                         " more unknown CUMEMGUARD_* names; ignored");
-  std::vector<std::string> raw(specs().size());
-  std::vector<bool> set(specs().size(), false);
-  for (const auto &[row, value] : found) {
+  for (const auto &[name, n] : seen) {
+    if (n < 2) continue;
+    std::string_view first;
+    for (const auto &[nm, v] : env)
+      if (nm == name) {
+        first = v;
+        break;
+      }
+    repeated.add(std::string(shown(name)) + " is set " + std::to_string(n) +
+                 " times in the environment; the first ('" + shown(first) +
+                 "') is used, as getenv() does");
+  }
+
+  // 2. CUMEMGUARD_OPTIONS: a later entry of a name replaces an earlier one.
+  std::vector<Set> entries;
+  if (options_var) {
+    r.has_options_variable = true;
+    r.options_variable.assign(*options_var);
+    for (OptionsEntry &e : split_options(*options_var)) {
+      std::string_view key = e.name;
+      if (key.size() > kOptionPrefix.size() && iequals(key.substr(0, kOptionPrefix.size()), kOptionPrefix))
+        key.remove_prefix(kOptionPrefix.size());
+      if (!e.has_value || key.empty()) {
+        malformed.add("CUMEMGUARD_OPTIONS: '" + shown(e.name + (e.has_value ? "=" + e.value : "")) +
+                      "' is not NAME=VALUE; ignored");
+        continue;
+      }
+      const std::size_t row = row_of(key, false);
+      if (row == rows) {
+        unknown.add("CUMEMGUARD_OPTIONS: " + unknown_message(e.name, key, false));
+        continue;
+      }
+      std::erase_if(entries, [&](const Set &x) { return x.row == row; });
+      std::string label = "CUMEMGUARD_OPTIONS entry ";
+      for (char c : specs()[row].name) label += lower(c);
+      entries.push_back(Set{row, std::move(e.value), OptionSource::Options, std::move(label)});
+    }
+  }
+
+  // 3. The profile first: it chooses the defaults every other row starts from.
+  const std::size_t profile_row = row_of("PROFILE", true);
+  std::vector<const Set *> order;  // rows set explicitly, the variables last so that they win
+  for (const Set &e : entries) order.push_back(&e);
+  for (const Set &v : vars) order.push_back(&v);
+  // The last valid one wins, as for every row; invalid ones are reported with the other values.
+  auto valid_profile = [&](const Set *x) {
+    Options trial;
+    std::string why;
+    return apply_row(trial, profile_row, x->value, why);
+  };
+  const Set *profile_set = nullptr;
+  for (const Set *x : order)
+    if (x->row == profile_row && valid_profile(x)) profile_set = x;
+  std::string why0;
+  if (profile_set) apply_row(r.options, profile_row, profile_set->value, why0);
+  const bool debug = r.options.profile == Profile::Debug;
+  r.profile_source = profile_set ? profile_set->source : OptionSource::Default;
+
+  // 4. Defaults of that profile, from the table's own strings (the table is the only place they
+  // live), then the explicit values: entries of CUMEMGUARD_OPTIONS, then the variables.
+  std::vector<OptionSource> source(rows, OptionSource::Default);
+  for (std::size_t row = 0; row < rows; ++row) {
+    if (row == profile_row) continue;
+    const OptionSpec &sp = specs()[row];
+    std::string why;
+    apply_row(r.options, row, debug ? sp.debug_value : sp.default_value, why);
+    if (debug && sp.debug_value != sp.default_value) source[row] = OptionSource::Profile;
+  }
+  std::vector<std::string> raw(rows);
+  std::vector<bool> rejected(rows, false);
+  for (const Set *x : order) {
+    const std::size_t row = x->row;
+    if (row == profile_row && x == profile_set) {
+      source[row] = x->source;
+      raw[row] = x->value;
+      continue;
+    }
+    if (row == profile_row && valid_profile(x)) continue;  // a valid one set later won
     Options trial = r.options;
     std::string why;
-    if (!apply_row(trial, row, value, why) || !validate(trial, row, why)) {
-      std::string msg = "CUMEMGUARD_";
-      msg.append(specs()[row].name);
+    if (!apply_row(trial, row, x->value, why) || !validate(trial, row, why)) {
+      std::string msg = x->label;
       msg += ": '";
-      msg += shown(value);
+      msg += shown(x->value);
       msg += "' ";
       msg += why.empty() ? std::string("is not valid") : "is not valid: " + why;
       msg += "; keeping ";
       msg += printable(r.options, row).empty() ? std::string("the default")
                                                 : "'" + shown(printable(r.options, row)) + "'";
-      r.problems.push_back(std::move(msg));
+      bad.add(std::move(msg));
+      rejected[row] = true;
       continue;
     }
     r.options = std::move(trial);
-    raw[row].assign(value);
-    set[row] = true;
+    raw[row] = x->value;
+    source[row] = x->source;
+    rejected[row] = false;
   }
-  for (std::size_t row = 0; row < specs().size(); ++row)
-    r.values.push_back(OptionValue{&specs()[row],
-                                   set[row] ? OptionSource::Environment : OptionSource::Default,
-                                   raw[row], printable(r.options, row)});
+  unknown.finish();
+  bad.finish();
+  repeated.finish();
+  malformed.finish();
+  for (std::size_t row = 0; row < rows; ++row)
+    r.values.push_back(OptionValue{&specs()[row], source[row], raw[row], printable(r.options, row),
+                                   rejected[row] && (source[row] == OptionSource::Default ||
+                                                     source[row] == OptionSource::Profile)});
   r.fatal = r.options.strict_config && !r.problems.empty();
   return r;
 }

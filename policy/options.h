@@ -14,6 +14,7 @@
 
 namespace cmg {
 
+enum class Profile : unsigned char { Guard, Debug };
 enum class Mode : unsigned char { Guard, Report, Strict };
 enum class LogLevel : unsigned char { Error, Warn, Info, Debug };
 enum class IpcMode : unsigned char { Report, Deny, Bridge };
@@ -25,9 +26,17 @@ enum class ActionOverride : unsigned char { Default, Skip, Forward, Abort };
 enum class OptionKind : unsigned char { Bool, Int, Size, String, Enum };
 
 inline constexpr std::string_view kOptionPrefix = "CUMEMGUARD_";
+// One variable holding many options, NAME=VALUE entries separated by ':' (ASan's and jemalloc's
+// habit: CUMEMGUARD_OPTIONS=mode=strict:stacks=16). Names are the table's, any case, with or
+// without the prefix; a value holding ':' is quoted ('...' or "..."). A separate CUMEMGUARD_<NAME>
+// variable wins over an entry here; a later entry wins over an earlier one.
+inline constexpr std::string_view kOptionsVariable = "CUMEMGUARD_OPTIONS";
+// The value of a Size option whose choices include "auto" (QUARANTINE) when set to auto: the
+// shim turns it into bytes when it starts; the parser only carries it.
+inline constexpr std::uint64_t kSizeAuto = ~std::uint64_t{0};
 
 struct Options {
-#define CMG_OPTION(field, name, kind, type, def, choices, help) type field{};
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) type field{};
 #include "options.def"
 #undef CMG_OPTION
   std::array<ActionOverride, kFindingClassCount> action{};
@@ -42,8 +51,9 @@ struct OptionSpec {
   std::string_view field;
   std::string_view name;  // without the prefix
   OptionKind kind;
-  std::string_view default_value;
-  std::string_view choices;  // "a|b|c" for Enum
+  std::string_view default_value;  // the guard profile's
+  std::string_view debug_value;    // the debug profile's
+  std::string_view choices;        // "a|b|c" for Enum; "auto" for a Size that takes it
   std::string_view help;
 };
 
@@ -51,23 +61,36 @@ struct OptionSpec {
 std::span<const OptionSpec> option_specs();
 std::string_view option_kind_name(OptionKind k);
 
-enum class OptionSource : unsigned char { Default, Environment };
+// Where a value comes from. Default: the table's guard default (or a debug default equal to it);
+// Profile: the debug profile's own default; Options: an entry of CUMEMGUARD_OPTIONS;
+// Environment: its own CUMEMGUARD_<NAME> variable.
+enum class OptionSource : unsigned char { Default, Profile, Options, Environment };
+std::string_view option_source_name(OptionSource s);  // "default", "profile", "options", "environment"
 
 struct OptionValue {
   const OptionSpec *spec;
   OptionSource source;
-  std::string raw;        // as set in the environment (empty when default)
+  std::string raw;        // as set (empty for Default and Profile)
   std::string effective;  // as used, printed form
+  bool rejected = false;  // set, but the value was refused (the default was kept)
 };
 
 struct ParsedOptions {
   Options options;
   std::vector<OptionValue> values;     // one per option_specs() row, same order
-  std::vector<std::string> problems;   // one line each: bad values, unknown names
+  std::vector<std::string> problems;   // one line each: bad values, unknown names, duplicates
   bool fatal = false;                  // a problem with strict_config set
+  OptionSource profile_source = OptionSource::Default;  // where CUMEMGUARD_PROFILE came from
+  bool has_options_variable = false;   // CUMEMGUARD_OPTIONS present
+  std::string options_variable;        // its value
 };
 
-// env: NAME=VALUE pairs of the whole environment (other variables are ignored).
+// Each kind of problem (unknown name, bad value, repeated name, malformed CUMEMGUARD_OPTIONS entry)
+// is reported this many times, then counted in one more line: 20,000 bad entries are 9 lines.
+inline constexpr std::size_t kMaxProblemsPerKind = 8;
+
+// env: NAME=VALUE pairs of the whole environment in its order (other variables are ignored). A
+// name present twice is read as getenv() reads it: the first entry wins (the rest are reported).
 ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::string_view>> env);
 // Convenience over a NULL-terminated environ-style array.
 ParsedOptions parse_options(char *const *envp);

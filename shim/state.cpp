@@ -50,6 +50,7 @@ std::size_t CallCounts::stripe() {
 namespace {
 
 std::atomic<int> g_options_state{0};  // 0 none, 1 parsing, 2 ready
+const ParsedOptions *g_parsed = nullptr;  // the one reading of the environment; leaked on purpose
 std::mutex g_activate_mu;
 // The parent's log path, in a forked child: a pattern without %p must not make the child truncate
 // its parent's log.
@@ -87,13 +88,16 @@ void write_header(const std::vector<Interposer> &before) {
       .unum("start_unix_ns", s.start_unix_ns).begin_array("argv");
   for (const auto &a : argv) j.elem_str(a);
   j.end_array();
-  // The mode and every option set in the environment, as given.
-  ParsedOptions p = parse_options(environ);
+  // The mode, the profile and every option set in the environment (its own variable or an entry
+  // of CUMEMGUARD_OPTIONS), as given: the snapshot the options were parsed from, not the
+  // environment now (the program may have changed it since).
+  const ParsedOptions &p = parsed_options();
   for (const auto &v : p.values)
-    if (v.spec->name == "MODE") j.str("mode", v.effective);
+    if (v.spec->name == "MODE" || v.spec->name == "PROFILE")
+      j.str(v.spec->name == "MODE" ? "mode" : "profile", v.effective);
   j.begin_object("options");
   for (const auto &v : p.values)
-    if (v.source == OptionSource::Environment)
+    if (v.source == OptionSource::Environment || v.source == OptionSource::Options)
       j.str(std::string("CUMEMGUARD_") + std::string(v.spec->name), v.raw);
   j.end_object();
   if (!before.empty()) {
@@ -172,6 +176,12 @@ void fork_child() {
 
 }  // namespace
 
+const ParsedOptions &parsed_options() {
+  options_ready();
+  static const ParsedOptions none;
+  return g_parsed ? *g_parsed : none;
+}
+
 State &state_slow() {
   // Never destroyed: static destructors of other libraries free CUDA memory after main() returns.
   static State *s = new State;
@@ -203,8 +213,14 @@ bool options_ready() {
   s.start_mono_ns = mono_ns();
   s.start_unix_ns = unix_ns();
   s.rank = rank_from_env();
-  ParsedOptions p = parse_options(environ);
+  // The environment is read here once; everything after uses this snapshot.
+  auto *parsed = new ParsedOptions(parse_options(environ));
+  const ParsedOptions &p = *parsed;
+  g_parsed = parsed;
   s.opts = p.options;
+  // QUARANTINE=auto (the debug profile's default) until it is sized to the device: a fixed share
+  // that the first devices this runs on hold many times over.
+  if (s.opts.quarantine == kSizeAuto) s.opts.quarantine = kQuarantineAutoBytes;
   g_options_state.store(2, std::memory_order_release);
   parsing_here = false;
   if (s.opts.disable) return true;

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "cmg_config.h"
 #include "options.h"
 #include "torch_conf.h"
 
@@ -24,21 +25,40 @@ namespace {
 namespace tc = torchconf;
 using json = nlohmann::ordered_json;
 
+// The exit statuses every subcommand shares (README "Exit status").
 constexpr int kExitOk = 0;
-constexpr int kExitTorchFails = 2;
+constexpr int kExitTorchFails = 1;
 constexpr int kExitUsage = 64;  // EX_USAGE from sysexits.h
 constexpr int kJsonSchema = 1;
 
 constexpr std::string_view kUsage =
-    "usage: cumemguard config [--json] [--env NAME=VALUE | --env NAME]...\n"
+    "Usage: cumemguard config [--json] [--run] [--env NAME=VALUE | --env NAME]...\n"
+    "\n"
+    "Shows how PyTorch will read its allocator variables (PYTORCH_CUDA_ALLOC_CONF and the\n"
+    "others) in this environment, and every CUMEMGUARD_* option with its effective value and\n"
+    "where it comes from: its own variable, an entry of CUMEMGUARD_OPTIONS, the profile in force\n"
+    "(CUMEMGUARD_PROFILE) or the default.\n"
+    "\n"
+    "Options:\n"
     "  --json             machine-readable output (schema: docs/config-json.md)\n"
+    "  --run              evaluate the environment `cumemguard run` gives the program (the\n"
+    "                     debug profile unless one is set)\n"
     "  --env NAME=VALUE   evaluate as if NAME were set to VALUE (nothing is exported)\n"
     "  --env NAME         evaluate as if NAME were unset\n"
-    "Exit status: 0; 2 when PyTorch would fail on this environment; 64 for bad arguments.\n";
+    "  -h, --help         this help\n"
+    "  --version          print the version\n"
+    "\n"
+    "Exit status:\n"
+    "  0    PyTorch accepts this environment\n"
+    "  1    PyTorch would fail on it (an exception at the first CUDA allocation, or an abort\n"
+    "       during import torch)\n"
+    "  64   bad arguments\n";
 
 struct Args {
   bool json = false;
   bool help = false;
+  bool version = false;
+  bool as_run = false;
   std::vector<std::pair<std::string, std::optional<std::string>>> env;
 };
 
@@ -57,6 +77,10 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
       a.json = true;
     } else if (arg == "-h" || arg == "--help") {
       a.help = true;
+    } else if (arg == "--version") {
+      a.version = true;
+    } else if (arg == "--run") {
+      a.as_run = true;
     } else if (arg == "--env" || arg.starts_with("--env=")) {
       std::string_view v;
       if (arg == "--env") {
@@ -94,10 +118,9 @@ EnvList build_env(char **envp, const Args &a) {
     const std::string_view kv(*p);
     const std::size_t eq = kv.find('=');
     if (eq == std::string_view::npos) continue;
-    const std::string_view name = kv.substr(0, eq);
-    bool dup = false;  // getenv() returns the first entry of a name
-    for (const auto &e : env) dup = dup || e.first == name;
-    if (!dup) env.emplace_back(std::string(name), std::string(kv.substr(eq + 1)));
+    // Repeated names are kept: the options parser reads the first entry, as getenv() and the
+    // shim do, and says that there were more; lookup() returns the first too.
+    env.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
   }
   for (const auto &[name, value] : a.env) {
     std::erase_if(env, [&](const auto &e) { return e.first == name; });
@@ -196,10 +219,21 @@ json problems_json(const std::vector<tc::Problem> &ps) {
   return a;
 }
 
-std::string option_source(const OptionValue &v, const EnvList &env) {
-  if (v.source == OptionSource::Environment) return "environment";
-  return lookup(env, std::string(kOptionPrefix) + std::string(v.spec->name)) ? "invalid"
-                                                                             : "default";
+std::string option_source(const OptionValue &v) {
+  if (v.rejected) return "invalid";
+  return std::string(option_source_name(v.source));
+}
+
+// Which profile is in force and why, in words.
+std::string profile_why(const ParsedOptions &po, bool set_by_run) {
+  const std::string name = po.options.profile == Profile::Debug ? "debug" : "guard";
+  if (set_by_run) return name + ": set by cumemguard run";
+  switch (po.profile_source) {
+    case OptionSource::Environment: return name + ": set by CUMEMGUARD_PROFILE";
+    case OptionSource::Options: return name + ": set by CUMEMGUARD_OPTIONS";
+    default: break;
+  }
+  return name + ": default (a plain LD_PRELOAD; cumemguard run sets debug)";
 }
 
 json torch_json(const tc::Env &env, const tc::Plan &p,
@@ -265,7 +299,7 @@ json torch_json(const tc::Env &env, const tc::Plan &p,
               {"override", over}};
 }
 
-json options_json(const ParsedOptions &po, const EnvList &env) {
+json options_json(const ParsedOptions &po) {
   json a = json::array();
   for (const OptionValue &v : po.values) {
     json choices = json::array();
@@ -278,16 +312,31 @@ json options_json(const ParsedOptions &po, const EnvList &env) {
                  {"type", std::string(option_kind_name(v.spec->kind))},
                  {"choices", choices},
                  {"default", std::string(v.spec->default_value)},
+                 {"debug_default", std::string(v.spec->debug_value)},
                  {"effective", v.effective},
-                 {"source", option_source(v, env)},
-                 {"raw", v.source == OptionSource::Environment ? json(v.raw) : json(nullptr)},
+                 {"source", option_source(v)},
+                 {"raw", v.source == OptionSource::Environment || v.source == OptionSource::Options
+                             ? json(v.raw)
+                             : json(nullptr)},
                  {"help", std::string(v.spec->help)}});
   }
   return a;
 }
 
 // The table keeps one line per key: 16 equal divisions print as "16 x N", others without spaces.
+// A key named in MiB (`max_split_size_mb:128`) shows its value in MiB as written, with the bytes
+// PyTorch holds after it: `128 (134217728 B)`, never bytes alone under an _mb name.
 std::string table_text(const tc::Settings &s, tc::Key k) {
+  if (k == tc::Key::LargeSegmentSizeMb || k == tc::Key::MaxSplitSizeMb ||
+      k == tc::Key::MaxNonSplitRoundingMb) {
+    const std::string bytes = tc::effective_text(s, k);
+    if (bytes.starts_with("-")) return "unlimited (" + bytes + ")";
+    const unsigned long long b = std::stoull(bytes);
+    constexpr unsigned long long kMiB = 1ull << 20;
+    const std::string mib = b % kMiB == 0 ? std::to_string(b / kMiB)
+                                          : std::to_string(static_cast<double>(b) / kMiB);
+    return mib + " (" + bytes + " B)";
+  }
   if (k != tc::Key::RoundupPower2Divisions) return tc::effective_text(s, k);
   const auto &d = s.roundup_power2_divisions;
   if (std::adjacent_find(d.begin(), d.end(), std::not_equal_to<>()) == d.end())
@@ -348,8 +397,8 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
                   source_name(o, k.key).c_str());
     out << line;
   }
-  out << "  (PyTorch units: sizes in bytes, max_split_size as the snapshot's int64 (-1 = "
-         "unlimited);\n"
+  out << "  (keys named _mb in MiB as written, the bytes PyTorch holds in parentheses; the snapshot\n"
+         "   reports max_split_size in bytes, -1 = unlimited;\n"
          "   * = not in torch.cuda.memory._snapshot()[\"allocator_settings\"])\n\n";
   if (p.problems.empty()) {
     out << "  problems: none\n";
@@ -376,17 +425,38 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
   }
 }
 
-void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env) {
-  out << "\ncumemguard options\n";
+void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env,
+                        bool set_by_run) {
+  out << "\ncumemguard options\n"
+      << "  profile " << profile_why(po, set_by_run) << '\n';
+  if (po.has_options_variable)
+    out << "  " << kOptionsVariable << "=" << in_quotes(po.options_variable)
+        << "  (a separate CUMEMGUARD_<NAME> variable wins over its entries)\n";
+  out << '\n';
+  const char *profile = po.options.profile == Profile::Debug ? "debug" : "guard";
   for (const OptionValue &v : po.values) {
     const std::string name = std::string(kOptionPrefix) + std::string(v.spec->name);
     out << "# " << name << ": " << option_kind_name(v.spec->kind);
     if (!v.spec->choices.empty()) out << " (" << v.spec->choices << ")";
-    out << ", default " << (v.spec->default_value.empty() ? "''" : in_quotes(v.spec->default_value))
-        << "\n# " << v.spec->help << '\n'
-        << name << '=' << v.effective << "  (" << option_source(v, env);
-    if (option_source(v, env) == "invalid")
-      out << ": " << in_quotes(*lookup(env, name)) << " in the environment, default kept";
+    out << ", default " << (v.spec->default_value.empty() ? "''" : in_quotes(v.spec->default_value));
+    if (v.spec->debug_value != v.spec->default_value)
+      out << ", debug profile " << in_quotes(v.spec->debug_value);
+    out << "\n# " << v.spec->help << '\n' << name << '=' << v.effective << "  (";
+    const std::string src = option_source(v);
+    if (set_by_run && v.spec->name == "PROFILE") {
+      out << "set by cumemguard run";
+    } else if (src == "invalid") {
+      const auto raw = lookup(env, name);
+      out << "invalid: " << (raw ? in_quotes(*raw) + " in the environment" : "the entry in " +
+                                                                              std::string(kOptionsVariable))
+          << ", default kept";
+    } else if (v.source == OptionSource::Profile) {
+      out << "profile " << profile;
+    } else if (v.source == OptionSource::Options) {
+      out << kOptionsVariable;
+    } else {
+      out << src;
+    }
     out << ")\n";
   }
   if (!po.problems.empty()) {
@@ -412,10 +482,24 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     out << kUsage;
     return kExitOk;
   }
-  const EnvList env = build_env(envp, args);
-  std::vector<std::pair<std::string_view, std::string_view>> pairs;
-  for (const auto &e : env) pairs.emplace_back(e.first, e.second);
-  const ParsedOptions po = parse_options(pairs);
+  if (args.version) {
+    out << "cumemguard config " << CMG_VERSION << '\n';
+    return kExitOk;
+  }
+  EnvList env = build_env(envp, args);
+  auto parse_env = [&] {
+    std::vector<std::pair<std::string_view, std::string_view>> pairs;
+    for (const auto &e : env) pairs.emplace_back(e.first, e.second);
+    return parse_options(pairs);
+  };
+  ParsedOptions po = parse_env();
+  // --run: what the launcher adds (cumemguard run sets the debug profile unless one is set).
+  bool set_by_run = false;
+  if (args.as_run && po.profile_source == OptionSource::Default) {
+    env.emplace_back(std::string(kOptionPrefix) + "PROFILE", "debug");
+    po = parse_env();
+    set_by_run = true;
+  }
 
   const tc::Env tenv =
       tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); });
@@ -427,13 +511,19 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   if (args.json) {
     json j{{"schema", kJsonSchema},
            {"torch", torch_json(tenv, p, override_raw)},
-           {"options", options_json(po, env)},
+           {"profile", {{"name", po.options.profile == Profile::Debug ? "debug" : "guard"},
+                        {"source", set_by_run ? "cumemguard run"
+                                              : std::string(option_source_name(po.profile_source))},
+                        {"why", profile_why(po, set_by_run)}}},
+           {"options_variable",
+            po.has_options_variable ? json(po.options_variable) : json(nullptr)},
+           {"options", options_json(po)},
            {"option_problems", po.problems},
            {"exit_status", status}};
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
     print_torch_text(out, tenv, p, override_raw);
-    print_options_text(out, po, env);
+    print_options_text(out, po, env, set_by_run);
   }
   return status;
 }

@@ -60,11 +60,11 @@ TEST_CASE("config --json lists every option of option_specs()", "[config_cmd]") 
   CHECK(j["exit_status"] == 0);
 }
 
-TEST_CASE("config: exit 2 for an [E] environment, with the exception", "[config_cmd]") {
+TEST_CASE("config: exit 1 for an [E] environment, with the exception", "[config_cmd]") {
   Run r = run({"--json"}, {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:true", "HOME=/root"});
-  CHECK(r.status == 2);
+  CHECK(r.status == 1);
   auto j = r.json();
-  CHECK(j["exit_status"] == 2);
+  CHECK(j["exit_status"] == 1);
   CHECK(j["torch"]["outcome"] == "exception");
   CHECK(j["torch"]["error"]["type"] == "ValueError");
   CHECK(j["torch"]["error"]["python"] ==
@@ -75,14 +75,14 @@ TEST_CASE("config: exit 2 for an [E] environment, with the exception", "[config_
   CHECK(j["torch"]["snapshot"].is_null());
   // text mode: same status
   Run t = run({}, {"PYTORCH_CUDA_ALLOC_CONF=foo:bar"});
-  CHECK(t.status == 2);
+  CHECK(t.status == 1);
   CHECK(t.out.find("the first CUDA allocation raises ValueError: Unrecognized key 'foo' in CUDA "
                    "allocator config.") != std::string::npos);
 }
 
-TEST_CASE("config: P20 through --env, named variable, exit 2", "[config_cmd][P20]") {
+TEST_CASE("config: P20 through --env, named variable, exit 1", "[config_cmd][P20]") {
   Run r = run({"--env", "PYTORCH_ALLOC_CONF=expandable_segments"});
-  CHECK(r.status == 2);
+  CHECK(r.status == 1);
   CHECK(r.out.find("import torch aborts") != std::string::npos);
   CHECK(r.out.find("PYTORCH_ALLOC_CONF='expandable_segments': import torch would abort") !=
         std::string::npos);
@@ -95,7 +95,7 @@ TEST_CASE("config: P20 through --env, named variable, exit 2", "[config_cmd][P20
 TEST_CASE("config --env sets and unsets without touching the process", "[config_cmd]") {
   std::vector<std::string> env = {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments",
                                   "PYTORCH_ALLOC_CONF=max_split_size_mb:512"};
-  CHECK(run({"--json"}, env).status == 2);
+  CHECK(run({"--json"}, env).status == 1);
   Run r = run({"--json", "--env", "PYTORCH_CUDA_ALLOC_CONF"}, env);  // unset: ALLOC is read
   REQUIRE(r.status == 0);
   auto j = r.json();
@@ -200,5 +200,75 @@ TEST_CASE("config: bad arguments exit 64 with one line", "[config_cmd]") {
   }
   Run h = run({"--help"});
   CHECK(h.status == 0);
-  CHECK(h.out.rfind("usage: cumemguard config", 0) == 0);
+  CHECK(h.out.rfind("Usage: cumemguard config", 0) == 0);
+}
+
+namespace {
+const nlohmann::json &option_row(const nlohmann::json &j, const std::string &name) {
+  for (const auto &o : j["options"])
+    if (o["name"] == name) return o;
+  FAIL("no option " << name);
+  return j;
+}
+}  // namespace
+
+TEST_CASE("config: CUMEMGUARD_OPTIONS entries, the variable winning, and the profile", "[config_cmd]") {
+  auto j = run({"--json"}, {"CUMEMGUARD_OPTIONS=mode=strict:stacks=16:profile=debug",
+                            "CUMEMGUARD_MODE=report"})
+               .json();
+  CHECK(j["options_variable"] == "mode=strict:stacks=16:profile=debug");
+  CHECK(option_row(j, "CUMEMGUARD_MODE")["effective"] == "report");
+  CHECK(option_row(j, "CUMEMGUARD_MODE")["source"] == "environment");
+  CHECK(option_row(j, "CUMEMGUARD_STACKS")["effective"] == "16");
+  CHECK(option_row(j, "CUMEMGUARD_STACKS")["source"] == "options");
+  CHECK(option_row(j, "CUMEMGUARD_STACKS")["raw"] == "16");
+  CHECK(option_row(j, "CUMEMGUARD_QUARANTINE")["effective"] == "auto");
+  CHECK(option_row(j, "CUMEMGUARD_QUARANTINE")["source"] == "profile");
+  CHECK(option_row(j, "CUMEMGUARD_QUARANTINE")["debug_default"] == "auto");
+  CHECK(j["profile"]["name"] == "debug");
+  CHECK(j["profile"]["why"] == "debug: set by CUMEMGUARD_OPTIONS");
+
+  Run t = run({}, {"CUMEMGUARD_OPTIONS=stacks=8"});
+  CHECK(t.out.find("  profile guard: default (a plain LD_PRELOAD; cumemguard run sets debug)\n") !=
+        std::string::npos);
+  CHECK(t.out.find("CUMEMGUARD_STACKS=8  (CUMEMGUARD_OPTIONS)\n") != std::string::npos);
+  CHECK(t.out.find("  CUMEMGUARD_OPTIONS='stacks=8'") != std::string::npos);
+
+  Run p = run({}, {"CUMEMGUARD_PROFILE=debug"});
+  CHECK(p.out.find("  profile debug: set by CUMEMGUARD_PROFILE\n") != std::string::npos);
+  CHECK(p.out.find("CUMEMGUARD_STACKS=16  (profile debug)\n") != std::string::npos);
+  CHECK(p.out.find("# CUMEMGUARD_STACKS: int, default '0', debug profile '16'\n") !=
+        std::string::npos);
+
+  // --run: what cumemguard run gives the program; a profile the user set stays.
+  Run r = run({"--run"});
+  CHECK(r.out.find("  profile debug: set by cumemguard run\n") != std::string::npos);
+  CHECK(r.out.find("CUMEMGUARD_STACKS=16  (profile debug)\n") != std::string::npos);
+  auto rj = run({"--run", "--json"}, {"CUMEMGUARD_PROFILE=guard"}).json();
+  CHECK(rj["profile"]["why"] == "guard: set by CUMEMGUARD_PROFILE");
+  CHECK(option_row(rj, "CUMEMGUARD_STACKS")["effective"] == "0");
+}
+
+TEST_CASE("config: a repeated name reads as the shim reads it (first entry), refused actions",
+          "[config_cmd]") {
+  auto j = run({"--json"}, {"CUMEMGUARD_MODE=strict", "CUMEMGUARD_MODE=report",
+                            "CUMEMGUARD_ACTION_LEAK=abort"})
+               .json();
+  CHECK(option_row(j, "CUMEMGUARD_MODE")["effective"] == "strict");
+  CHECK(option_row(j, "CUMEMGUARD_ACTION_LEAK")["source"] == "invalid");
+  CHECK(option_row(j, "CUMEMGUARD_ACTION_LEAK")["choices"] == nlohmann::json({"default", "forward"}));
+  REQUIRE(j["option_problems"].size() == 2);
+  CHECK(j["option_problems"][0] ==
+        "CUMEMGUARD_MODE is set 2 times in the environment; the first ('strict') is used, as "
+        "getenv() does");
+}
+
+TEST_CASE("config: --version, and _mb keys shown in MiB", "[config_cmd]") {
+  Run v = run({"--version"});
+  CHECK(v.status == 0);
+  CHECK(v.out.rfind("cumemguard config ", 0) == 0);
+  Run t = run({}, {"PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128"});
+  CHECK(t.out.find("  max_split_size_mb                  128 (134217728 B)      unlimited (-1)") !=
+        std::string::npos);
+  CHECK(t.out.find(" 134217728 ") == std::string::npos);
 }

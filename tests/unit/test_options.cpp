@@ -2,6 +2,8 @@
 // The CUMEMGUARD_* option table and parser: defaults, bad values, unknown names, modes, actions.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,14 +54,19 @@ TEST_CASE("Values of every kind are parsed") {
 
 TEST_CASE("A bad value warns once and keeps the default") {
   auto p = parse({{"CUMEMGUARD_STACKS", "abc"}, {"CUMEMGUARD_MODE", "loud"},
-                  {"CUMEMGUARD_SUMMARY", ""}, {"CUMEMGUARD_STACKS", "99"}});
-  REQUIRE(p.problems.size() == 4);
+                  {"CUMEMGUARD_SUMMARY", ""}, {"CUMEMGUARD_WARN_LIMIT", "-1"},
+                  {"CUMEMGUARD_STACK_SAMPLE", "0"}, {"CUMEMGUARD_QUARANTINE", "auto"}});
+  REQUIRE(p.problems.size() == 5);
   CHECK(p.problems[0] ==
         "CUMEMGUARD_STACKS: 'abc' is not valid: not a whole number; keeping '0'");
   CHECK(p.problems[1] == "CUMEMGUARD_MODE: 'loud' is not valid: expected one of "
                          "guard|report|strict; keeping 'guard'");
-  CHECK(p.problems[3] == "CUMEMGUARD_STACKS: '99' is not valid: must be between 0 and 64; "
-                         "keeping '0'");
+  CHECK(p.problems[3] == "CUMEMGUARD_WARN_LIMIT: '-1' is not valid: must not be negative; "
+                         "keeping '20'");
+  CHECK(p.problems[4] == "CUMEMGUARD_STACK_SAMPLE: '0' is not valid: must be at least 1; "
+                         "keeping '1'");
+  CHECK(p.options.quarantine == kSizeAuto);  // auto is a value of QUARANTINE, carried as is
+  CHECK(p.values.front().spec->name == "PROFILE");
   CHECK(p.options.stacks == 0);
   CHECK(p.options.mode == Mode::Guard);
   CHECK_FALSE(p.fatal);
@@ -138,4 +145,198 @@ TEST_CASE("The table lists one ACTION_ option per finding class") {
   CHECK(finding_info(FindingClass::StaleRelease).option == "ACTION_STALE_RELEASE");
   CHECK(finding_from_id("map-over-mapped") == FindingClass::MapOverMapped);
   CHECK_FALSE(finding_from_id("nope"));
+}
+
+namespace {
+const OptionValue &value_of(const ParsedOptions &p, std::string_view name) {
+  for (const auto &v : p.values)
+    if (v.spec->name == name) return v;
+  FAIL("no option " << name);
+  return p.values.front();
+}
+}  // namespace
+
+TEST_CASE("A name present twice is read as getenv reads it: the first entry wins") {
+  auto p = parse({{"CUMEMGUARD_MODE", "strict"}, {"CUMEMGUARD_LOG", "/tmp/a"},
+                  {"CUMEMGUARD_MODE", "report"}, {"CUMEMGUARD_LOG", "/tmp/b"},
+                  {"CUMEMGUARD_MODE", "loud"}});
+  CHECK(p.options.mode == Mode::Strict);
+  CHECK(p.options.log == "/tmp/a");
+  REQUIRE(p.problems.size() == 2);
+  CHECK(p.problems[0] ==
+        "CUMEMGUARD_MODE is set 3 times in the environment; the first ('strict') is used, as "
+        "getenv() does");
+  CHECK(p.problems[1] ==
+        "CUMEMGUARD_LOG is set 2 times in the environment; the first ('/tmp/a') is used, as "
+        "getenv() does");
+  CHECK(value_of(p, "MODE").raw == "strict");
+}
+
+TEST_CASE("Every kind of problem is capped: 20,000 bad values print a bounded number of lines") {
+  std::vector<std::string> names;
+  for (int i = 0; i < 20000; ++i) names.push_back("CUMEMGUARD_NOPE" + std::to_string(i));
+  std::vector<std::pair<std::string_view, std::string_view>> env;
+  for (const auto &n : names) env.emplace_back(n, "1");
+  for (int i = 0; i < 20000; ++i) env.emplace_back("CUMEMGUARD_MODE", "loud");
+  std::string opts;
+  for (int i = 0; i < 20000; ++i) opts += "stacks=x:";
+  for (int i = 0; i < 20000; ++i) opts += "junk:";
+  for (int i = 0; i < 20000; ++i) opts += "warn_limit=-" + std::to_string(i + 1) + ":";
+  env.emplace_back("CUMEMGUARD_OPTIONS", opts);
+  // Many different bad variables: each a line, up to the cap.
+  std::vector<std::string> bad_names;
+  for (const auto &s : option_specs())
+    if (s.kind == OptionKind::Int || s.kind == OptionKind::Bool) bad_names.push_back("CUMEMGUARD_" + std::string(s.name));
+  for (const auto &n : bad_names) env.emplace_back(n, "zzz");
+  auto p = parse_options(env);
+  // unknown: 8 + 1; repeated MODE: 1; malformed: 8 + 1; bad values (MODE, the last stacks= and
+  // warn_limit= entries, one per Int or Bool variable): 8 + 1.
+  CHECK(p.problems.size() == 28);
+  auto has = [&](const std::string &line) {
+    return std::find(p.problems.begin(), p.problems.end(), line) != p.problems.end();
+  };
+  CHECK(has("and 19992 more unknown CUMEMGUARD_* names; ignored"));
+  CHECK(has("and 19992 more malformed CUMEMGUARD_OPTIONS entries; ignored"));
+  CHECK(has("CUMEMGUARD_MODE is set 20000 times in the environment; the first ('loud') is used, "
+            "as getenv() does"));
+  std::size_t capped_bad = 0;
+  for (const auto &l : p.problems)
+    if (l.rfind("and ", 0) == 0 && l.find("invalid CUMEMGUARD_* values") != std::string::npos)
+      ++capped_bad;
+  CHECK(capped_bad == 1);
+}
+
+TEST_CASE("CUMEMGUARD_OPTIONS holds many options; a separate variable wins over it") {
+  auto p = parse({{"CUMEMGUARD_OPTIONS", "mode=strict:stacks=16:QUARANTINE=64M:log='/tmp/a:b.log'"}});
+  CHECK(p.problems.empty());
+  CHECK(p.options.mode == Mode::Strict);
+  CHECK(p.options.stacks == 16);
+  CHECK(p.options.quarantine == (64ull << 20));
+  CHECK(p.options.log == "/tmp/a:b.log");
+  CHECK(p.has_options_variable);
+  CHECK(value_of(p, "MODE").source == OptionSource::Options);
+  CHECK(value_of(p, "MODE").raw == "strict");
+  CHECK(value_of(p, "IPC").source == OptionSource::Default);
+
+  auto q = parse({{"CUMEMGUARD_MODE", "report"},
+                  {"CUMEMGUARD_OPTIONS", "mode=strict:stacks=8:stacks=12:cumemguard_ipc=deny"}});
+  CHECK(q.problems.empty());
+  CHECK(q.options.mode == Mode::Report);  // the variable wins
+  CHECK(value_of(q, "MODE").source == OptionSource::Environment);
+  CHECK(q.options.stacks == 12);          // a later entry wins over an earlier one
+  CHECK(q.options.ipc == IpcMode::Deny);  // the prefix may be written
+
+  // A bad variable keeps what the entry gave, and says so.
+  auto r = parse({{"CUMEMGUARD_STACKS", "lots"}, {"CUMEMGUARD_OPTIONS", "stacks=4"}});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0] == "CUMEMGUARD_STACKS: 'lots' is not valid: not a whole number; keeping '4'");
+  CHECK(r.options.stacks == 4);
+
+  auto e = parse({{"CUMEMGUARD_OPTIONS", "mdoe=strict:verbose:stacks=99::"}});
+  REQUIRE(e.problems.size() == 3);
+  CHECK(e.problems[0] ==
+        "CUMEMGUARD_OPTIONS: unknown option mdoe (did you mean mode?); ignored");
+  CHECK(e.problems[1] == "CUMEMGUARD_OPTIONS: 'verbose' is not NAME=VALUE; ignored");
+  CHECK(e.problems[2] == "CUMEMGUARD_OPTIONS entry stacks: '99' is not valid: must be between 0 "
+                         "and 64; keeping '0'");
+  auto f = parse({{"CUMEMGUARD_STRICT_CONFIG", "1"}, {"CUMEMGUARD_OPTIONS", "frob=1"}});
+  CHECK(f.fatal);
+}
+
+TEST_CASE("Actions a class cannot take are refused with one line") {
+  auto p = parse({{"CUMEMGUARD_ACTION_LEAK", "abort"},
+                  {"CUMEMGUARD_ACTION_FREE_EXPORTED", "skip"},
+                  {"CUMEMGUARD_ACTION_DOUBLE_FREE", "skip"},
+                  {"CUMEMGUARD_ACTION_INVALID_FREE", "abort"}});
+  REQUIRE(p.problems.size() == 2);
+  CHECK(p.problems[0] == "CUMEMGUARD_ACTION_LEAK: 'abort' is not valid: abort cannot apply to leak "
+                         "findings (they are found at exit); it takes default|forward; keeping "
+                         "'default'");
+  CHECK(p.problems[1] ==
+        "CUMEMGUARD_ACTION_FREE_EXPORTED: 'skip' is not valid: skip cannot apply to free-exported "
+        "findings (the shim cannot prove the call redundant); it takes default|forward|abort; "
+        "keeping 'default'");
+  CHECK(p.options.action[static_cast<std::size_t>(FindingClass::Leak)] == ActionOverride::Default);
+  CHECK(p.options.action[static_cast<std::size_t>(FindingClass::DoubleFree)] == ActionOverride::Skip);
+  CHECK(p.options.action[static_cast<std::size_t>(FindingClass::InvalidFree)] ==
+        ActionOverride::Abort);
+  // The listing shows what each class takes.
+  CHECK(value_of(p, "ACTION_LEAK").spec->choices == "default|forward");
+  CHECK(value_of(p, "ACTION_DOUBLE_RELEASE").spec->choices == "default|skip|forward|abort");
+  for (std::size_t c = 0; c < kFindingClassCount; ++c) {
+    const auto &f = finding_info(static_cast<FindingClass>(c));
+    CHECK_FALSE(f.accepts.empty());
+    // Skip is offered only where the guard mode itself may skip, or the class can be proven.
+    if (f.guard_action == Action::Skip) CHECK(f.accepts.find("skip") != std::string_view::npos);
+  }
+}
+
+TEST_CASE("Profiles: guard is the default, debug changes only its own column") {
+  auto g = parse({});
+  CHECK(g.options.profile == Profile::Guard);
+  CHECK(g.profile_source == OptionSource::Default);
+  CHECK(g.options.stacks == 0);
+  CHECK(g.options.quarantine == 0);
+
+  auto d = parse({{"CUMEMGUARD_PROFILE", "debug"}});
+  CHECK(d.problems.empty());
+  CHECK(d.options.profile == Profile::Debug);
+  CHECK(d.profile_source == OptionSource::Environment);
+  CHECK(d.options.stacks == 16);
+  CHECK(d.options.stack_sample == 1);
+  CHECK(d.options.quarantine == kSizeAuto);
+  CHECK(value_of(d, "STACKS").source == OptionSource::Profile);
+  CHECK(value_of(d, "STACKS").effective == "16");
+  CHECK(value_of(d, "QUARANTINE").effective == "auto");
+  CHECK(value_of(d, "STACK_SAMPLE").source == OptionSource::Default);  // same in both columns
+  CHECK(value_of(d, "MODE").source == OptionSource::Default);
+
+  // An explicit setting wins over the profile, from either place.
+  auto e = parse({{"CUMEMGUARD_PROFILE", "debug"}, {"CUMEMGUARD_STACKS", "4"},
+                  {"CUMEMGUARD_OPTIONS", "quarantine=0"}});
+  CHECK(e.options.stacks == 4);
+  CHECK(e.options.quarantine == 0);
+  CHECK(value_of(e, "QUARANTINE").source == OptionSource::Options);
+
+  auto o = parse({{"CUMEMGUARD_OPTIONS", "profile=debug"}});
+  CHECK(o.options.profile == Profile::Debug);
+  CHECK(o.profile_source == OptionSource::Options);
+  CHECK(o.options.stacks == 16);
+  // The variable wins over the entry; a bad profile keeps guard.
+  auto v = parse({{"CUMEMGUARD_PROFILE", "guard"}, {"CUMEMGUARD_OPTIONS", "profile=debug"}});
+  CHECK(v.options.profile == Profile::Guard);
+  CHECK(v.problems.empty());
+  auto b = parse({{"CUMEMGUARD_PROFILE", "loud"}});
+  REQUIRE(b.problems.size() == 1);
+  CHECK(b.problems[0] == "CUMEMGUARD_PROFILE: 'loud' is not valid: expected one of guard|debug; "
+                         "keeping 'guard'");
+  CHECK(b.options.stacks == 0);
+}
+
+TEST_CASE("The options table round-trips: every effective value parses back to itself") {
+  for (const char *profile : {"guard", "debug"}) {
+    auto p = parse({{"CUMEMGUARD_PROFILE", profile}});
+    std::vector<std::string> names;
+    std::vector<std::pair<std::string_view, std::string_view>> env;
+    names.reserve(p.values.size());
+    for (const auto &v : p.values) names.push_back("CUMEMGUARD_" + std::string(v.spec->name));
+    for (std::size_t i = 0; i < p.values.size(); ++i) env.emplace_back(names[i], p.values[i].effective);
+    auto q = parse_options(env);
+    CHECK(q.problems.empty());
+    REQUIRE(q.values.size() == p.values.size());
+    for (std::size_t i = 0; i < p.values.size(); ++i) {
+      CHECK(q.values[i].effective == p.values[i].effective);
+      CHECK(q.values[i].source == OptionSource::Environment);
+    }
+    // And through CUMEMGUARD_OPTIONS, quoted.
+    std::string all;
+    for (const auto &v : p.values) {
+      std::string lower_name;
+      for (char c : v.spec->name) lower_name += static_cast<char>(std::tolower(c));
+      all += lower_name + "='" + v.effective + "':";
+    }
+    auto r = parse({{"CUMEMGUARD_OPTIONS", all}});
+    CHECK(r.problems.empty());
+    for (std::size_t i = 0; i < p.values.size(); ++i) CHECK(r.values[i].effective == p.values[i].effective);
+  }
 }
