@@ -23,11 +23,6 @@ namespace {
 // (nccl-and-cleanup.md 4.2, 4.3), with room for the frames above them.
 constexpr int kFrames = 32;
 
-const FlushPatterns &patterns() {
-  static const FlushPatterns *p =
-      new FlushPatterns(FlushPatterns::from_option(state().opts.flush_frames));
-  return *p;
-}
 
 struct Site {
   std::string text;   // "flush function <- caller frame"
@@ -100,6 +95,12 @@ std::string policy_name(FlushPolicy p) {
 }
 
 }  // namespace
+
+const FlushPatterns &patterns() {
+  static const FlushPatterns *p =
+      new FlushPatterns(FlushPatterns::from_option(state().opts.flush_frames));
+  return *p;
+}
 
 FlushCheck flush_check(Call &c, FlushTarget target) {
   FlushCheck fc;

@@ -26,6 +26,10 @@ struct FlushCheck {
 // classifies the stack; for a flush, the call gets that stack if it has none.
 FlushCheck flush_check(Call &c, FlushTarget target);
 
+// The flush-frame patterns (built in, plus CUMEMGUARD_FLUSH_FRAMES). Every caller of frame_syms()
+// passes these: the symbol cache keeps the frame kind computed with the first patterns it saw.
+const FlushPatterns &patterns();
+
 // Writes the opportunistic-flush finding (fc.action as carried out) and counts it for its call
 // site. `res` is what the caller gets; `blocked_ns` how long the driver call took (0: not made).
 void flush_report(const Call &c, const FlushCheck &fc, const Args &args, int res,

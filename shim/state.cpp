@@ -29,6 +29,7 @@
 #include "loader.h"
 #include "stacks.h"
 #include "summary.h"
+#include "suppress.h"
 #include "cmg_config.h"
 
 extern char **environ;
@@ -253,6 +254,7 @@ void activate_slow() {
   }
   for (const Interposer &i : before) note(LogLevel::Warn, interposer_note(i));
   if (s.opts.stacks > 0) stacks_warm_up();
+  suppressions_load();
   g_active.store(true, std::memory_order_release);
   if (s.opts.crash_summary) install_crash_handlers();
   flush_pending_notes();
@@ -329,7 +331,23 @@ void Call::write_record(int res, const Args &args, const Extra &x) {
 // ---------------------------------------------------------------------------------------------
 void report_finding(const Call &c, Finding f, Action action, int res, const Args &args) {
   State &s = state();
-  s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
+  // Suppressed (CUMEMGUARD_SUPPRESSIONS): logged with the rule, not counted, not printed, and
+  // never the reason to abort. Strict mode's hooks report a finding before the driver call (to
+  // abort there) and again after it; for a suppressed one the process goes on, and the second
+  // report of the same call is the same finding.
+  static CMG_HOT_TLS struct {
+    std::uint64_t seq;
+    FindingClass cls;
+  } t_suppressed_abort{0, FindingClass::Leak};
+  if (action == Action::Abort && t_suppressed_abort.seq == c.ev().seq && c.ev().seq &&
+      t_suppressed_abort.cls == f.cls)
+    return;
+  const SuppressHit sup = suppression_for(f.cls, /*count=*/true);
+  if (sup && action == Action::Abort) {
+    t_suppressed_abort = {c.ev().seq, f.cls};
+    action = Action::Forward;
+  }
+  if (!sup) s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
   std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   std::uint64_t ts = now_ns();
   if (s.log.is_open()) {
@@ -354,7 +372,8 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
       }
     }
     j.end_object().str("msg", f.msg);
-    if (stack) j.unum("stack", stack);
+    if (stack || sup.stack) j.unum("stack", stack ? stack : sup.stack);
+    if (sup) j.str("suppressed", sup.text);
     j.unum("call_seq", c.ev().seq);
     if (!f.related.empty()) {
       j.begin_array("related");
@@ -377,7 +396,7 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
     s.log.write(j.finish(), ts);
     s.log.flush();  // a finding must survive a crash that may follow it
   }
-  print_finding(f, action, res, api_name(c.api()));
+  if (!sup) print_finding(f, action, res, api_name(c.api()));
   if (action == Action::Abort) {
     diag_line(LogLevel::Error, "strict mode: aborting at the first finding (CUMEMGUARD_MODE=strict)");
     exit_summary(/*from_abort=*/true);

@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <map>
 #include <string>
@@ -16,6 +18,7 @@
 #include "held.h"
 #include "loader.h"
 #include "state.h"
+#include "suppress.h"
 
 namespace cmg::shim {
 namespace {
@@ -68,6 +71,7 @@ void write_summary_record(State &s) {
   for (std::size_t i = 0; i < kFindingClassCount; ++i)
     if (auto n = s.findings[i].load()) j.unum(finding_id(static_cast<FindingClass>(i)), n);
   j.end_object();
+  if (const std::string sup = suppressed_json(); !sup.empty()) j.raw("suppressed", sup);
   j.raw("transport", transport_summary_json());
   s.log.write(j.finish(), now_ns());
 }
@@ -124,6 +128,14 @@ void print_summary(State &s) {
       out += fmt::format("{} {} {}", any ? "," : "", finding_id(static_cast<FindingClass>(i)), n);
       any = true;
     }
+  // Leaks are findings of class leak: counted here from what is live at exit (they are leak
+  // records in the log, not finding records), so a leaking run never says "findings: none".
+  std::size_t leaked = vc.phys + vc.reservations;
+  for (const auto &[k, e] : live) leaked += e.first;
+  if (leaked) {
+    out += fmt::format("{} leak {} (live at exit)", any ? "," : "", leaked);
+    any = true;
+  }
   out += any ? "\n" : " none\n";
   if (s.opts.quarantine) {
     // What the quarantine was in this run: a stale free is caught only while its address is held.
@@ -132,9 +144,17 @@ void print_summary(State &s) {
                        s.opts.quarantine == kAutoSize ? " (auto: 1/256 of the device's memory, 64 MiB to 1 GiB)" : "",
                        human_bytes(static_cast<std::int64_t>(held().released_bytes(HoldReason::Quarantine))));
   }
+  out += suppressed_text();
   out += transport_summary_text();
   if (s.log.is_open())
     out += fmt::format("  log: {} (cumemguard report {})\n", s.log.path(), s.log.path());
+  // The program's own output first: exit() flushes stdio only after every exit handler, this one
+  // included, so on a pipe (fully buffered) the summary came before the program's last lines.
+  // Only if the stream is free: a thread still printing while exit() runs must not hang it.
+  if (ftrylockfile(stdout) == 0) {
+    fflush_unlocked(stdout);
+    funlockfile(stdout);
+  }
   ssize_t n = ::write(2, out.data(), out.size());
   (void)n;
 }

@@ -24,6 +24,7 @@
 
 #include "cmg_config.h"
 #include "options.h"
+#include "run_preload.h"
 #include "torch_conf.h"
 
 extern char **environ;
@@ -47,19 +48,46 @@ bool log_of_run(const char *path, const std::string &run_id) {
 
 void usage(FILE *f) {
   std::fprintf(f,
-               "usage: cumemguard run [options] [--] PROGRAM [ARGS...]\n"
+               "Usage: cumemguard run [options] [--] PROGRAM [ARGS...]\n"
                "\n"
-               "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it).\n"
+               "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it), passes its\n"
+               "exit status through, prints the exit summary and lists the event logs of the run.\n"
+               "The program gets the debug profile (stacks at every event, a quarantine of freed\n"
+               "memory) unless CUMEMGUARD_PROFILE or a profile entry of CUMEMGUARD_OPTIONS is set.\n"
+               "A sanitizer runtime the program links (-fsanitize=address or thread) is preloaded\n"
+               "in front of the shim, as the sanitizer requires.\n"
                "\n"
-               "options:\n"
+               "Options:\n"
                "  --log PATH        event log path (%%p pid, %%r rank, %%%% a percent sign); default\n"
                "                    cumemguard.<program>.%%p.log in the current directory\n"
                "  --no-log          write no event log\n"
                "  --mode MODE       guard (default), report or strict\n"
                "  --stacks N        capture N return addresses per event (0 = off, at most 64)\n"
                "  --no-summary      do not print the exit summary\n"
-               "  -e NAME=VALUE     set an environment variable for the program (repeatable)\n"
-               "  -h, --help        this help\n");
+               "  --error-exitcode N\n"
+               "                    exit N when the run had findings (read from this run's logs;\n"
+               "                    suppressed findings do not count), as valgrind does\n"
+               "  --fail-on-leaks   with --error-exitcode, count leaks at exit as findings too\n"
+               "  -e NAME=VALUE     set an environment variable for the program (repeatable); a\n"
+               "                    CUMEMGUARD_* value is checked against the options table first\n"
+               "  -h, --help        this help\n"
+               "  --version         print the version\n"
+               "\n"
+               "Exit status:\n"
+               "  N    with --error-exitcode N, when the run's logs hold findings (unless the\n"
+               "       program was killed by a signal: the launcher then dies of the same signal)\n"
+               "  64   bad options or arguments\n"
+               "  66   the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)\n"
+               "  126  PROGRAM is not executable; 127 PROGRAM not found\n"
+               "  otherwise the program's own status (or the signal that killed it, raised again)\n"
+               "\n"
+               "A process that never calls CUDA writes no log and has no findings. SIGTERM, SIGINT,\n"
+               "SIGQUIT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the\n"
+               "program (a terminal's SIGINT and SIGQUIT already reach it).\n"
+               "\n"
+               "Environment:\n"
+               "  CUMEMGUARD_SHIM_PATH  the libcumemguard.so to preload instead of the one installed\n"
+               "                        beside this program\n");
 }
 
 std::string dir_of(const std::string &p) {
@@ -69,11 +97,6 @@ std::string dir_of(const std::string &p) {
 
 volatile sig_atomic_t g_child = 0;
 
-// The launcher passes termination and user signals on to the program, so `kill <launcher>` (a job
-// scheduler's SIGTERM) stops the program rather than orphaning it.
-void forward(int sig) {
-  if (g_child > 0) kill(g_child, sig);
-}
 
 std::string absolute(const std::string &p) {
   if (p.empty() || p[0] == '/') return p;
@@ -106,103 +129,153 @@ bool exists(const std::string &p) {
 
 }  // namespace
 
-// The LD_PRELOAD the program gets: the shim first, so its definitions win, and what was already
-// preloaded keeps its order after it; except a sanitizer runtime, which stays in front (ASan and
-// TSan abort when their runtime is not the first library: "ASan runtime does not come first"; a
-// program that links the runtime itself needs ASAN_OPTIONS=verify_asan_link_order=0 under any
-// preload).
-namespace {
-std::string preload_with(const std::string &shim, const char *old) {
-  std::vector<std::string> front, back;
-  std::string cur;
-  const std::string list = old ? old : "";
-  for (std::size_t i = 0; i <= list.size(); ++i) {
-    // ld.so separates LD_PRELOAD entries by colons or spaces.
-    if (i == list.size() || list[i] == ':' || list[i] == ' ') {
-      if (!cur.empty()) {
-        const std::size_t slash = cur.rfind('/');
-        const std::string base = slash == std::string::npos ? cur : cur.substr(slash + 1);
-        const bool runtime = base.starts_with("libasan.") || base.starts_with("libtsan.") ||
-                             base.starts_with("libhwasan.") ||
-                             base.starts_with("libclang_rt.asan") ||
-                             base.starts_with("libclang_rt.hwasan") ||
-                             base.starts_with("libclang_rt.tsan");
-        (runtime ? front : back).push_back(cur);
-      }
-      cur.clear();
-    } else {
-      cur += list[i];
-    }
+std::string find_shim(std::string *err) {
+  // Being told wins, and is not second-guessed: a path that names no file is an error.
+  if (const char *e = std::getenv("CUMEMGUARD_SHIM_PATH"); e && *e) {
+    if (exists(e)) return e;
+    if (err) *err = std::string("CUMEMGUARD_SHIM_PATH=") + e + " is not a file";
+    return {};
   }
-  std::string out;
-  for (const auto &e : front) out += e + ":";
-  out += shim;
-  for (const auto &e : back) out += ":" + e;
-  return out;
-}
-}  // namespace
-
-std::string find_shim() {
-  if (const char *e = std::getenv("CUMEMGUARD_SHIM_PATH"); e && *e && exists(e)) return e;
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
   std::vector<std::string> candidates;
   if (n > 0) {
-    std::string exe_dir = dir_of(std::string(buf, static_cast<std::size_t>(n)));
-    candidates.push_back(exe_dir + "/../shim/" CMG_SHIM_NAME);  // build tree
-    // Installed: bindir and libdir share the prefix.
-    std::string bindir = CMG_INSTALL_BINDIR, libdir = CMG_INSTALL_LIBDIR;
-    std::string prefix_rel = exe_dir + "/..";
-    auto slash = bindir.rfind('/');
-    std::string prefix = slash == std::string::npos ? "" : bindir.substr(0, slash);
-    if (!prefix.empty() && libdir.rfind(prefix, 0) == 0)
-      candidates.push_back(prefix_rel + libdir.substr(prefix.size()) + "/" CMG_SHIM_NAME);
+    const std::string exe_dir = dir_of(std::string(buf, static_cast<std::size_t>(n)));
+    const std::string dir_name = exe_dir.substr(exe_dir.rfind('/') + 1);
+    if (dir_name == "tools") {
+      // A build tree (or a bundle of one, tools/gpu-bundle): the shim beside it in shim/.
+      candidates.push_back(exe_dir + "/../shim/" CMG_SHIM_NAME);
+    } else {
+      // Installed: bindir and libdir share the prefix, so the library is found relative to the
+      // program (an install moved or staged under DESTDIR still finds its own), then where the
+      // install put it. Never a build tree's.
+      std::string bindir = CMG_INSTALL_BINDIR, libdir = CMG_INSTALL_LIBDIR;
+      auto slash = bindir.rfind('/');
+      std::string prefix = slash == std::string::npos ? "" : bindir.substr(0, slash);
+      if (!prefix.empty() && libdir.rfind(prefix, 0) == 0)
+        candidates.push_back(exe_dir + "/.." + libdir.substr(prefix.size()) + "/" CMG_SHIM_NAME);
+      candidates.push_back(std::string(CMG_INSTALL_LIBDIR) + "/" CMG_SHIM_NAME);
+    }
   }
-  candidates.push_back(std::string(CMG_INSTALL_LIBDIR) + "/" CMG_SHIM_NAME);
-  candidates.push_back(std::string(CMG_BUILD_SHIM_DIR) + "/" CMG_SHIM_NAME);
   for (const auto &c : candidates) {
     char real[PATH_MAX];
     if (exists(c) && realpath(c.c_str(), real)) return real;
   }
+  if (err) {
+    *err = "cannot find " CMG_SHIM_NAME " (looked in";
+    for (const auto &c : candidates) *err += " " + c;
+    *err += "; set CUMEMGUARD_SHIM_PATH)";
+  }
   return {};
 }
 
+namespace {
+
+// Findings in this run's logs, as the exit status counts them: `finding` records that are not
+// suppressed (leaks are `leak` records, counted only when asked). Lines are checked by their
+// opening bytes (the writer puts "k" first) before any is parsed: a log is mostly call records.
+struct LogCounts {
+  std::uint64_t findings = 0, leaks = 0;
+};
+
+LogCounts count_findings(const std::vector<std::string> &logs) {
+  LogCounts c;
+  for (const auto &l : logs) {
+    std::ifstream in(l);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.starts_with(R"({"k":"leak")")) {
+        ++c.leaks;
+      } else if (line.starts_with(R"({"k":"finding")")) {
+        auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && !j.contains("suppressed")) ++c.findings;
+      }
+    }
+  }
+  return c;
+}
+
+// `--log --`: an option's value is never the end of the options (a log named "--" is a mistake).
+bool take_value(int argc, char **argv, int &i, const char *what, std::string &out) {
+  if (i + 1 >= argc || std::strcmp(argv[i + 1], "--") == 0) {
+    std::fprintf(stderr, "cumemguard run: %s needs a value (see cumemguard run --help)\n", what);
+    return false;
+  }
+  out = argv[++i];
+  return true;
+}
+
+// What a CUMEMGUARD_* setting given to the launcher would make the shim say, checked here so that
+// a value that cannot apply stops the run instead of becoming a warning in the program.
+bool check_options(const std::vector<std::pair<std::string, std::string>> &sets,
+                   const char *label) {
+  std::vector<std::pair<std::string_view, std::string_view>> kv;
+  for (const auto &[n, v] : sets)
+    if (n.starts_with(kOptionPrefix)) kv.emplace_back(n, v);
+  if (kv.empty()) return true;
+  const auto parsed = parse_options(kv);
+  for (const std::string &why : parsed.problems) {
+    // "...; keeping '0'" describes the shim's fallback, not what happens here.
+    std::fprintf(stderr, "cumemguard run: %s: %s\n", label,
+                 why.substr(0, why.rfind("; keeping")).c_str());
+    return false;
+  }
+  return true;
+}
+
+// Signals for the program. A terminal sends SIGINT, SIGQUIT (and SIGHUP at hang-up) to its whole
+// foreground process group, the program included (si_code SI_KERNEL): passing those on would
+// deliver them twice. One sent to the launcher alone (kill, a scheduler; SI_USER, SI_QUEUE,
+// SI_TKILL) is passed on.
+void forward_info(int sig, siginfo_t *info, void *) {
+  if (g_child <= 0 || (info && info->si_code == SI_KERNEL)) return;
+  kill(g_child, sig);
+}
+
+}  // namespace
+
 int run_main(int argc, char **argv) {
-  std::string log, mode, stacks;
-  bool no_log = false, no_summary = false;
+  std::string log, mode, stacks, exitcode_arg;
+  bool no_log = false, no_summary = false, fail_on_leaks = false;
   std::vector<std::string> env_sets;
   int i = 0;
   for (; i < argc; ++i) {
     std::string a = argv[i];
-    auto need = [&](const char *what) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "cumemguard run: %s needs a value\n", what);
-        std::exit(64);
-      }
-      return argv[++i];
-    };
     if (a == "--") {
       ++i;
       break;
     } else if (a == "-h" || a == "--help") {
       usage(stdout);
       return 0;
+    } else if (a == "--version") {
+      std::printf("cumemguard run %s\n", CMG_VERSION);
+      return 0;
     } else if (a == "--log") {
-      log = need("--log");
+      if (!take_value(argc, argv, i, "--log", log)) return 64;
     } else if (a.rfind("--log=", 0) == 0) {
       log = a.substr(6);
     } else if (a == "--no-log") {
       no_log = true;
     } else if (a == "--mode") {
-      mode = need("--mode");
+      if (!take_value(argc, argv, i, "--mode", mode)) return 64;
     } else if (a.rfind("--mode=", 0) == 0) {
       mode = a.substr(7);
     } else if (a == "--stacks") {
-      stacks = need("--stacks");
+      if (!take_value(argc, argv, i, "--stacks", stacks)) return 64;
+    } else if (a.rfind("--stacks=", 0) == 0) {
+      stacks = a.substr(9);
+    } else if (a == "--error-exitcode") {
+      if (!take_value(argc, argv, i, "--error-exitcode", exitcode_arg)) return 64;
+    } else if (a.rfind("--error-exitcode=", 0) == 0) {
+      exitcode_arg = a.substr(17);
+    } else if (a == "--fail-on-leaks") {
+      fail_on_leaks = true;
     } else if (a == "--no-summary") {
       no_summary = true;
     } else if (a == "-e") {
-      env_sets.push_back(need("-e"));
+      std::string v;
+      if (!take_value(argc, argv, i, "-e", v)) return 64;
+      env_sets.push_back(v);
     } else if (!a.empty() && a[0] == '-') {
       std::fprintf(stderr, "cumemguard run: unknown option '%s' (see cumemguard run --help)\n",
                    a.c_str());
@@ -220,37 +293,58 @@ int run_main(int argc, char **argv) {
                  mode.c_str());
     return 64;
   }
-  if (!stacks.empty()) {
-    // Checked by the options table the shim reads, so that a bad value stops here instead of
-    // turning stacks off in the program with a warning.
-    const std::pair<std::string_view, std::string_view> kv[] = {{"CUMEMGUARD_STACKS", stacks}};
-    const auto parsed = parse_options(kv);
-    if (!parsed.problems.empty()) {
-      const std::string &why = parsed.problems.front();  // "...; keeping '0'": not here
-      std::fprintf(stderr, "cumemguard run: --stacks: %s\n",
-                   why.substr(0, why.find("; keeping")).c_str());
+  int error_exitcode = 0;
+  if (!exitcode_arg.empty()) {
+    char *end = nullptr;
+    long v = std::strtol(exitcode_arg.c_str(), &end, 10);
+    if (!end || *end || v < 0 || v > 255) {
+      std::fprintf(stderr, "cumemguard run: --error-exitcode must be 0 to 255, not '%s'\n",
+                   exitcode_arg.c_str());
       return 64;
     }
+    error_exitcode = static_cast<int>(v);
   }
-  std::string shim = find_shim();
-  if (shim.empty()) {
-    std::fprintf(stderr, "cumemguard run: cannot find %s (set CUMEMGUARD_SHIM_PATH)\n",
-                 CMG_SHIM_NAME);
-    return 70;
+  if (fail_on_leaks && !error_exitcode) {
+    std::fprintf(stderr, "cumemguard run: --fail-on-leaks needs --error-exitcode N\n");
+    return 64;
   }
+  if (error_exitcode && no_log) {
+    // The findings are read from the logs: without them the status could only say "none".
+    std::fprintf(stderr, "cumemguard run: --error-exitcode counts the findings in the event log; "
+                         "it cannot be used with --no-log\n");
+    return 64;
+  }
+  // Checked by the options table the shim reads, so that a bad value stops here instead of
+  // turning into a warning in the program (and the shim's default).
+  if (!stacks.empty() && !check_options({{"CUMEMGUARD_STACKS", stacks}}, "--stacks")) return 64;
+  std::vector<std::pair<std::string, std::string>> sets;
   for (const auto &kv : env_sets) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
       std::fprintf(stderr, "cumemguard run: -e expects NAME=VALUE, got '%s'\n", kv.c_str());
       return 64;
     }
-    setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    sets.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
-  setenv("LD_PRELOAD", preload_with(shim, std::getenv("LD_PRELOAD")).c_str(), 1);
+  for (const auto &kv : sets)
+    if (!check_options({kv}, ("-e " + kv.first + "=" + shown(kv.second)).c_str())) return 64;
+  std::string why;
+  std::string shim = find_shim(&why);
+  if (shim.empty()) {
+    std::fprintf(stderr, "cumemguard run: %s\n", why.c_str());
+    return 66;
+  }
+  for (const auto &[name, value] : sets) setenv(name.c_str(), value.c_str(), 1);
+  std::string prog = argv[i];
+  setenv("LD_PRELOAD",
+         preload_with(shim, std::getenv("LD_PRELOAD"), program_sanitizer_runtimes(prog)).c_str(),
+         1);
   if (!mode.empty()) setenv("CUMEMGUARD_MODE", mode.c_str(), 1);
   if (!stacks.empty()) setenv("CUMEMGUARD_STACKS", stacks.c_str(), 1);
   if (!no_summary && !std::getenv("CUMEMGUARD_SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);
-  std::string prog = argv[i];
+  // The debug profile unless the user chose one (its own variable or a CUMEMGUARD_OPTIONS entry).
+  if (parse_options(environ).profile_source == OptionSource::Default)
+    setenv("CUMEMGUARD_PROFILE", "debug", 1);
   std::string base = prog.substr(prog.rfind('/') == std::string::npos ? 0 : prog.rfind('/') + 1);
   if (no_log) {
     unsetenv("CUMEMGUARD_LOG");
@@ -271,36 +365,47 @@ int run_main(int argc, char **argv) {
   const char *pattern_env = std::getenv("CUMEMGUARD_LOG");
   std::string pattern = pattern_env ? pattern_env : "";
 
-  // Like system(3): the launcher ignores terminal signals while the program runs (it gets them).
-  struct sigaction ign {}, old_int {}, old_quit {};
-  ign.sa_handler = SIG_IGN;
-  sigaction(SIGINT, &ign, &old_int);
-  sigaction(SIGQUIT, &ign, &old_quit);
+  // The launcher passes termination, terminal and user signals on to the program, so `kill
+  // <launcher>` (a job scheduler's SIGTERM, a script's SIGINT) stops the program rather than
+  // orphaning it, and the launcher itself waits for the program's status. Installed before the
+  // fork with the child not yet known (a signal then is kept pending by the mask until it is).
+  struct sigaction fwd {}, old[6];
+  const int forwarded[6] = {SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2};
+  fwd.sa_sigaction = forward_info;
+  fwd.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&fwd.sa_mask);
+  sigset_t block, unblocked;
+  sigemptyset(&block);
+  for (int sig : forwarded) sigaddset(&block, sig);
+  sigprocmask(SIG_BLOCK, &block, &unblocked);
+  for (int k = 0; k < 6; ++k) {
+    sigaction(forwarded[k], nullptr, &old[k]);
+    // A signal the launcher was started ignoring (nohup, a background job) stays ignored for it
+    // and for the program, as it would be without the launcher.
+    if (old[k].sa_handler != SIG_IGN) sigaction(forwarded[k], &fwd, nullptr);
+  }
   pid_t pid = fork();
   if (pid < 0) {
     std::fprintf(stderr, "cumemguard run: fork: %s\n", std::strerror(errno));
     return 71;
   }
   if (pid == 0) {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGQUIT, &old_quit, nullptr);
+    for (int k = 0; k < 6; ++k) sigaction(forwarded[k], &old[k], nullptr);
+    sigprocmask(SIG_SETMASK, &unblocked, nullptr);
     execvp(prog.c_str(), argv + i);
     std::fprintf(stderr, "cumemguard run: cannot run %s: %s\n", prog.c_str(), std::strerror(errno));
     _exit(errno == ENOENT ? 127 : 126);
   }
   g_child = pid;
-  struct sigaction fwd {};
-  fwd.sa_handler = forward;
-  sigemptyset(&fwd.sa_mask);
-  for (int sig : {SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &fwd, nullptr);
+  sigprocmask(SIG_SETMASK, &unblocked, nullptr);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   g_child = 0;
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGQUIT, &old_quit, nullptr);
+  for (int k = 0; k < 6; ++k) sigaction(forwarded[k], &old[k], nullptr);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 
+  std::vector<std::string> logs;
   if (!pattern.empty()) {
     std::string g;
     for (std::size_t k = 0; k < pattern.size(); ++k) {
@@ -316,7 +421,6 @@ int run_main(int argc, char **argv) {
       }
     }
     glob_t gl{};
-    std::vector<std::string> logs;
     if (glob(g.c_str(), 0, nullptr, &gl) == 0) {
       for (std::size_t k = 0; k < gl.gl_pathc; ++k) {
         if (log_of_run(gl.gl_pathv[k], run_id)) logs.emplace_back(gl.gl_pathv[k]);
@@ -340,6 +444,17 @@ int run_main(int argc, char **argv) {
     sigaddset(&set, sig);
     sigprocmask(SIG_UNBLOCK, &set, nullptr);
     raise(sig);
+  }
+  if (error_exitcode) {
+    const LogCounts n = count_findings(logs);
+    const std::uint64_t counted = n.findings + (fail_on_leaks ? n.leaks : 0);
+    if (counted) {
+      std::fprintf(stderr, "cumemguard: %llu finding%s%s in this run; exiting %d "
+                           "(--error-exitcode)\n",
+                   static_cast<unsigned long long>(counted), counted == 1 ? "" : "s",
+                   fail_on_leaks && n.leaks ? " (leaks at exit included)" : "", error_exitcode);
+      return error_exitcode;
+    }
   }
   return code;
 }

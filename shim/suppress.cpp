@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// Suppressions in the host (see suppress.h).
+#include "suppress.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "eventlog.h"
+#include "flush.h"
+#include "stacks.h"
+#include "state.h"
+#include "suppressions.h"
+#include "symtab.h"
+
+namespace cmg::shim {
+namespace {
+
+// Frames searched: deep enough to pass the shim's, the runtime's and a vendor library's own.
+constexpr int kFrames = 48;
+// A suppressions file is a few lines; one larger than this is not one.
+constexpr std::size_t kMaxFileBytes = 1u << 20;
+
+struct Loaded {
+  Suppressions rules;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> hits;
+};
+std::atomic<const Loaded *> g_loaded{nullptr};  // set once, leaked on purpose (used until exit)
+
+std::string read_file(const std::string &path, std::string &err) {
+  // Non-blocking and regular files only: a FIFO or a device must not hang the host.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    err = std::strerror(errno);
+    return {};
+  }
+  struct stat st;
+  std::string text;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    err = "not a regular file";
+  } else if (static_cast<std::uint64_t>(st.st_size) > kMaxFileBytes) {
+    err = "larger than 1 MiB";
+  } else {
+    text.resize(static_cast<std::size_t>(st.st_size));
+    std::size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  return text;
+}
+
+std::string basename_of(const std::string &p) {
+  const std::size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+}  // namespace
+
+void suppressions_load() {
+  static std::atomic<bool> once{false};
+  if (once.exchange(true)) return;
+  const std::string &path = state().opts.suppressions;
+  if (path.empty()) return;
+  try {
+    std::string err;
+    const std::string text = read_file(path, err);
+    if (!err.empty()) {
+      note(LogLevel::Warn, "CUMEMGUARD_SUPPRESSIONS: cannot read '" + shown(path) + "': " + err +
+                               "; no suppressions loaded");
+      return;
+    }
+    auto *l = new Loaded{Suppressions::parse(text, path), nullptr};
+    for (const std::string &w : l->rules.warnings) note(LogLevel::Warn, "CUMEMGUARD_SUPPRESSIONS: " + w);
+    if (l->rules.rules.empty()) {
+      delete l;
+      return;
+    }
+    l->hits.reset(new std::atomic<std::uint64_t>[l->rules.rules.size()]());
+    g_loaded.store(l, std::memory_order_release);
+  } catch (...) {
+    // Out of memory while reading a few lines: no suppressions, the host goes on.
+  }
+}
+
+SuppressHit suppression_for(FindingClass cls, bool count) {
+  SuppressHit hit;
+  const Loaded *l = g_loaded.load(std::memory_order_acquire);
+  if (!l) return hit;
+  try {
+    std::uintptr_t pc[kFrames];
+    const int n = capture_pcs(pc, kFrames);
+    if (n <= 0) return hit;
+    const FrameSym *fs[kFrames];
+    frame_syms(pc, n, patterns(), fs);
+    std::vector<std::string> frames;
+    frames.reserve(static_cast<std::size_t>(n) * 3);
+    for (int i = 0; i < n; ++i) {
+      if (!fs[i]) continue;
+      frames.push_back(fs[i]->demangled.empty() ? fs[i]->name : fs[i]->demangled);
+      frames.push_back(fs[i]->module);
+      frames.push_back(basename_of(fs[i]->module));
+    }
+    hit.rule = l->rules.match(finding_id(cls), frames);
+    if (!hit) return hit;
+    hit.text = l->rules.rules[static_cast<std::size_t>(hit.rule)].text();
+    hit.stack = intern_stack(pc, n);
+    if (count) l->hits[static_cast<std::size_t>(hit.rule)].fetch_add(1, std::memory_order_relaxed);
+  } catch (...) {
+    hit = SuppressHit{};
+  }
+  return hit;
+}
+
+std::string suppressed_json() {
+  const Loaded *l = g_loaded.load(std::memory_order_acquire);
+  if (!l) return {};
+  std::string out;
+  for (std::size_t i = 0; i < l->rules.rules.size(); ++i) {
+    const std::uint64_t n = l->hits[i].load(std::memory_order_relaxed);
+    if (!n) continue;
+    const SuppressionRule &r = l->rules.rules[i];
+    out += out.empty() ? "[" : ",";
+    out += "{\"class\":\"" + json_escape(r.cls) + "\",\"pattern\":\"" + json_escape(r.pattern) +
+           "\",\"count\":" + std::to_string(n) + "}";
+  }
+  return out.empty() ? out : out + "]";
+}
+
+std::string suppressed_text() {
+  const Loaded *l = g_loaded.load(std::memory_order_acquire);
+  if (!l) return {};
+  std::uint64_t total = 0;
+  std::vector<std::pair<std::string, std::uint64_t>> used;
+  for (std::size_t i = 0; i < l->rules.rules.size(); ++i)
+    if (const std::uint64_t n = l->hits[i].load(std::memory_order_relaxed)) {
+      used.emplace_back(shown(l->rules.rules[i].text()), n);
+      total += n;
+    }
+  if (used.empty()) return {};
+  std::string out = "  suppressed: " + std::to_string(total) + " (";
+  for (std::size_t i = 0; i < used.size(); ++i) {
+    if (i) out += ", ";
+    out += used[i].first;
+    if (used.size() > 1) out += " " + std::to_string(used[i].second);
+  }
+  return out + ")\n";
+}
+
+}  // namespace cmg::shim

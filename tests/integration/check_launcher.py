@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# `cumemguard run` as CI and as sanitizer users run it, on the fake CUDA stack: --version
+# everywhere, --error-exitcode and --fail-on-leaks, the debug profile the launcher sets, SIGINT,
+# SIGQUIT and SIGHUP passed on, `--log --` refused, -e values that cannot apply refused, the exit
+# summary after the program's own output on a pipe and naming leaks, suppressions (a vendor's
+# finding silenced and counted, the program's own kept), and a program built with
+# -fsanitize=address whose runtime the launcher puts first.
+#   check_launcher.py --cg CUMEMGUARD --build BUILD_DIR [--sanitized PROGRAM]
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+FAILURES = []
+
+
+def check(cond, msg):
+    if not cond:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+    return cond
+
+
+def records(path):
+    out = []
+    for line in open(path, errors="replace"):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+class Env:
+    def __init__(self, a):
+        self.cg = os.path.abspath(a.cg)
+        b = os.path.abspath(a.build)
+        self.rt = os.path.join(b, "tests", "integration", "runtime_cases")
+        self.supp = os.path.join(b, "tests", "integration", "suppress_cases")
+        self.sanitized = os.path.abspath(a.sanitized) if a.sanitized else None
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
+        self.env["LD_LIBRARY_PATH"] = os.path.join(b, "tests", "fakecuda")
+        first = os.environ.get("CMG_PRELOAD_FIRST", "")
+        self.env.pop("LD_PRELOAD", None)
+        if first:
+            self.env["LD_PRELOAD"] = first
+        self.tmp = tempfile.mkdtemp(prefix="cmg-launcher-")
+
+    def run(self, args, extra=None, cwd=None, merge=False, timeout=120):
+        env = dict(self.env, **(extra or {}))
+        p = subprocess.run([self.cg] + args, env=env, cwd=cwd or self.tmp, timeout=timeout,
+                           stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+                           errors="replace")
+        return p
+
+    def logdir(self):
+        return tempfile.mkdtemp(dir=self.tmp)
+
+
+def versions(e):
+    for sub in ([], ["run"], ["config"], ["report"]):
+        p = e.run(sub + ["--version"])
+        want = "cumemguard " + (sub[0] + " " if sub else "")
+        check(p.returncode == 0 and p.stdout.startswith(want) and p.stdout.count("\n") == 1,
+              f"{sub} --version: rc {p.returncode} {p.stdout!r} {p.stderr!r}")
+    p = e.run(["run", "--help"])
+    check(p.returncode == 0 and "Exit status:" in p.stdout and "--error-exitcode N" in p.stdout,
+          f"run --help lists exit codes: {p.stdout[:200]!r}")
+
+
+def usage_errors(e):
+    d = e.logdir()
+    p = e.run(["run", "--log", "--", "true"], cwd=d)
+    check(p.returncode == 64 and "--log needs a value" in p.stderr and not os.listdir(d),
+          f"--log --: rc {p.returncode} {p.stderr!r} files {os.listdir(d)}")
+    for args, words in ((["--error-exitcode", "x"], "0 to 255"),
+                        (["--fail-on-leaks"], "needs --error-exitcode"),
+                        (["--error-exitcode", "3", "--no-log"], "--no-log"),
+                        (["-e", "CUMEMGUARD_ACTION_LEAK=abort"], "abort cannot apply to leak"),
+                        (["-e", "CUMEMGUARD_ACTION_FREE_EXPORTED=skip"],
+                         "skip cannot apply to free-exported"),
+                        (["-e", "CUMEMGUARD_OPTIONS=stacks=99"], "must be between 0 and 64")):
+        p = e.run(["run"] + args + ["--", "true"])
+        lines = p.stderr.splitlines()
+        check(p.returncode == 64 and len(lines) == 1 and words in lines[0],
+              f"run {args}: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["run", "--", "true"], extra={"CUMEMGUARD_SHIM_PATH": "/nonexistent/lib.so"})
+    check(p.returncode == 66 and "CUMEMGUARD_SHIM_PATH=/nonexistent/lib.so is not a file" in p.stderr,
+          f"missing CUMEMGUARD_SHIM_PATH: rc {p.returncode} {p.stderr!r}")
+
+
+def exit_codes(e):
+    d = e.logdir()
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", e.rt, "P29"], cwd=d)
+    check(p.returncode == 3 and "1 finding in this run; exiting 3 (--error-exitcode)" in p.stderr,
+          f"P29 with --error-exitcode 3: rc {p.returncode} {p.stderr[-300:]!r}")
+    p = e.run(["run", "--no-summary", "--", e.rt, "P29"], cwd=d)
+    check(p.returncode == 0, f"P29 without --error-exitcode: rc {p.returncode}")
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", e.rt, "basic"], cwd=d)
+    check(p.returncode == 0, f"basic with --error-exitcode: rc {p.returncode} {p.stderr!r}")
+    # No CUDA, no log, no findings: the program's own status.
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", "sh", "-c", "exit 5"], cwd=d)
+    check(p.returncode == 5, f"a program without CUDA: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", e.rt, "leak"], cwd=d)
+    check(p.returncode == 0, f"leak without --fail-on-leaks: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["run", "--no-summary", "--error-exitcode", "4", "--fail-on-leaks", "--", e.rt,
+               "leak"], cwd=d)
+    check(p.returncode == 4 and "(leaks at exit included)" in p.stderr,
+          f"leak with --fail-on-leaks: rc {p.returncode} {p.stderr[-300:]!r}")
+    # The findings count wins over the program's status; a signal still kills the launcher.
+    p = e.run(["run", "--no-summary", "--error-exitcode=9", "--", "sh", "-c",
+               f"{e.rt} P29 >/dev/null; exit 2"], cwd=d)
+    check(p.returncode == 9, f"findings and exit 2: rc {p.returncode}")
+
+
+def profile(e):
+    show = ["--", "sh", "-c", 'echo "p=$CUMEMGUARD_PROFILE"']
+    p = e.run(["run", "--no-summary", "--no-log"] + show)
+    check(p.stdout.strip() == "p=debug", f"run sets the debug profile: {p.stdout!r}")
+    p = e.run(["run", "--no-summary", "--no-log"] + show, extra={"CUMEMGUARD_PROFILE": "guard"})
+    check(p.stdout.strip() == "p=guard", f"a profile the user set stays: {p.stdout!r}")
+    p = e.run(["run", "--no-summary", "--no-log"] + show,
+              extra={"CUMEMGUARD_OPTIONS": "profile=guard"})
+    check(p.stdout.strip() == "p=", f"a profile in CUMEMGUARD_OPTIONS stays: {p.stdout!r}")
+    # Its effect: stacks at the finding and its earlier events, and the stale free caught
+    # because the freed address is held back (QUARANTINE=auto).
+    d = e.logdir()
+    p = e.run(["run", "--no-summary", "--log", os.path.join(d, "p30.log"), "--", e.rt, "P30"])
+    out = dict(l.split(" ", 1) for l in p.stdout.splitlines() if " " in l)
+    check(p.returncode == 0 and out.get("reused") == "0",
+          f"P30 under the debug profile: rc {p.returncode} {p.stdout!r}")
+    recs = records(os.path.join(d, "p30.log"))
+    fs = [r for r in recs if r.get("k") == "finding"]
+    check(len(fs) == 1 and fs[0]["class"] == "double-free" and "stack" in fs[0] and
+          all("stack" in r for r in fs[0].get("related", []) if "seq" in r),
+          f"P30 finding with stacks: {fs}")
+    hdr = recs[0] if recs else {}
+    check(hdr.get("profile") == "debug", f"log header names the profile: {hdr.get('profile')!r}")
+
+
+def signals(e):
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        d = e.logdir()
+        pidfile = os.path.join(d, "pid")
+        # Default dispositions in the launcher (a test runner may start us with some ignored).
+        launcher = subprocess.Popen(
+            [e.cg, "run", "--no-summary", "--no-log", "--", "sh", "-c",
+             f"echo $$ > {pidfile}; exec sleep 30"], env=e.env,
+            preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL)
+                                for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)])
+        for _ in range(200):
+            if os.path.exists(pidfile) and open(pidfile).read().strip():
+                break
+            time.sleep(0.05)
+        child = int(open(pidfile).read())
+        launcher.send_signal(sig)
+        try:
+            rc = launcher.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            rc = None
+        alive = True
+        for _ in range(40):
+            try:
+                os.kill(child, 0)
+                time.sleep(0.05)
+            except ProcessLookupError:
+                alive = False
+                break
+        if alive:
+            os.kill(child, signal.SIGKILL)
+        check(not alive and rc == -sig,
+              f"{sig.name} to the launcher: child alive {alive}, launcher rc {rc}")
+
+
+def summary_order(e):
+    d = e.logdir()
+    p = e.run(["run", "--log", os.path.join(d, "b.%p.log"), "--", e.rt, "basic"], merge=True)
+    lines = p.stdout.splitlines()
+    first_summary = next((i for i, l in enumerate(lines) if l.startswith("cumemguard: summary")), -1)
+    last_prog = max((i for i, l in enumerate(lines) if l.startswith("free_host ")), default=-1)
+    check(p.returncode == 0 and 0 <= last_prog < first_summary,
+          f"summary after the program's output on a pipe: {lines}")
+    p = e.run(["run", "--no-log", "--", e.rt, "leak"])
+    fl = [l for l in p.stderr.splitlines() if l.startswith("  findings:")]
+    check(len(fl) == 1 and "leak " in fl[0] and "none" not in fl[0],
+          f"a leaking run's summary: {fl} {p.stderr!r}")
+
+
+def suppressions(e):
+    d = e.logdir()
+    supp = os.path.join(d, "supp.txt")
+    with open(supp, "w") as f:
+        f.write("# the vendor library frees what it was handed\ndouble-free:vendor_release\n")
+    log = os.path.join(d, "v.log")
+    p = e.run(["run", "--log", log, "--", e.supp, "vendor"],
+              extra={"CUMEMGUARD_SUPPRESSIONS": supp})
+    out = dict(l.split(" ", 1) for l in p.stdout.splitlines() if " " in l)
+    check(p.returncode == 0 and out.get("vendor_free") == "0",
+          f"suppressed double free keeps its action (skipped): {p.returncode} {p.stdout!r}")
+    check("warning: double-free" not in p.stderr, f"suppressed finding printed: {p.stderr!r}")
+    check("  suppressed: 1 (double-free:vendor_release)\n" in p.stderr and
+          "  findings: none\n" in p.stderr, f"exit summary: {p.stderr!r}")
+    recs = records(log)
+    fs = [r for r in recs if r.get("k") == "finding"]
+    summ = [r for r in recs if r.get("k") == "summary"]
+    check(len(fs) == 1 and fs[0].get("suppressed") == "double-free:vendor_release" and
+          "stack" in fs[0], f"suppressed finding record: {fs}")
+    check(len(summ) == 1 and summ[0].get("findings") == {} and
+          summ[0].get("suppressed") == [{"class": "double-free", "pattern": "vendor_release",
+                                         "count": 1}],
+          f"summary record: {summ}")
+    # By module, in strict mode: the vendor's does not abort, the program's own does.
+    with open(supp, "w") as f:
+        f.write("*:libcmgvendor.so\nbogus line\nno-such-class:x\n")
+    p = e.run(["run", "--no-log", "--mode", "strict", "--", e.supp, "both"],
+              extra={"CUMEMGUARD_SUPPRESSIONS": supp})
+    check(p.returncode == -signal.SIGABRT and "warning: double-free" in p.stderr and
+          "  findings: double-free 1\n  suppressed: 1 (*:libcmgvendor.so)\n" in p.stderr,
+          f"strict mode with a module rule: rc {p.returncode} {p.stdout!r} {p.stderr[-400:]!r}")
+    check(f"{supp}:2: 'bogus line' is not CLASS:PATTERN; skipped" in p.stderr and
+          f"{supp}:3: unknown finding class 'no-such-class'; skipped" in p.stderr,
+          f"malformed lines named by file:line: {p.stderr!r}")
+    # Suppressed findings do not fail a CI run; an unreadable file is one warning.
+    with open(supp, "w") as f:
+        f.write("double-free:vendor_*\n")
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", e.supp, "vendor"], cwd=d,
+              extra={"CUMEMGUARD_SUPPRESSIONS": supp})
+    check(p.returncode == 0, f"only suppressed findings with --error-exitcode: {p.returncode}")
+    p = e.run(["run", "--no-summary", "--no-log", "--", e.supp, "vendor"],
+              extra={"CUMEMGUARD_SUPPRESSIONS": os.path.join(d, "missing.txt")})
+    w = [l for l in p.stderr.splitlines() if "CUMEMGUARD_SUPPRESSIONS" in l]
+    check(len(w) == 1 and "no suppressions loaded" in w[0] and "warning: double-free" in p.stderr,
+          f"unreadable suppressions file: {p.stderr!r}")
+
+
+def sanitized(e):
+    if not e.sanitized:
+        print("skip: no -fsanitize=address program in this build")
+        return
+    # Without the launcher the problem is real: the shim preloaded first kills the program.
+    env = dict(e.env, LD_PRELOAD=os.path.join(os.path.dirname(os.path.dirname(e.rt)), "..",
+                                              "shim", "libcumemguard.so"))
+    p = subprocess.run([e.sanitized, "double-free"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    check(p.returncode != 0 and "does not come first" in p.stderr,
+          f"plain LD_PRELOAD of the shim before ASan: rc {p.returncode} {p.stderr[-200:]!r}")
+    d = e.logdir()
+    p = e.run(["run", "--log", os.path.join(d, "s.log"), "--", e.sanitized, "double-free"])
+    check(p.returncode == 0 and p.stdout == "asan_active 1\nmalloc 0\nfirst_free 0\nsecond_free 0\n",
+          f"sanitized program under run: rc {p.returncode} {p.stdout!r} {p.stderr[-400:]!r}")
+    check("warning: double-free in cudaFree" in p.stderr and "  findings: double-free 1" in p.stderr,
+          f"the shim's finding in a sanitized program: {p.stderr[-400:]!r}")
+    p = e.run(["run", "--no-summary", "--no-log", "--", "sh", "-c", 'echo "$LD_PRELOAD"'])
+    p2 = e.run(["run", "--no-summary", "--no-log", "--", e.sanitized, "overflow"])
+    check(p2.returncode != 0 and "heap-buffer-overflow" in p2.stderr,
+          f"ASan still reports under run: rc {p2.returncode} {p2.stderr[-300:]!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cg", required=True)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--sanitized")
+    e = Env(ap.parse_args())
+    for step in (versions, usage_errors, exit_codes, profile, signals, summary_order,
+                 suppressions, sanitized):
+        step(e)
+    if FAILURES:
+        print(f"{len(FAILURES)} failed")
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
