@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import json
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,9 @@ def case_options_garbage(r):
             for l in about:
                 if name == "TORCH_ALLOC_CONF":  # a string: PyTorch's grammar decides, not ours
                     expect("not applied" in l and "driver" not in l, f"{label}: unclear line {l[:300]}")
+                elif name == "SUPPRESSIONS":  # a path: one line saying it cannot be read
+                    expect("cannot read" in l and "no suppressions loaded" in l,
+                           f"{label}: unclear line {l[:300]}")
                 else:
                     expect("not valid" in l and "keeping" in l, f"{label}: unclear line {l[:300]}")
             expect(dt < 10 * scale(), f"{label}: took {dt:.1f} s")
@@ -113,6 +117,63 @@ def case_unknown_names(r):
     expect(dt < 5 * scale(), f"302 unknown names took {dt:.1f} s")
     expect(any("more unknown" in l for l in lines), f"the unknown names beyond the first are not counted: {lines}")
     expect(len(lines) <= 25, f"{len(lines)} stderr lines for unknown names (expected a bounded number)")
+
+
+def run_envp(argv, envp, timeout):
+    """Runs argv with exactly this environment list, repeated names included (a dict cannot):
+    the list goes to a trampoline on its stdin, and the trampoline calls execve(2) with it."""
+    tramp = ("import ctypes, sys\n"
+             "env = sys.stdin.buffer.read().split(b'\\0')\n"
+             "arr = lambda l: (ctypes.c_char_p * (len(l) + 1))(*l, None)\n"
+             "args = [a.encode() for a in sys.argv[1:]]\n"
+             "ctypes.CDLL(None).execve(args[0], arr(args), arr(env))\n"
+             "sys.exit(127)\n")
+    return subprocess.run([sys.executable, "-c", tramp] + argv,
+                          input="\0".join(envp).encode("utf-8", "surrogateescape"),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout * scale())
+
+
+def case_env_duplicates(r):
+    """A name present twice is read as getenv() reads it (the first entry), by the shim and by
+    `cumemguard config` alike; 20,000 bad values of one name give a bounded number of lines."""
+    d = tempfile.mkdtemp(dir=r.tmp)
+    first, second = os.path.join(d, "first.%p.log"), os.path.join(d, "second.%p.log")
+    base = [f"{k}={v}" for k, v in r.b.env().items()]
+    prog = [r.b.prog("tests", "integration", "runtime_cases"), "P29"]
+    envp = base + ["CUMEMGUARD_MODE=report", f"CUMEMGUARD_LOG={first}", "CUMEMGUARD_MODE=strict",
+                   f"CUMEMGUARD_LOG={second}"]
+    p = run_envp(prog, envp, 60)
+    err = p.stderr.decode(errors="replace")
+    # report (the first MODE) forwards the second free; strict would have aborted.
+    expect(p.returncode == 0, f"duplicates: exit {p.returncode} (strict, the second entry, won?)\n{err}")
+    names = sorted(os.listdir(d))
+    expect(len(names) == 1 and names[0].startswith("first."), f"duplicates: logs {names}")
+    lines = clean_lines(err, "duplicates")
+    about = [l for l in lines if "is set 2 times" in l]
+    expect(len(about) == 2 and "CUMEMGUARD_MODE is set 2 times in the environment; the first "
+           "('report') is used" in about[0], f"duplicates: {about}")
+    hdr = json.loads(open(os.path.join(d, names[0])).readline())
+    expect(hdr.get("mode") == "report", f"duplicates: header mode {hdr.get('mode')}")
+    cfg = run_envp([r.b.prog("tools", "cumemguard"), "config", "--json"], envp, 60)
+    opts = {o["name"]: o for o in json.loads(cfg.stdout)["options"]}
+    expect(opts["CUMEMGUARD_MODE"]["effective"] == "report" and
+           opts["CUMEMGUARD_LOG"]["effective"] == first,
+           f"config reads another entry than the shim: {opts['CUMEMGUARD_MODE']}")
+    # 20,000 bad values of one name, and 8,000 bad entries in CUMEMGUARD_OPTIONS (one string of
+    # the environment is at most 128 KiB).
+    many = base + ["CUMEMGUARD_STACKS=bad%d" % i for i in range(20000)] + \
+        ["CUMEMGUARD_OPTIONS=" + ":".join("warn_limit=x%d:j%d" % (i, i) for i in range(4000))]
+    t0 = time.monotonic()
+    p = run_envp([r.b.prog("tests", "integration", "runtime_cases"), "basic"], many, 60)
+    dt = time.monotonic() - t0
+    err = p.stderr.decode(errors="replace")
+    expect(p.returncode == 0, f"20,000 bad values: exit {p.returncode}\n{err[-2000:]}")
+    lines = clean_lines(err, "20,000 bad values")
+    expect(len(lines) <= 25, f"20,000 bad values: {len(lines)} stderr lines")
+    expect(any("CUMEMGUARD_STACKS is set 20000 times" in l for l in lines) and
+           any("more malformed CUMEMGUARD_OPTIONS entries" in l for l in lines),
+           f"20,000 bad values: the repeats are not counted: {lines}")
+    expect(dt < 10 * scale(), f"20,000 bad values took {dt:.1f} s")
 
 
 def case_log_missing_dir(r):
@@ -283,6 +344,7 @@ def main():
     cases = {
         "options-garbage": case_options_garbage,
         "unknown-names": case_unknown_names,
+        "env-duplicates": case_env_duplicates,
         "log-missing-dir": case_log_missing_dir,
         "log-symlink": case_log_symlink,
         "log-fifo": case_log_fifo,
