@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The README's examples on the real driver: examples/double_free.py under `cumemguard run` (the
+# stale free caught by the debug profile's quarantine), the exporter/importer pair with PyTorch's
+# expandable segments through the bridge, and a program built with -fsanitize=address under
+# `cumemguard run` (its runtime preloaded first).   examples.sh BUILD OUT
+set -u
+build=$1
+out=$2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+cg="$build/tools/cumemguard"
+ex="$here/examples"
+[ -d "$ex" ] || { echo "examples/ not in the bundle"; exit 77; }
+nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU"; exit 77; }
+status=0
+cd "$out" || exit 1
+"$cg" run --log "$out/double_free.%p.log" -- python3 "$ex/double_free.py" > "$out/double_free.txt" 2>&1
+grep -q "^same_address 0" "$out/double_free.txt" && grep -q "double-free" "$out/double_free.txt" \
+  || { echo "FAIL double_free.py"; status=1; }
+if python3 -c "import torch" 2>/dev/null; then
+  rm -f "$out/h.json" "$out/h.json.done"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$cg" run --no-log -e CUMEMGUARD_IPC=bridge \
+    -- python3 "$ex/exporter.py" "$out/h.json" --torch > "$out/exporter.txt" 2>&1 &
+  exp=$!
+  "$cg" run --no-log -e CUMEMGUARD_IPC=bridge -- python3 "$ex/importer.py" "$out/h.json" \
+    > "$out/importer.txt" 2>&1 || { echo "FAIL importer.py"; status=1; }
+  wait $exp || { echo "FAIL exporter.py"; status=1; }
+  grep -q "^bytes ok" "$out/importer.txt" || { echo "FAIL importer bytes"; status=1; }
+fi
+if [ -x "$build/tests/integration/sanitized" ] && \
+   ldd "$build/tests/integration/sanitized" | grep -q "not found"; then
+  echo "skip the sanitized program: gcc's libasan is not installed here" > "$out/sanitized.txt"
+elif [ -x "$build/tests/integration/sanitized" ]; then
+  "$cg" run --no-log -- "$build/tests/integration/sanitized" double-free > "$out/sanitized.txt" 2>&1 \
+    || { echo "FAIL sanitized program under run"; status=1; }
+  grep -q "^asan_active 1" "$out/sanitized.txt" || { echo "FAIL ASan not active"; status=1; }
+fi
+cat "$out"/double_free.txt "$out"/importer.txt "$out"/sanitized.txt 2>/dev/null | head -40
+exit $status

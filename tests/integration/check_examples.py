@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# The scripts under examples/ (the README's), run as the README runs them on the fake CUDA stack:
+# the double free and stale free explained, and the exporter/importer pair sharing VMM memory
+# through the bridge (refused by the driver without it).
+#   check_examples.py --cg CUMEMGUARD --build BUILD_DIR --src SOURCE_DIR
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, msg):
+    if not cond:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+
+
+def lines(text):
+    return dict(l.split(" ", 1) for l in text.splitlines() if " " in l)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("--cg", "--build", "--src"):
+        ap.add_argument(a, required=True)
+    a = ap.parse_args()
+    cg, ex = os.path.abspath(a.cg), os.path.join(os.path.abspath(a.src), "examples")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_") and
+           k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF")}
+    env["LD_LIBRARY_PATH"] = os.path.join(os.path.abspath(a.build), "tests", "fakecuda")
+    if os.environ.get("CMG_PRELOAD_FIRST"):
+        env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"]
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as d:
+        run = lambda args, **kw: subprocess.run(args, env=dict(env, **kw.pop("extra", {})), cwd=d,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                text=True, timeout=120, **kw)
+        # The bug without the shim: the stale free frees the new owner's memory.
+        plain = lines(run([py, os.path.join(ex, "double_free.py")]).stdout)
+        check(plain.get("same_address") == "1" and plain.get("owner_free") != "0",
+              f"double_free.py plain: {plain}")
+        p = run([cg, "run", "--", py, os.path.join(ex, "double_free.py")])
+        out = lines(p.stdout)
+        check(p.returncode == 0 and out.get("same_address") == "0" and
+              out.get("stale_free") == "0" and out.get("owner_free") == "0",
+              f"double_free.py under run: {p.returncode} {out}")
+        check("warning: double-free in cudaFree" in p.stderr and "findings: double-free 1" in p.stderr,
+              f"double_free.py finding: {p.stderr[-500:]!r}")
+        logs = [f for f in os.listdir(d) if f.startswith("cumemguard.python")]
+        check(len(logs) == 1, f"double_free.py logs: {logs}")
+        # The IPC pair: refused without the bridge (with the finding), shared with it.
+        h = os.path.join(d, "h.json")
+        p = run([cg, "run", "--no-log", "--", py, os.path.join(ex, "exporter.py"), h])
+        check(p.returncode == 1 and "cudaIpcGetMemHandle 1" in p.stdout and
+              "warning: ipc-vmm" in p.stderr, f"exporter.py without the bridge: {p.returncode} "
+              f"{p.stdout!r} {p.stderr[-300:]!r}")
+        exp = subprocess.Popen([cg, "run", "--no-log", "-e", "CUMEMGUARD_IPC=bridge", "--", py,
+                                os.path.join(ex, "exporter.py"), h], env=env, cwd=d,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        imp = run([cg, "run", "--no-log", "-e", "CUMEMGUARD_IPC=bridge", "--", py,
+                   os.path.join(ex, "importer.py"), h])
+        eo, ee = exp.communicate(timeout=120)
+        check(imp.returncode == 0 and "cudaIpcOpenMemHandle 0" in imp.stdout and
+              f"bytes ok {3 << 20}" in imp.stdout, f"importer.py: {imp.returncode} {imp.stdout!r} "
+              f"{imp.stderr[-300:]!r}")
+        check(exp.returncode == 0 and "cudaIpcGetMemHandle 0" in eo and "importer done" in eo,
+              f"exporter.py with the bridge: {exp.returncode} {eo!r} {ee[-300:]!r}")
+    if FAILURES:
+        print(f"{len(FAILURES)} failed")
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
