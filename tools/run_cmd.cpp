@@ -341,16 +341,23 @@ int run_main(int argc, char **argv) {
          1);
   if (!mode.empty()) setenv("CUMEMGUARD_MODE", mode.c_str(), 1);
   if (!stacks.empty()) setenv("CUMEMGUARD_STACKS", stacks.c_str(), 1);
-  if (!no_summary && !std::getenv("CUMEMGUARD_SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);
-  // The debug profile unless the user chose one (its own variable or a CUMEMGUARD_OPTIONS entry).
-  if (parse_options(environ).profile_source == OptionSource::Default)
-    setenv("CUMEMGUARD_PROFILE", "debug", 1);
+  // What the user set, by a variable or an entry of CUMEMGUARD_OPTIONS, is left as it is.
+  const ParsedOptions user = parse_options(environ);
+  auto set_by_user = [&](std::string_view name) {
+    for (const auto &v : user.values)
+      if (v.spec->name == name)
+        return v.source == OptionSource::Environment || v.source == OptionSource::Options;
+    return false;
+  };
+  if (!no_summary && !set_by_user("SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);
+  // The debug profile unless the user chose one.
+  if (user.profile_source == OptionSource::Default) setenv("CUMEMGUARD_PROFILE", "debug", 1);
   std::string base = prog.substr(prog.rfind('/') == std::string::npos ? 0 : prog.rfind('/') + 1);
   if (no_log) {
-    unsetenv("CUMEMGUARD_LOG");
+    setenv("CUMEMGUARD_LOG", "", 1);  // empty: no log, and it wins over a CUMEMGUARD_OPTIONS entry
   } else if (!log.empty()) {
     setenv("CUMEMGUARD_LOG", absolute(log).c_str(), 1);
-  } else if (!std::getenv("CUMEMGUARD_LOG")) {
+  } else if (!set_by_user("LOG")) {
     // Absolute, so a program that changes directory still writes where the launcher looks.
     log = absolute("cumemguard." + base + ".%p.log");
     setenv("CUMEMGUARD_LOG", log.c_str(), 1);
@@ -362,8 +369,8 @@ int run_main(int argc, char **argv) {
   const std::string run_id = std::to_string(getpid()) + "-" +
                              std::to_string(now.tv_sec * 1000000000LL + now.tv_nsec);
   setenv("CUMEMGUARD_RUN_ID", run_id.c_str(), 1);
-  const char *pattern_env = std::getenv("CUMEMGUARD_LOG");
-  std::string pattern = pattern_env ? pattern_env : "";
+  // The log pattern the program will use, however it was given.
+  const std::string pattern = parse_options(environ).options.log;
 
   // The launcher passes termination, terminal and user signals on to the program, so `kill
   // <launcher>` (a job scheduler's SIGTERM, a script's SIGINT) stops the program rather than

@@ -144,6 +144,20 @@ def profile(e):
     check(hdr.get("profile") == "debug", f"log header names the profile: {hdr.get('profile')!r}")
 
 
+def options_variable(e):
+    # What CUMEMGUARD_OPTIONS sets is the user's choice: the launcher's defaults stay out of its way.
+    d = e.logdir()
+    p = e.run(["run", "--", e.rt, "P29"],
+              extra={"CUMEMGUARD_OPTIONS": f"log='{d}/o.%p.log':summary=0:mode=report"})
+    logs = os.listdir(d)
+    check(p.returncode == 0 and len(logs) == 1 and logs[0].startswith("o.") and
+          "cumemguard: summary" not in p.stderr and f"cumemguard: 1 log: {d}/o." in p.stderr and
+          "[forwarded" in p.stderr, f"CUMEMGUARD_OPTIONS under run: {logs} {p.stderr!r}")
+    p = e.run(["run", "--no-log", "--", e.rt, "P29"], cwd=d,
+              extra={"CUMEMGUARD_OPTIONS": f"log='{d}/n.%p.log'"})
+    check(not any(f.startswith("n.") for f in os.listdir(d)), f"--no-log beside a log entry: {os.listdir(d)}")
+
+
 def signals(e):
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         d = e.logdir()
@@ -269,7 +283,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
-    for step in (versions, usage_errors, exit_codes, profile, signals, summary_order,
+    for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
                  suppressions, sanitized):
         step(e)
     if FAILURES:
