@@ -22,8 +22,7 @@ struct SuppressHit {
 };
 
 // Whether a finding of class `cls` at this point of this thread's call is suppressed. Nothing is
-// captured when no rules are loaded. `count` records the hit for the summary (report_finding does;
-// decide() only asks).
+// captured when no rules are loaded. `count` records the hit for the summary.
 SuppressHit suppression_for(FindingClass cls, bool count);
 
 // {"class":"double-release","pattern":"*libvendor*","count":3} per rule that matched, as a JSON
