@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 #include <type_traits>
 
 namespace cmg {
@@ -349,6 +350,10 @@ class Capped {
   void add(std::string msg) {
     if (++n_ <= kMaxProblemsPerKind) out_.push_back(std::move(msg));
   }
+  // Whether the next problem is still printed: its message is built only then (a suggestion costs
+  // an edit distance per option name; 20,000 unknown names must not cost 20,000 of them).
+  bool room() const { return n_ < kMaxProblemsPerKind; }
+  void count() { ++n_; }
   void finish() {
     if (n_ > kMaxProblemsPerKind)
       out_.push_back("and " + std::to_string(n_ - kMaxProblemsPerKind) + " more " + rest_);
@@ -453,16 +458,20 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     std::string label;  // how a problem names it
   };
   std::vector<Set> vars;
-  std::vector<std::pair<std::string_view, std::size_t>> seen;  // name, times present
+  // Each name once, in the order of its first entry, with that entry's value and its count
+  // (hashed: a hostile environment of many entries costs linear time).
+  struct Seen {
+    std::string_view first;
+    std::size_t times;
+  };
+  std::unordered_map<std::string_view, Seen> seen;
+  std::vector<std::string_view> order_seen;
   std::optional<std::string_view> options_var;
   for (const auto &[name, value] : env) {
     if (name.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
-    auto it = std::find_if(seen.begin(), seen.end(), [&](const auto &e) { return e.first == name; });
-    if (it != seen.end()) {
-      ++it->second;
-      continue;
-    }
-    seen.emplace_back(name, 1);
+    auto [it, fresh] = seen.try_emplace(name, Seen{value, 0});
+    if (++it->second.times > 1) continue;
+    order_seen.push_back(name);
     if (name == kOptionsVariable) {
       options_var = value;
       continue;
@@ -470,27 +479,30 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     const std::string_view key = name.substr(kOptionPrefix.size());
     const std::size_t row = row_of(key, true);
     if (row == rows) {
-      unknown.add(unknown_message(name, key, true));
+      if (unknown.room())
+        unknown.add(unknown_message(name, key, true));
+      else
+        unknown.count();
       continue;
     }
     vars.push_back(Set{row, std::string(value), OptionSource::Environment,
                        "CUMEMGUARD_" + std::string(specs()[row].name)});
   }
-  for (const auto &[name, n] : seen) {
-    if (n < 2) continue;
-    std::string_view first;
-    for (const auto &[nm, v] : env)
-      if (nm == name) {
-        first = v;
-        break;
-      }
-    repeated.add(std::string(shown(name)) + " is set " + std::to_string(n) +
-                 " times in the environment; the first ('" + shown(first) +
+  for (std::string_view name : order_seen) {
+    const Seen &e = seen[name];
+    if (e.times < 2) continue;
+    if (!repeated.room()) {
+      repeated.count();
+      continue;
+    }
+    repeated.add(std::string(shown(name)) + " is set " + std::to_string(e.times) +
+                 " times in the environment; the first ('" + shown(e.first) +
                  "') is used, as getenv() does");
   }
 
   // 2. CUMEMGUARD_OPTIONS: a later entry of a name replaces an earlier one.
   std::vector<Set> entries;
+  std::vector<std::size_t> entry_at(rows, SIZE_MAX);  // index in entries of each row's entry
   if (options_var) {
     r.has_options_variable = true;
     r.options_variable.assign(*options_var);
@@ -499,16 +511,24 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
       if (key.size() > kOptionPrefix.size() && iequals(key.substr(0, kOptionPrefix.size()), kOptionPrefix))
         key.remove_prefix(kOptionPrefix.size());
       if (!e.has_value || key.empty()) {
-        malformed.add("CUMEMGUARD_OPTIONS: '" + shown(e.name + (e.has_value ? "=" + e.value : "")) +
-                      "' is not NAME=VALUE; ignored");
+        if (malformed.room())
+          malformed.add("CUMEMGUARD_OPTIONS: '" + shown(e.name + (e.has_value ? "=" + e.value : "")) +
+                        "' is not NAME=VALUE; ignored");
+        else
+          malformed.count();
         continue;
       }
       const std::size_t row = row_of(key, false);
       if (row == rows) {
-        unknown.add("CUMEMGUARD_OPTIONS: " + unknown_message(e.name, key, false));
+        if (unknown.room())
+          unknown.add("CUMEMGUARD_OPTIONS: " + unknown_message(e.name, key, false));
+        else
+          unknown.count();
         continue;
       }
-      std::erase_if(entries, [&](const Set &x) { return x.row == row; });
+      // One entry per row, the later replacing the earlier in place (linear in the entries).
+      if (entry_at[row] != SIZE_MAX) entries[entry_at[row]].row = rows;
+      entry_at[row] = entries.size();
       std::string label = "CUMEMGUARD_OPTIONS entry ";
       for (char c : specs()[row].name) label += lower(c);
       entries.push_back(Set{row, std::move(e.value), OptionSource::Options, std::move(label)});
@@ -518,7 +538,8 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
   // 3. The profile first: it chooses the defaults every other row starts from.
   const std::size_t profile_row = row_of("PROFILE", true);
   std::vector<const Set *> order;  // rows set explicitly, the variables last so that they win
-  for (const Set &e : entries) order.push_back(&e);
+  for (const Set &e : entries)
+    if (e.row < rows) order.push_back(&e);
   for (const Set &v : vars) order.push_back(&v);
   // The last valid one wins, as for every row; invalid ones are reported with the other values.
   auto valid_profile = [&](const Set *x) {
