@@ -379,7 +379,10 @@ int run_main(int argc, char **argv) {
   struct sigaction fwd {}, old[6];
   const int forwarded[6] = {SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2};
   fwd.sa_sigaction = forward_info;
-  fwd.sa_flags = SA_SIGINFO | SA_RESTART;
+  // No SA_RESTART: waitpid() returns EINTR and the loop below waits again. A sanitizer runtime that
+  // runs handlers only when an intercepted call returns (ThreadSanitizer) would otherwise hold the
+  // signal until the program exits on its own.
+  fwd.sa_flags = SA_SIGINFO;
   sigemptyset(&fwd.sa_mask);
   sigset_t block, unblocked;
   sigemptyset(&block);
