@@ -161,10 +161,10 @@ bool apply_value(OptionKind kind, T &dst, std::string_view raw, std::string_view
     return true;
   } else if constexpr (std::is_same_v<T, std::uint64_t>) {
     if (choices == "auto" && iequals(raw, "auto")) {
-      dst = kSizeAuto;
+      dst = kAutoSize;
       return true;
     }
-    if (!parse_size(raw, dst) || (choices == "auto" && dst == kSizeAuto)) {
+    if (!parse_size(raw, dst) || (choices == "auto" && dst == kAutoSize)) {
       why = choices == "auto" ? "not a size (a number of bytes, optionally with K, M, G or T) "
                                 "nor auto"
                               : "not a size (a number of bytes, optionally with K, M, G or T)";
@@ -253,7 +253,7 @@ std::string to_text(const T &v, std::string_view choices) {
   if constexpr (std::is_same_v<T, bool>) {
     return v ? "1" : "0";
   } else if constexpr (std::is_same_v<T, std::uint64_t>) {
-    return choices == "auto" && v == kSizeAuto ? std::string("auto") : std::to_string(v);
+    return choices == "auto" && v == kAutoSize ? std::string("auto") : std::to_string(v);
   } else if constexpr (std::is_same_v<T, std::int64_t>) {
     return std::to_string(v);
   } else if constexpr (std::is_same_v<T, std::string>) {

@@ -31,9 +31,6 @@ inline constexpr std::string_view kOptionPrefix = "CUMEMGUARD_";
 // without the prefix; a value holding ':' is quoted ('...' or "..."). A separate CUMEMGUARD_<NAME>
 // variable wins over an entry here; a later entry wins over an earlier one.
 inline constexpr std::string_view kOptionsVariable = "CUMEMGUARD_OPTIONS";
-// The value of a Size option whose choices include "auto" (QUARANTINE) when set to auto: the
-// shim turns it into bytes when it starts; the parser only carries it.
-inline constexpr std::uint64_t kSizeAuto = ~std::uint64_t{0};
 
 struct Options {
 #define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) type field{};
@@ -114,7 +111,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 namespace cmg {
 
 // CUMEMGUARD_QUARANTINE=auto: the Size option's value that asks for a quarantine sized to the
-// device, resolved at run time by quarantine_for_device().
+// device, resolved at run time by quarantine_for_device(). The parser accepts the word for a Size
+// option whose choices are "auto" and only carries it.
 inline constexpr std::uint64_t kAutoSize = ~std::uint64_t{0};
 
 // The quarantine `auto` gives a device of `total` bytes: 1/256 of its memory, at least 64 MiB and at

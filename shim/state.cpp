@@ -219,9 +219,6 @@ bool options_ready() {
   const ParsedOptions &p = *parsed;
   g_parsed = parsed;
   s.opts = p.options;
-  // QUARANTINE=auto (the debug profile's default) until it is sized to the device: a fixed share
-  // that the first devices this runs on hold many times over.
-  if (s.opts.quarantine == kSizeAuto) s.opts.quarantine = kQuarantineAutoBytes;
   g_options_state.store(2, std::memory_order_release);
   parsing_here = false;
   if (s.opts.disable) return true;

@@ -86,8 +86,7 @@ inline State &state() {
 bool options_ready();
 // The options as parsed from the environment at stage 1 (values, sources, problems).
 const ParsedOptions &parsed_options();
-// What QUARANTINE=auto holds: 256 MiB, the size the README's stale-free walkthrough uses.
-inline constexpr std::uint64_t kQuarantineAutoBytes = 256ull << 20;
+
 // Stage 2 ("active"): the first intercepted CUDA/NCCL call. Opens the log. A process that never
 // calls CUDA stays silent and writes nothing.
 extern std::atomic<bool> g_active;

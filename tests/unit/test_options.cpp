@@ -65,7 +65,7 @@ TEST_CASE("A bad value warns once and keeps the default") {
                          "keeping '20'");
   CHECK(p.problems[4] == "CUMEMGUARD_STACK_SAMPLE: '0' is not valid: must be at least 1; "
                          "keeping '1'");
-  CHECK(p.options.quarantine == kSizeAuto);  // auto is a value of QUARANTINE, carried as is
+  CHECK(p.options.quarantine == kAutoSize);  // auto is a value of QUARANTINE, carried as is
   CHECK(p.values.front().spec->name == "PROFILE");
   CHECK(p.options.stacks == 0);
   CHECK(p.options.mode == Mode::Guard);
@@ -284,7 +284,7 @@ TEST_CASE("Profiles: guard is the default, debug changes only its own column") {
   CHECK(d.profile_source == OptionSource::Environment);
   CHECK(d.options.stacks == 16);
   CHECK(d.options.stack_sample == 1);
-  CHECK(d.options.quarantine == kSizeAuto);
+  CHECK(d.options.quarantine == kAutoSize);
   CHECK(value_of(d, "STACKS").source == OptionSource::Profile);
   CHECK(value_of(d, "STACKS").effective == "16");
   CHECK(value_of(d, "QUARANTINE").effective == "auto");
