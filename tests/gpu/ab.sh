@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The in-process A/B benchmark (benchmarks/ab.cpp, docs/performance.md "Method") on the real driver,
 # for each profile: control (no shim: must read 1.00), tracking only (the guard profile of plain
-# LD_PRELOAD), the debugging profile `cumemguard run` uses, and with the event log on.
+# LD_PRELOAD), the guard profile with the event log on, what `cumemguard run` does by default (the
+# debugging profile and the log), and the debugging profile without a log.
 #   tests/gpu/ab.sh BUILD_DIR OUT_DIR [ROUNDS]     writes OUT_DIR/ab.txt
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,9 +31,11 @@ run() {
 {
   run control
   run tracking LD_PRELOAD="$shim"
+  run tracking+log LD_PRELOAD="$shim" CUMEMGUARD_LOG="$out/ab.%p.log"
   # shellcheck disable=SC2086
-  run debug LD_PRELOAD="$shim" ${CMG_AB_DEBUG_ENV:-CUMEMGUARD_PROFILE=debug}
-  run log LD_PRELOAD="$shim" CUMEMGUARD_LOG="$out/ab.%p.log"
+  run run-default LD_PRELOAD="$shim" ${CMG_AB_DEBUG_ENV:-CUMEMGUARD_PROFILE=debug} CUMEMGUARD_LOG="$out/ab.%p.log"
+  # shellcheck disable=SC2086
+  run debug-no-log LD_PRELOAD="$shim" ${CMG_AB_DEBUG_ENV:-CUMEMGUARD_PROFILE=debug}
 } > "$out/ab.txt" 2>&1
 rm -f "$out"/ab.*.log
 cat "$out/ab.txt"
