@@ -171,13 +171,17 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     c.log(static_cast<int>(r), args);
     return r;
   }
-  if (v.cls != FreeClass::DoubleFree && !held().empty()) {
+  bool held_first = false;
+  if (!held().empty()) {
     // The shim still holds this address (quarantine or a deferred flush): the program freed it
     // before, whatever the bounded history remembers, and forwarding would free it twice.
     if (auto h = held().find(ptr)) {
-      v.cls = FreeClass::DoubleFree;
-      v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
-      v.first_free = h->freed;
+      held_first = true;
+      if (v.cls != FreeClass::DoubleFree) {
+        v.cls = FreeClass::DoubleFree;
+        v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
+        v.first_free = h->freed;
+      }
     }
   }
   if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
@@ -202,6 +206,10 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     return R(0);
   }
   if (d.abort_first) report_finding(c, f, d.action, -1, args);
+  // Forwarded (report mode) while the first free is still held: that free happens now, so this
+  // one meets the driver exactly as it would have without the shim (an error, not a real free of
+  // memory the quarantine would release again later).
+  if (held_first) held().release(ptr);
   R r = real();
   if (d.stands(r == R(0))) report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
   c.log(static_cast<int>(r), args);

@@ -142,6 +142,22 @@ std::uint64_t HeldFrees::bytes(HoldReason why) const {
   return bytes_[static_cast<int>(why)];
 }
 
+bool HeldFrees::release(std::uint64_t ptr) {
+  Held h;
+  {
+    std::lock_guard lk(mu_);
+    auto it = q_.begin();
+    while (it != q_.end() && it->ptr != ptr) ++it;
+    if (it == q_.end()) return false;
+    h = *it;
+    bytes_[static_cast<int>(h.why)] -= h.size;
+    released_[static_cast<int>(h.why)] += h.size;
+    q_.erase(it);
+  }
+  really_free(h);
+  return true;
+}
+
 std::optional<Held> HeldFrees::find(std::uint64_t ptr) const {
   std::lock_guard lk(mu_);
   for (const Held &h : q_)

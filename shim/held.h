@@ -43,6 +43,9 @@ class HeldFrees {
   std::uint64_t bytes(HoldReason why) const;
   // The entry holding ptr, if the shim holds it (a free of it is then a proven double free).
   std::optional<Held> find(std::uint64_t ptr) const;
+  // Releases the entry holding ptr now (its real free), if there is one: a second free of it that
+  // is forwarded (report mode) then meets the driver as it would without the shim.
+  bool release(std::uint64_t ptr);
   std::uint64_t released_bytes(HoldReason why) const;  // all released so far
   bool empty() const;
   // Exit: releases everything and holds nothing more (frees from library destructors come after

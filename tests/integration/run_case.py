@@ -177,6 +177,13 @@ CASES = {
                        shim_env={"CUMEMGUARD_MODE": "report"},
                        base={"first_free": RS, "second_free": RIV, "last_error": RIV},
                        shim={}, findings=[("double-free", "forward")]),
+    # Report mode with a quarantine: the held first free happens when the second is forwarded, so
+    # the caller sees what it would without the shim, and the quarantine never frees it again.
+    "P29-report-quarantine": dict(prog="runtime_cases", args=["P29"], real=True,
+                                  shim_env={"CUMEMGUARD_MODE": "report",
+                                            "CUMEMGUARD_QUARANTINE": "16M"},
+                                  base={"first_free": RS, "second_free": RIV, "last_error": RIV},
+                                  shim={}, findings=[("double-free", "forward")]),
     "P30": dict(prog="runtime_cases", args=["P30"], real=True,
                 base={"reused": "1", "stale_free": RS, "owner_free": RIV},
                 shim={"owner_free": RS},
