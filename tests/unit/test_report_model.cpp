@@ -30,10 +30,7 @@ std::string process(int pid, int rank, const char *base, const char *pc) {
 
 Model model_of(std::vector<std::string> texts, ReportOptions opt = {}) {
   opt.symbolize = false;
-  std::vector<Log> logs;
-  for (std::size_t i = 0; i < texts.size(); ++i)
-    logs.push_back(read_log_text(texts[i], "log" + std::to_string(i)).log);
-  return build_model(std::move(logs), {}, opt);
+  return model_of_texts(texts, opt);
 }
 
 }  // namespace
@@ -47,8 +44,9 @@ TEST_CASE("the same code in two processes with different load addresses is one s
   REQUIRE(c.groups.size() == 1);
   CHECK(c.groups[0].count == 2);
   CHECK(c.groups[0].logs == std::set<std::size_t>{0, 1});
-  REQUIRE(c.groups[0].stack.frames.size() == 1);
-  CHECK(frame_text(c.groups[0].stack.frames[0]) == "lib.so+0x1234");
+  const ResolvedStack &st = m.stack(c.groups[0].stack);
+  REQUIRE(st.frames.size() == 1);
+  CHECK(frame_text(st.frames[0]) == "lib.so+0x1234");
   REQUIRE(m.sites.size() == 1);
   CHECK(m.sites[0].bytes == 300);
   CHECK(m.sites[0].count == 4);
@@ -76,10 +74,10 @@ TEST_CASE("exit status: findings 1, leaks only with fail_on_leaks, read errors w
   opt.fail_on_leaks = false;
   CHECK(model_of({process(1, 0, "0x1000", "0x1010")}, opt).exit_status(opt) == 1);
 
-  std::vector<Log> logs;
-  logs.push_back(read_log_text(leak_only, "a").log);
-  Model m = build_model(std::move(logs), {{"b", "newer", 3}, {"c", "missing", 2}}, opt);
-  CHECK(m.exit_status(opt) == 3);
+  // A log that cannot be read wins: 66 over 1.
+  Model m = model_of({process(1, 0, "0x1000", "0x1010"), "{\"cumemguard_log\":2}\n"}, opt);
+  CHECK(m.errors.size() == 1);
+  CHECK(m.exit_status(opt) == 66);
 }
 
 TEST_CASE("labels stay unique when ranks or pids repeat") {
