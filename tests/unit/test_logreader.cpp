@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "json_bounded.h"
 #include "logreader.h"
 
 using namespace cmg::report;
@@ -163,4 +164,77 @@ TEST_CASE("merging orders logs by start time plus ts and keeps each log's seq or
       {1, 1}, {0, 1}, {0, 2}, {0, 3}, {1, 2}};
   CHECK(got == want);
   CHECK(rel_time(ra.log().header, 100, 500) == 600);
+}
+
+TEST_CASE("values nested 100,000 deep are read, kept bounded and marked where cut") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string text = header() +
+                           "{\"k\":\"finding\",\"seq\":1,\"ts\":1,\"tid\":1,\"class\":\"double-free\","
+                           "\"api\":\"cudaFree\",\"args\":{\"a\":" + deep + "},\"state\":" + deep +
+                           "}\n" + kEnd;
+  ReadResult r = read_log_text(text, "deep.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  REQUIRE(r.events.size() == 1);
+  const auto &f = std::get<Finding>(r.events[0].body);
+  CHECK(f.state_json.size() < 200);
+  CHECK(f.state_json.find("[nested deeper than 32 levels: cut]") != std::string::npos);
+  CHECK(f.args_json.find("nested deeper than") != std::string::npos);
+  CHECK(r.log.malformed == 0);
+}
+
+TEST_CASE("bounded JSON stays valid when cut by depth or size, and refuses what is not JSON") {
+  CHECK(bounded_json("{\"a\":[1,2,{\"b\":null}]}", 32, 1000) == "{\"a\":[1,2,{\"b\":null}]}");
+  CHECK(bounded_json("[[[1]]]", 2, 1000) == "[[\"[nested deeper than 2 levels: cut]\"]]");
+  std::string many = "[";
+  for (int i = 0; i < 1000; ++i) many += (i ? ",\"xxxxxxxx\"" : "\"xxxxxxxx\"");
+  many += "]";
+  const std::string cut = bounded_json(many, 32, 100);
+  CHECK(cut.size() < 160);
+  CHECK(cut.find("[cut at 100 bytes]") != std::string::npos);
+  CHECK(cut.back() == ']');
+  CHECK(bounded_json("[1,,2]", 32, 100) == "\"[not valid JSON]\"");
+  CHECK(bounded_json("{\"a\" 1}", 32, 100) == "\"[not valid JSON]\"");
+  CHECK(bounded_json("\"a\x01" "b\"", 32, 100) == "\"a\\u0001b\"");
+}
+
+TEST_CASE("text from a log has its control characters escaped, C1 included") {
+  CHECK(clean("plain") == "plain");
+  CHECK(clean("a\x1b[2Jb\n") == "a\\x1b[2Jb\\x0a");
+  CHECK(clean("csi \xc2\x9b" "31m") == "csi \\xc2\\x9b31m");
+  CHECK(clean("caf\xc3\xa9") == "caf\xc3\xa9");  // ordinary UTF-8 stays
+  const std::string long_text(10000, 'x');
+  CHECK(clean(long_text).size() < kMaxText + 32);
+  std::string text = header() +
+                     "{\"k\":\"note\",\"ts\":1,\"level\":\"warn\",\"msg\":\"x\\u001b]0;t\\u0007\"}\n" +
+                     kEnd;
+  ReadResult r = read_log_text(text, "esc.log");
+  REQUIRE(r.log.notes.size() == 1);
+  CHECK(r.log.notes[0].msg == "x\\x1b]0;t\\x07");
+}
+
+TEST_CASE("a line longer than the limit is skipped and counted, the rest is read") {
+  std::string text = header() + call(1, 5) + "{\"k\":\"note\",\"msg\":\"" +
+                     std::string(kMaxLine + 10, 'x') + "\"}\n" + call(2, 6) + kEnd;
+  ReadResult r = read_log_text(text, "long.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  CHECK(r.log.overlong == 1);
+  CHECK(r.log.malformed == 1);
+  CHECK(r.events.size() == 2);
+  CHECK_FALSE(r.log.truncated());
+}
+
+TEST_CASE("status: complete, crashed, aborted, truncated from the end record") {
+  auto status = [](const std::string &end) { return read_log_text(header() + end, "s").log.status(); };
+  CHECK(status(kEnd) == Status::Complete);
+  CHECK(status("{\"k\":\"end\",\"ts\":9,\"signal\":11,\"signal_name\":\"SIGSEGV\"}\n") ==
+        Status::Crashed);
+  CHECK(status("{\"k\":\"end\",\"ts\":9,\"aborted\":true}\n") == Status::Aborted);
+  CHECK(status(call(1, 5)) == Status::Truncated);
+}
+
+TEST_CASE("an output file is recognised as a log by its first line") {
+  CHECK(is_log_header(header()));
+  CHECK(is_log_header("{\"cumemguard_log\":2}"));
+  CHECK_FALSE(is_log_header("{\"traceEvents\":[]}"));
+  CHECK_FALSE(is_log_header("<!DOCTYPE html>"));
 }
