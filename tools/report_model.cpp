@@ -420,7 +420,10 @@ Model Builder::finish(std::vector<Log> logs, std::vector<LogError> errors) {
   // A log with a summary says 0 for classes it does not list.
   const bool any_summary =
       std::any_of(m.logs.begin(), m.logs.end(), [](const Log &l) { return l.summary.has_value(); });
-  for (auto &[cls, cg] : classes_) {
+  for (auto &entry : classes_) {
+    // Not a structured binding: clang 14 does not let the sort's lambda capture one.
+    const std::string &cls = entry.first;
+    FindingClassGroup &cg = entry.second;
     if (any_summary && !cg.at_exit) cg.at_exit = 0;
     if (auto c = finding_from_id(cls)) cg.help = std::string(finding_info(*c).help);
     for (auto &[key, g] : groups_[cls]) cg.groups.push_back(std::move(g));

@@ -4,7 +4,7 @@
 // that explains the crash), the memory lifecycle calls just before, and the VMM ranges asleep at
 // the end. It follows what is live only: reservations and their mapped ranges, and 8 calls.
 #include <algorithm>
-#include <deque>
+#include <array>
 #include <map>
 
 #include "report_model.h"
@@ -36,7 +36,16 @@ struct Reservation {
 }  // namespace
 
 struct OutcomeTracker::Impl {
-  std::deque<LifeEvent> recent;
+  // A ring of the last kLifecycleShown calls; slots are assigned over, so their strings keep
+  // their capacity (frees are half the records of a log).
+  std::array<LifeEvent, kLifecycleShown> ring;
+  std::size_t ring_next = 0, ring_size = 0;
+  std::vector<LifeEvent> recent() const {
+    std::vector<LifeEvent> out;
+    for (std::size_t i = 0; i < ring_size; ++i)
+      out.push_back(ring[(ring_next + kLifecycleShown - ring_size + i) % kLifecycleShown]);
+    return out;
+  }
   std::vector<LifeEvent> before_error;
   bool have_sticky = false;
   std::vector<ErrorPoint> errors;
@@ -86,8 +95,16 @@ void OutcomeTracker::event(const Event &e, std::int64_t t) {
   Impl &d = *impl_;
   if (const auto *c = std::get_if<Call>(&e.body)) {
     if (lifecycle_call(c->api)) {
-      d.recent.push_back({c->api, c->args, e.seq, e.tid, t, c->res, c->skipped});
-      if (d.recent.size() > kLifecycleShown) d.recent.pop_front();
+      LifeEvent &l = d.ring[d.ring_next];
+      l.api = c->api;
+      l.args = c->args;
+      l.seq = e.seq;
+      l.tid = e.tid;
+      l.t = t;
+      l.res = c->res;
+      l.skipped = c->skipped;
+      d.ring_next = (d.ring_next + 1) % kLifecycleShown;
+      d.ring_size = std::min(d.ring_size + 1, kLifecycleShown);
     }
     d.vmm(e, *c);
   } else if (const auto *ce = std::get_if<CudaError>(&e.body)) {
@@ -96,7 +113,7 @@ void OutcomeTracker::event(const Event &e, std::int64_t t) {
       d.have_sticky = true;
       d.first_sticky = p;
       // Calls with a lower seq only: the failing call's own record may follow its error record.
-      for (const auto &l : d.recent)
+      for (const auto &l : d.recent())
         if (l.seq < e.seq) d.before_error.push_back(l);
     }
     const bool known = std::any_of(d.errors.begin(), d.errors.end(), [&](const ErrorPoint &x) {
@@ -123,7 +140,7 @@ Outcome OutcomeTracker::finish(const Log &log) {
     o.lifecycle = std::move(d.before_error);
     o.lifecycle_before_error = true;
   } else {
-    o.lifecycle.assign(d.recent.begin(), d.recent.end());
+    o.lifecycle = d.recent();
   }
   for (const auto &[base, r] : d.reservations)
     for (const auto &[ptr, range] : r.ranges) {
