@@ -4,7 +4,7 @@
 # log of a long training job (allocations and frees from a few hundred sites, VMM cycles, NCCL
 # setup, stacks of 16 frames from 40 modules, a few findings, leaks at exit), then times the text
 # report, --json and --trace on it, and a Python json.loads loop over the same file as the
-# reference, each as a separate process: wall time and peak RSS (ru_maxrss from wait4).
+# reference, each as a separate process: wall time and peak RSS (GNU time's %M).
 #
 #   benchmarks/report_scale.py --cumemguard build/tools/cumemguard [--size 43M|1G] [--runs 3]
 #
@@ -13,6 +13,7 @@
 import argparse
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -131,15 +132,21 @@ def generate(path, target_bytes, seed=1):
 
 
 def measure(argv):
-    """Wall seconds and peak RSS (bytes) of one process."""
+    """Wall seconds and peak RSS (bytes) of one process. The peak comes from GNU time's %M: a
+    process's high-water mark survives execve, so wait4() on a child forked from this Python would
+    report this script's own size for any program smaller than it."""
+    timer = shutil.which("time") or "/usr/bin/time"
+    out = tempfile.mktemp(prefix="cmg-rss-")
     start = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, ru = os.wait4(p.pid, 0)
+    p = subprocess.run([timer, "-f", "%M", "-o", out] + argv, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code not in (0, 1):
-        sys.exit(f"report_scale: {' '.join(argv)} exited {code}")
-    return wall, ru.ru_maxrss * 1024
+    if p.returncode not in (0, 1):
+        sys.exit(f"report_scale: {' '.join(argv)} exited {p.returncode}")
+    with open(out) as f:
+        rss_kb = int(f.read().split()[-1])
+    os.remove(out)
+    return wall, rss_kb * 1024
 
 
 PY_LOOP = "import json,sys\nfor line in open(sys.argv[1]):\n    json.loads(line)\n"
