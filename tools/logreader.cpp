@@ -16,7 +16,17 @@
 #include <queue>
 
 #include <fmt/format.h>
+
+// simdjson's On-Demand iterators assert their own invariants (SIMDJSON_ASSUME) unless NDEBUG is
+// set, and a debugoptimized build keeps asserts on for our code: those checks took a fifth of the
+// reader's time. They are off for simdjson only; <cassert> is included again for this file.
+#pragma push_macro("NDEBUG")
+#ifndef NDEBUG
+#define NDEBUG 1
+#endif
 #include <simdjson.h>
+#pragma pop_macro("NDEBUG")
+#include <cassert>
 
 #include "json_bounded.h"
 #include "options.h"
@@ -75,14 +85,20 @@ bool key_of(simdjson::simdjson_result<od::field> &field, std::string_view &out) 
   od::raw_json_string raw;
   if (field.key().get(raw) != SUCCESS) return false;
   const char *p = raw.raw();
-  const char *q = p;
-  while (*q != '"') q += *q == '\\' ? 2 : 1;
+  // The key ends at the first quote not escaped; stage 1 found it, so it is there.
+  const char *q = static_cast<const char *>(rawmemchr(p, '"'));
+  while (q[-1] == '\\') {
+    std::size_t slashes = 0;
+    for (const char *b = q - 1; b >= p && *b == '\\'; --b) ++slashes;
+    if (slashes % 2 == 0) break;
+    q = static_cast<const char *>(rawmemchr(q + 1, '"'));
+  }
   out = std::string_view(p, static_cast<std::size_t>(q - p));
   return true;
 }
 
 // The raw JSON text of any value (a container whole, a scalar's token).
-std::optional<std::string_view> raw_of(od::value v) {
+std::optional<std::string_view> raw_of(od::value &v) {
   od::json_type t;
   if (v.type().get(t) != SUCCESS) return std::nullopt;
   std::string_view raw;
@@ -103,7 +119,7 @@ std::optional<std::string_view> raw_of(od::value v) {
 
 // Integers may come as JSON numbers or, where they can exceed 2^53, as hex strings; accept both
 // everywhere so a later shim that widens a field does not make its records unreadable.
-std::optional<std::uint64_t> u64_of(od::value v) {
+std::optional<std::uint64_t> u64_of(od::value &v) {
   std::uint64_t fast = 0;
   if (v.get_uint64().get(fast) == SUCCESS) return fast;  // the common case, first
   od::json_type t;
@@ -123,32 +139,32 @@ std::optional<std::uint64_t> u64_of(od::value v) {
   return std::nullopt;
 }
 
-std::optional<std::int64_t> i64_of(od::value v) {
+std::optional<std::int64_t> i64_of(od::value &v) {
   auto u = u64_of(v);
   if (!u) return std::nullopt;
   return static_cast<std::int64_t>(*u);
 }
 
-std::optional<std::string> str_of(od::value v) {
+std::optional<std::string> str_of(od::value &v) {
   std::string_view s;
   if (v.get_string().get(s) != SUCCESS) return std::nullopt;
   return clean(s);
 }
 
 // A string's text, or any other value's JSON token.
-std::optional<std::string> text_of(od::value v, od::json_type t) {
+std::optional<std::string> text_of(od::value &v, od::json_type t) {
   if (t == od::json_type::string) return str_of(v);
   auto raw = raw_of(v);
   if (!raw) return std::nullopt;
   return bounded_json(*raw, 4, 256);
 }
 
-bool bool_of(od::value v) {
+bool bool_of(od::value &v) {
   bool b = false;
   return v.get_bool().get(b) == SUCCESS && b;
 }
 
-std::vector<std::pair<std::string, std::int64_t>> counts_of(od::value v) {
+std::vector<std::pair<std::string, std::int64_t>> counts_of(od::value &v) {
   std::vector<std::pair<std::string, std::int64_t>> out;
   od::object o;
   if (v.get_object().get(o) != SUCCESS) return out;
@@ -170,6 +186,74 @@ struct ArgsInfo {
   std::string text;
   std::optional<std::uint64_t> ptr, size, handle;
 };
+
+// The common case of a call's arguments, read in one pass over their raw text: a flat object of
+// plain strings and numbers, as the shim writes them. False for anything else (escapes, nesting,
+// non-ASCII), which the On-Demand path reads instead.
+bool flat_args(std::string_view raw, ArgsInfo &a) {
+  std::size_t i = 0;
+  const std::size_t n = raw.size();
+  auto ws = [&] {
+    while (i < n && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r')) ++i;
+  };
+  auto plain = [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x7f && c != '\\';
+  };
+  ws();
+  if (i >= n || raw[i] != '{') return false;
+  ++i;
+  ws();
+  if (i < n && raw[i] == '}') return true;
+  a.text.reserve(n);
+  for (;;) {
+    ws();
+    if (i >= n || raw[i] != '"') return false;
+    const std::size_t ks = ++i;
+    while (i < n && raw[i] != '"') {
+      if (!plain(raw[i])) return false;
+      ++i;
+    }
+    if (i >= n) return false;
+    const std::string_view key = raw.substr(ks, i - ks);
+    ++i;
+    ws();
+    if (i >= n || raw[i] != ':') return false;
+    ++i;
+    ws();
+    std::string_view value;
+    if (i < n && raw[i] == '"') {
+      const std::size_t vs = ++i;
+      while (i < n && raw[i] != '"') {
+        if (!plain(raw[i])) return false;
+        ++i;
+      }
+      if (i >= n) return false;
+      value = raw.substr(vs, i - vs);
+      ++i;
+    } else {
+      const std::size_t vs = i;
+      while (i < n && ((raw[i] >= '0' && raw[i] <= '9') || raw[i] == '-' || raw[i] == '+' ||
+                       raw[i] == '.' || raw[i] == 'e' || raw[i] == 'E' ||
+                       (raw[i] >= 'a' && raw[i] <= 'z')))
+        ++i;
+      value = raw.substr(vs, i - vs);
+      if (value.empty()) return false;
+    }
+    if (!a.text.empty()) a.text += ", ";
+    a.text.append(key);
+    a.text += '=';
+    a.text.append(value);
+    if (key == "ptr"sv) a.ptr = parse_hex(value);
+    else if (key == "handle"sv) a.handle = parse_hex(value);
+    else if (key == "size"sv) a.size = parse_hex(value);
+    ws();
+    if (i >= n) return false;
+    if (raw[i] == '}') return true;
+    if (raw[i] != ',') return false;
+    ++i;
+  }
+}
 
 bool args_of(od::object o, ArgsInfo &a) {
   for (auto field : o) {
@@ -277,148 +361,158 @@ SuppressedRule rule_of(od::object o) {
   return r;
 }
 
-// One field of a record line; false when the JSON is broken.
-bool read_field(std::string_view key, od::value v, Fields &f) {
-  od::json_type t;
-  if (v.type().get(t) != SUCCESS) return false;
-  switch (key.size()) {
-    case 1:
-      if (key == "k"sv) {
-        if (auto s = str_of(v)) f.k = *s;
-      }
-      return true;
-    case 2:
-      if (key == "ts"sv) f.ts = i64_of(v);
-      else if (key == "id"sv) f.id = u64_of(v);
-      else if (key == "va"sv && !f.object) {
-        f.object_field = "va";
-        f.object = text_of(v, t);
-      }
-      return true;
-    default:
-      break;
-  }
-  if (key == "seq"sv) f.seq = u64_of(v);
-  else if (key == "tid"sv) f.tid = i64_of(v);
-  else if (key == "api"sv) f.api = str_of(v);
-  else if (key == "res"sv) f.res = i64_of(v);
-  else if (key == "dur"sv) f.dur = i64_of(v);
-  else if (key == "dev"sv) f.dev = i64_of(v);
-  else if (key == "mem"sv) f.mem = str_of(v);
-  else if (key == "delta"sv) f.delta = i64_of(v);
-  else if (key == "stack"sv) f.stack = u64_of(v);
-  else if (key == "args"sv) {
-    if (t != od::json_type::object) return true;
+// Keys of up to 7 bytes as one integer (bytes, then the length in the top byte): the dispatch over
+// ~50 field names of every field of every record is a switch, not a chain of memcmp.
+constexpr std::uint64_t pack(std::string_view s) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < s.size() && i < 7; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i])) << (8 * i);
+  return v | static_cast<std::uint64_t>(s.size()) << 56;
+}
+
+template <class T>
+bool each_object(od::value &v, std::vector<T> &out, T (*one)(od::object)) {
+  od::array a;
+  if (v.get_array().get(a) != SUCCESS) return false;
+  for (auto el : a) {
+    od::value ev;
+    if (el.get(ev) != SUCCESS) return false;
     od::object o;
-    if (v.get_object().get(o) != SUCCESS) return false;
-    f.args_is_object = true;
-    if (f.k == "call"sv) {  // the bulk of a log: read in place
-      f.call_args_done = true;
-      return args_of(o, f.call_args);
-    }
-    return o.raw_json().get(f.args_raw) == SUCCESS;
-  } else if (key == "skipped"sv) f.skipped = bool_of(v);
-  else if (key == "deferred"sv) f.deferred = bool_of(v);
-  else if (key == "class"sv) f.cls = str_of(v);
-  else if (key == "action"sv) f.action = str_of(v);
-  else if (key == "msg"sv) f.msg = str_of(v);
-  else if (key == "state"sv) {
-    auto raw = raw_of(v);
-    if (!raw) return false;
-    f.have_state = true;
-    f.state_json = bounded_json(*raw, kMaxValueDepth, kMaxValueBytes);
-  } else if (key == "related"sv) {
-    if (t != od::json_type::array) return true;
-    od::array a;
-    if (v.get_array().get(a) != SUCCESS) return false;
-    for (auto el : a) {
-      od::value ev;
-      if (el.get(ev) != SUCCESS) return false;
-      od::object o;
-      if (ev.get_object().get(o) != SUCCESS) continue;
-      if (f.related.size() < kMaxRelated) f.related.push_back(related_of(o));
-    }
-  } else if (key == "bytes"sv) {
-    if (t == od::json_type::number) {
-      f.bytes = i64_of(v);
-    } else if (t == od::json_type::array) {
-      od::array a;
-      if (v.get_array().get(a) != SUCCESS) return false;
-      for (auto el : a) {
-        od::value ev;
-        if (el.get(ev) != SUCCESS) return false;
+    if (ev.get_object().get(o) != SUCCESS) continue;
+    if (out.size() < kMaxListed) out.push_back(one(o));
+  }
+  return true;
+}
+
+// One field of a record line; false when the JSON is broken.
+bool read_field(std::string_view key, od::value &v, Fields &f) {
+  // The type only where a field's meaning depends on it: peeking it for every field of every
+  // record cost more than the numbers themselves.
+  od::json_type t{};
+  auto typed = [&] { return v.type().get(t) == SUCCESS; };
+  if (key.size() <= 7) {
+    switch (pack(key)) {
+      case pack("k"):
+        if (auto s = str_of(v)) f.k = *s;
+        return true;
+      case pack("ts"): f.ts = i64_of(v); return true;
+      case pack("id"): f.id = u64_of(v); return true;
+      case pack("seq"): f.seq = u64_of(v); return true;
+      case pack("tid"): f.tid = i64_of(v); return true;
+      case pack("api"): f.api = str_of(v); return true;
+      case pack("res"): f.res = i64_of(v); return true;
+      case pack("dur"): f.dur = i64_of(v); return true;
+      case pack("dev"): f.dev = i64_of(v); return true;
+      case pack("mem"): f.mem = str_of(v); return true;
+      case pack("delta"): f.delta = i64_of(v); return true;
+      case pack("stack"): f.stack = u64_of(v); return true;
+      case pack("args"): {
+        if (!typed()) return false;
+        if (t != od::json_type::object) return true;
         od::object o;
-        if (ev.get_object().get(o) != SUCCESS) continue;
-        if (f.summary_bytes.size() < kMaxListed) f.summary_bytes.push_back(summary_bytes_of(o));
+        if (v.get_object().get(o) != SUCCESS) return false;
+        f.args_is_object = true;
+        if (o.raw_json().get(f.args_raw) != SUCCESS) return false;
+        if (f.k == "call"sv) {  // the bulk of a log: one pass over the raw text
+          f.call_args_done = flat_args(f.args_raw, f.call_args);
+          if (!f.call_args_done) f.call_args = ArgsInfo{};
+        }
+        return true;
       }
+      case pack("skipped"): f.skipped = bool_of(v); return true;
+      case pack("class"): f.cls = str_of(v); return true;
+      case pack("action"): f.action = str_of(v); return true;
+      case pack("msg"): f.msg = str_of(v); return true;
+      case pack("state"): {
+        auto raw = raw_of(v);
+        if (!raw) return false;
+        f.have_state = true;
+        f.state_json = bounded_json(*raw, kMaxValueDepth, kMaxValueBytes);
+        return true;
+      }
+      case pack("related"):
+        if (!typed()) return false;
+        if (t != od::json_type::array) return true;
+        if (f.related.size() >= kMaxRelated) return true;
+        return each_object<Related>(v, f.related, related_of) &&
+               (f.related.size() <= kMaxRelated || (f.related.resize(kMaxRelated), true));
+      case pack("bytes"):
+        if (!typed()) return false;
+        if (t == od::json_type::number) f.bytes = i64_of(v);
+        else if (t == od::json_type::array)
+          return each_object<SummaryBytes>(v, f.summary_bytes, summary_bytes_of);
+        return true;
+      case pack("event"): f.event = str_of(v); return true;
+      case pack("comm"):
+        if (!typed()) return false;
+        if (t == od::json_type::string) f.comm = str_of(v);
+        else if (auto n = u64_of(v)) f.comm = hex(*n);
+        return true;
+      case pack("rank"): f.rank = i64_of(v); return true;
+      case pack("nranks"): f.nranks = i64_of(v); return true;
+      case pack("live"):
+        if (!typed()) return false;
+        if (t == od::json_type::object) f.live_counts = counts_of(v);
+        else f.live = i64_of(v);
+        return true;
+      case pack("pcs"): {
+        f.have_pcs = true;
+        if (!typed()) return false;
+        if (t != od::json_type::array) {
+          f.pcs_ok = false;
+          return true;
+        }
+        od::array a;
+        if (v.get_array().get(a) != SUCCESS) return false;
+        for (auto el : a) {
+          od::value ev;
+          if (el.get(ev) != SUCCESS) return false;
+          auto pc = u64_of(ev);
+          if (!pc) f.pcs_ok = false;
+          else if (f.pcs.size() < kMaxFrames) f.pcs.push_back(*pc);
+        }
+        return true;
+      }
+      case pack("path"): f.path = str_of(v); return true;
+      case pack("base"): f.base = u64_of(v); return true;
+      case pack("size"):
+        f.size = i64_of(v);
+        f.mod_size = u64_of(v);
+        return true;
+      case pack("what"): f.what = str_of(v); return true;
+      case pack("ptr"):
+      case pack("handle"):
+      case pack("va"):
+        if (!f.object) {
+          if (!typed()) return false;
+          f.object_field = std::string(key);
+          f.object = text_of(v, t);
+        }
+        return true;
+      case pack("var"): f.var = str_of(v); return true;
+      case pack("result"): f.result = str_of(v); return true;
+      case pack("applied"): f.applied = bool_of(v); return true;
+      case pack("level"): f.level = str_of(v); return true;
+      case pack("calls"): f.calls = counts_of(v); return true;
+      case pack("signal"): f.signal = i64_of(v); return true;
+      case pack("aborted"): f.aborted = bool_of(v); return true;
+      case pack("addr"): f.addr = u64_of(v); return true;
+      case pack("name"): f.name = str_of(v); return true;
+      case pack("sticky"): f.sticky = bool_of(v); return true;
+      default: return true;  // a field this reader does not know
     }
-  } else if (key == "blocked_ns"sv) f.blocked_ns = i64_of(v);
+  }
+  if (key == "deferred"sv) f.deferred = bool_of(v);
+  else if (key == "blocked_ns"sv) f.blocked_ns = i64_of(v);
   else if (key == "suppressed"sv) {
-    if (t == od::json_type::string) {
-      f.suppressed_rule = str_of(v);
-    } else if (t == od::json_type::boolean) {
-      f.suppressed_flag = bool_of(v);
-    } else if (t == od::json_type::array) {
-      od::array a;
-      if (v.get_array().get(a) != SUCCESS) return false;
-      for (auto el : a) {
-        od::value ev;
-        if (el.get(ev) != SUCCESS) return false;
-        od::object o;
-        if (ev.get_object().get(o) != SUCCESS) continue;
-        if (f.rules.size() < kMaxListed) f.rules.push_back(rule_of(o));
-      }
-    }
-  } else if (key == "event"sv) f.event = str_of(v);
-  else if (key == "comm"sv) {
-    if (t == od::json_type::string) {
-      f.comm = str_of(v);
-    } else if (auto n = u64_of(v)) {
-      f.comm = hex(*n);
-    }
-  } else if (key == "rank"sv) f.rank = i64_of(v);
-  else if (key == "nranks"sv) f.nranks = i64_of(v);
-  else if (key == "live"sv) {
-    if (t == od::json_type::object) f.live_counts = counts_of(v);
-    else f.live = i64_of(v);
-  } else if (key == "pcs"sv) {
-    f.have_pcs = true;
-    if (t != od::json_type::array) {
-      f.pcs_ok = false;
-      return true;
-    }
-    od::array a;
-    if (v.get_array().get(a) != SUCCESS) return false;
-    for (auto el : a) {
-      od::value ev;
-      if (el.get(ev) != SUCCESS) return false;
-      auto pc = u64_of(ev);
-      if (!pc) f.pcs_ok = false;
-      else if (f.pcs.size() < kMaxFrames) f.pcs.push_back(*pc);
-    }
-  } else if (key == "path"sv) f.path = str_of(v);
-  else if (key == "base"sv) f.base = u64_of(v);
-  else if (key == "size"sv) {
-    f.size = i64_of(v);
-    f.mod_size = u64_of(v);
+    if (!typed()) return false;
+    if (t == od::json_type::string) f.suppressed_rule = str_of(v);
+    else if (t == od::json_type::boolean) f.suppressed_flag = bool_of(v);
+    else if (t == od::json_type::array) return each_object<SuppressedRule>(v, f.rules, rule_of);
   } else if (key == "build_id"sv) f.build_id = str_of(v);
-  else if (key == "what"sv) f.what = str_of(v);
-  else if ((key == "ptr"sv || key == "handle"sv) && !f.object) {
-    f.object_field = std::string(key);
-    f.object = text_of(v, t);
-  } else if (key == "var"sv) f.var = str_of(v);
   else if (key == "original"sv) f.original = str_of(v);
-  else if (key == "result"sv) f.result = str_of(v);
-  else if (key == "applied"sv) f.applied = bool_of(v);
-  else if (key == "level"sv) f.level = str_of(v);
-  else if (key == "calls"sv) f.calls = counts_of(v);
   else if (key == "findings"sv) f.findings = counts_of(v);
-  else if (key == "signal"sv) f.signal = i64_of(v);
   else if (key == "signal_name"sv) f.signal_name = str_of(v);
-  else if (key == "aborted"sv) f.aborted = bool_of(v);
-  else if (key == "addr"sv) f.addr = u64_of(v);
-  else if (key == "name"sv) f.name = str_of(v);
-  else if (key == "sticky"sv) f.sticky = bool_of(v);
   else if (key == "cumemguard_log"sv) f.cumemguard_log = i64_of(v);
   return true;
 }
@@ -508,6 +602,19 @@ struct LogReader::Impl {
   std::vector<Pending> heap;
   std::uint64_t order = 0, last_seq = 0;
   bool released_any = false, lines_done = false;
+
+  std::optional<Event> ready;  // in order already: released without the heap
+
+  bool releasable(std::uint64_t seq) const { return released_any ? seq <= last_seq + 1 : seq <= 1; }
+
+  void push(Event &&e) {
+    if (heap.empty() && !ready && releasable(e.seq)) {
+      ready = std::move(e);
+      return;
+    }
+    heap.push_back({std::move(e), order++});
+    std::push_heap(heap.begin(), heap.end(), later);
+  }
 
   static bool later(const Pending &a, const Pending &b) {
     return a.e.seq != b.e.seq ? a.e.seq > b.e.seq : a.order > b.order;
@@ -697,7 +804,7 @@ struct LogReader::Impl {
       e.stack = f.stack;
       if (k == "call"sv) {
         if (!f.api || f.api->empty()) return false;
-        Call c;
+        Call &c = e.body.emplace<Call>();
         c.api = std::move(*f.api);
         c.res = f.res.value_or(0);
         c.dur = f.dur.value_or(0);
@@ -710,11 +817,10 @@ struct LogReader::Impl {
         c.size = f.call_args.size;
         c.handle = f.call_args.handle;
         c.dev = f.dev.value_or(-1);
-        c.mem = f.mem.value_or("");
+        if (f.mem) c.mem = std::move(*f.mem);
         c.delta = f.delta.value_or(0);
         c.skipped = f.skipped;
         c.deferred = f.deferred;
-        e.body = std::move(c);
       } else if (k == "finding"sv) {
         if (!f.cls || f.cls->empty()) return false;
         Finding x;
@@ -760,8 +866,7 @@ struct LogReader::Impl {
         c.sticky = f.sticky;
         e.body = std::move(c);
       }
-      heap.push_back({std::move(e), order++});
-      std::push_heap(heap.begin(), heap.end(), later);
+      push(std::move(e));
     } else if (k == "stack"sv) {
       if (!f.id || !f.have_pcs || !f.pcs_ok) return false;
       log.stacks[*f.id] = std::move(f.pcs);
@@ -847,10 +952,10 @@ struct LogReader::Impl {
   void fill(const std::function<void(Leak &&)> &on_leak) {
     std::string_view line;
     bool unterminated = false;
-    while (!lines_done) {
+    while (!lines_done && !ready) {
       if (!heap.empty()) {
         const std::uint64_t top = heap.front().e.seq;
-        if (released_any ? top <= last_seq + 1 : top <= 1) return;
+        if (releasable(top)) return;
         if (heap.size() >= (released_any ? kReorderWindow : 1024)) return;
       }
       if (!next_line(line, unterminated)) {
@@ -914,12 +1019,17 @@ const std::string &LogReader::error() const {
 bool LogReader::next(Event &e) {
   Impl &d = *impl_;
   if (!d.opened && !open()) return false;
-  if (d.status != ReadStatus::Ok && d.heap.empty()) return false;
+  if (d.status != ReadStatus::Ok && d.heap.empty() && !d.ready) return false;
   d.fill(on_leak);
-  if (d.heap.empty()) return false;
-  std::pop_heap(d.heap.begin(), d.heap.end(), Impl::later);
-  e = std::move(d.heap.back().e);
-  d.heap.pop_back();
+  if (d.ready) {
+    e = std::move(*d.ready);
+    d.ready.reset();
+  } else {
+    if (d.heap.empty()) return false;
+    std::pop_heap(d.heap.begin(), d.heap.end(), Impl::later);
+    e = std::move(d.heap.back().e);
+    d.heap.pop_back();
+  }
   if (d.released_any && e.seq < d.last_seq) ++d.log.late;
   d.last_seq = d.released_any ? std::max(d.last_seq, e.seq) : e.seq;
   d.released_any = true;
@@ -983,6 +1093,11 @@ void merge_logs(std::vector<LogReader *> &readers,
   // Earliest time first, then the log given first: a deterministic order for equal times.
   auto later = [](const Head &a, const Head &b) { return a.t != b.t ? a.t > b.t : a.log > b.log; };
   std::priority_queue<Head, std::vector<Head>, decltype(later)> heads(later);
+  if (readers.size() == 1) {  // one log: nothing to merge
+    Event e;
+    while (readers[0]->next(e)) sink(0, e);
+    return;
+  }
   std::vector<Event> cur(readers.size());
   for (std::size_t i = 0; i < readers.size(); ++i)
     if (readers[i]->next(cur[i])) heads.push({rel_time(readers[i]->log().header, cur[i].ts, t0), i});

@@ -276,10 +276,15 @@ class Builder {
     row.dur_total = sat_add(row.dur_total, c.dur);
     row.dur_max = std::max(row.dur_max, c.dur);
     if (!c.mem.empty()) {
-      MemoryRow &mr = memory_[{li, c.dev, c.mem}];
-      mr.log = li;
-      mr.dev = c.dev;
-      mr.mem = c.mem;
+      // Most calls hit the row the previous one did: no tree walk for them.
+      if (!last_row_ || last_log_ != li || last_row_->dev != c.dev || last_row_->mem != c.mem) {
+        last_row_ = &memory_[{li, c.dev, c.mem}];
+        last_log_ = li;
+        last_row_->log = li;
+        last_row_->dev = c.dev;
+        last_row_->mem = c.mem;
+      }
+      MemoryRow &mr = *last_row_;
       if (!mr.from_events) mr.series.add(rel_time(logs_[li]->header, 0, t0_), 0);
       mr.from_events = true;
       mr.current = sat_add(mr.current, c.delta);
@@ -294,8 +299,18 @@ class Builder {
     if (c.delta > 0) {
       const long k = keys_.key(li, *logs_[li], e.stack);
       // Groups without a stack are told apart by API, so "no stacks recorded" still says something.
-      auto [it, fresh] = sites_.try_emplace({k, k < 0 ? c.api : std::string()});
-      SiteRow &site = it->second;
+      SiteRow *site_row = nullptr;
+      bool fresh = false;
+      if (k < 0) {
+        auto r = stackless_sites_.try_emplace(c.api);
+        site_row = &r.first->second;
+        fresh = r.second;
+      } else {
+        auto r = sites_.try_emplace(k);
+        site_row = &r.first->second;
+        fresh = r.second;
+      }
+      SiteRow &site = *site_row;
       if (fresh) site.stack = {li, e.stack};
       site.bytes = sat_add(site.bytes, c.delta);
       ++site.count;
@@ -368,8 +383,11 @@ class Builder {
   std::map<std::string, std::map<long, FindingGroup>> groups_;
   std::map<std::pair<std::string, std::string>, SuppressedRow> suppressed_;
   std::map<std::tuple<std::size_t, std::int64_t, std::string>, MemoryRow> memory_;
-  std::map<std::pair<long, std::string>, SiteRow> sites_;
+  std::unordered_map<long, SiteRow> sites_;            // by stack key
+  std::unordered_map<std::string, SiteRow> stackless_sites_;  // by API
   std::unordered_map<std::string, CallRow> calls_;
+  MemoryRow *last_row_ = nullptr;  // std::map nodes stay put
+  std::size_t last_log_ = 0;
   std::map<std::pair<std::size_t, std::string>, std::size_t> comm_index_;
   std::map<std::pair<long, std::string>, LeakGroup> leaks_;
   std::map<std::pair<long, std::string>, std::pair<std::size_t, std::size_t>> leak_order_;
@@ -471,7 +489,9 @@ Model Builder::finish(std::vector<Log> logs, std::vector<LogError> errors) {
   });
 
   // Sites: by bytes, then count; ties in stack order, then API.
-  std::vector<std::pair<std::pair<long, std::string>, SiteRow>> sites(sites_.begin(), sites_.end());
+  std::vector<std::pair<std::pair<long, std::string>, SiteRow>> sites;
+  for (auto &[k, row] : sites_) sites.push_back({{k, std::string()}, std::move(row)});
+  for (auto &[api, row] : stackless_sites_) sites.push_back({{-1, api}, std::move(row)});
   std::stable_sort(sites.begin(), sites.end(), [&](const auto &a, const auto &b) {
     if (a.second.bytes != b.second.bytes) return a.second.bytes > b.second.bytes;
     if (a.second.count != b.second.count) return a.second.count > b.second.count;
@@ -504,10 +524,18 @@ Model read_model(std::vector<std::unique_ptr<LogReader>> readers, std::vector<Lo
   for (std::size_t i = 0; i < readers.size(); ++i)
     readers[i]->on_leak = [&b, i](Leak &&l) { b.leak(i, std::move(l)); };
   if (also) also->start(logs, b.labels(), b.t0());
-  merge_logs(rs, [&](std::size_t i, const Event &e) {
-    b.event(i, e);
-    if (also) also->event(i, e);
-  });
+  if (rs.size() == 1) {  // one log: its events in order, without the merge's indirection
+    Event e;
+    while (rs[0]->next(e)) {
+      b.event(0, e);
+      if (also) also->event(0, e);
+    }
+  } else {
+    merge_logs(rs, [&](std::size_t i, const Event &e) {
+      b.event(i, e);
+      if (also) also->event(i, e);
+    });
+  }
   std::vector<Log> done;
   for (auto &r : readers) {
     // A read error part way: what was read is reported, and the error raises the exit status.

@@ -60,7 +60,8 @@ struct OutcomeTracker::Impl {
   }
 
   void vmm(const Event &e, const Call &c) {
-    if (c.res != 0 || c.skipped || !c.ptr) return;
+    // cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap: all "cuMem...".
+    if (c.res != 0 || c.skipped || !c.ptr || c.api.compare(0, 5, "cuMem") != 0) return;
     if (c.api == "cuMemAddressReserve") {
       if (c.size && *c.size) reservations[*c.ptr] = Reservation{*c.size, {}};
     } else if (c.api == "cuMemAddressFree") {

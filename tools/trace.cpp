@@ -3,6 +3,7 @@
 // per device and memory kind, instants for findings, deferred frees and NCCL, slow calls as slices.
 // Written as the merged events arrive (the trace of a 1 GB log once held 11 GB of JSON objects);
 // thread names and the end-of-log instants follow the events, which the format allows.
+#include <charconv>
 #include <map>
 #include <set>
 #include <tuple>
@@ -72,12 +73,21 @@ class TraceWriter final : public EventSink {
     if (tids_[li].size() < 100000) tids_[li].insert(e.tid);
     if (const auto *c = std::get_if<Call>(&e.body)) {
       if (!c->mem.empty() && c->delta != 0) {
-        auto [it, fresh] = bytes_.try_emplace({li, c->dev, c->mem}, 0);
-        const std::string name = json_string(counter_name(c->dev, c->mem));
-        // Counters start from zero at the log's start so the first allocation shows as a step.
-        if (fresh) counter(name, rel_time(logs_[li]->header, 0, t0_), pid, 0, 0);
-        it->second = sat_add(it->second, c->delta);
-        counter(name, t, pid, e.tid, it->second);
+        // Most calls step the counter the previous one did: no tree walk, no name built.
+        if (!last_ || last_log_ != li || last_dev_ != c->dev || last_mem_ != c->mem) {
+          auto [it, fresh] = bytes_.try_emplace({li, c->dev, c->mem});
+          last_ = &it->second;
+          last_log_ = li;
+          last_dev_ = c->dev;
+          last_mem_ = c->mem;
+          if (fresh) {
+            last_->name = json_string(counter_name(c->dev, c->mem));
+            // Counters start from zero at the log's start so the first allocation shows as a step.
+            counter(last_->name, rel_time(logs_[li]->header, 0, t0_), pid, 0, 0);
+          }
+        }
+        last_->bytes = sat_add(last_->bytes, c->delta);
+        counter(last_->name, t, pid, e.tid, last_->bytes);
       }
       if (c->deferred)
         instant(json_string("deferred " + c->api), "deferred", t, pid, e.tid, 't',
@@ -166,11 +176,40 @@ class TraceWriter final : public EventSink {
   void counter(const std::string &name, std::int64_t t, std::int64_t pid, std::int64_t tid,
                std::int64_t bytes) {
     begin_event();
-    buf_ += fmt::format(
-        "{{\"name\":{},\"cat\":\"memory\",\"ph\":\"C\",\"ts\":{},\"pid\":{},\"tid\":{},"
-        "\"args\":{{\"bytes\":{}}}}}",
-        name, us(t), pid, tid, bytes);
+    buf_ += "{\"name\":";
+    buf_ += name;
+    buf_ += ",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":";
+    append_us(t);
+    buf_ += ",\"pid\":";
+    append_int(pid);
+    buf_ += ",\"tid\":";
+    append_int(tid);
+    buf_ += ",\"args\":{\"bytes\":";
+    append_int(bytes);
+    buf_ += "}}";
     end_event();
+  }
+  // Counters are most of a trace: their numbers are written with to_chars, not a format string.
+  void append_int(std::int64_t v) {
+    char tmp[24];
+    auto [p, ec] = std::to_chars(tmp, tmp + sizeof tmp, v);
+    (void)ec;
+    buf_.append(tmp, p);
+  }
+  void append_us(std::int64_t ns) {
+    const std::uint64_t a =
+        ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
+    if (ns < 0) buf_ += '-';
+    char tmp[24];
+    auto [p, ec] = std::to_chars(tmp, tmp + sizeof tmp, a / 1000);
+    (void)ec;
+    buf_.append(tmp, p);
+    if (const std::uint64_t frac = a % 1000) {
+      const char digits[4] = {'.', static_cast<char>('0' + frac / 100),
+                              static_cast<char>('0' + frac / 10 % 10),
+                              static_cast<char>('0' + frac % 10)};
+      buf_.append(digits, 4);
+    }
   }
   void instant(const std::string &name, const char *cat, std::int64_t t, std::int64_t pid,
                std::int64_t tid, char scope, const std::string &args) {
@@ -188,7 +227,15 @@ class TraceWriter final : public EventSink {
   std::int64_t t0_ = 0;
   std::vector<std::int64_t> pids_;
   std::vector<std::set<std::int64_t>> tids_;
-  std::map<std::tuple<std::size_t, std::int64_t, std::string>, std::int64_t> bytes_;
+  struct Counter {
+    std::string name;  // as JSON
+    std::int64_t bytes = 0;
+  };
+  std::map<std::tuple<std::size_t, std::int64_t, std::string>, Counter> bytes_;
+  Counter *last_ = nullptr;  // std::map nodes stay put
+  std::size_t last_log_ = 0;
+  std::int64_t last_dev_ = 0;
+  std::string last_mem_;
   std::string buf_;
   bool first_ = true;
 };
