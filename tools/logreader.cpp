@@ -692,9 +692,10 @@ struct LogReader::Impl {
     for (auto field : obj) {
       std::string_view key;
       if (!key_of(field, key)) return false;
-      od::value v;
-      if (field.value().get(v) != SUCCESS) return false;
-      if (!read_field(key, v, f)) return false;
+      // The value in place: copying it out of the result stalled on every field.
+      auto value = field.value();
+      if (value.error() != SUCCESS) return false;
+      if (!read_field(key, value.value_unsafe(), f)) return false;
     }
     return true;
   }
