@@ -3,6 +3,8 @@
 // file CUMEMGUARD_SUPPRESSIONS names (CLASS:PATTERN, matched against each frame's function name or
 // module), in the spirit of valgrind's --gen-suppressions. The pattern names the first frame that
 // is not cumemguard's, CUDA's or libc's own: the code that made the call.
+#include <set>
+
 #include <fmt/format.h>
 
 #include "report_model.h"
@@ -35,10 +37,12 @@ std::string as_pattern(std::string s) {
 
 void write_suppressions(const Model &m, std::ostream &out) {
   out << "# cumemguard suppressions (CUMEMGUARD_SUPPRESSIONS=FILE): one CLASS:PATTERN per line\n";
-  std::size_t rules = 0;
+  std::size_t groups = 0;
+  std::set<std::string> written;
   for (const auto &c : m.findings) {
     if (c.cls == "leak") continue;
     for (const auto &g : c.groups) {
+      ++groups;
       const Event &e = g.example.event;
       out << fmt::format("# {} finding{} of {}, first at seq {} in pid {}\n", g.count,
                          g.count == 1 ? "" : "s", c.cls, e.seq,
@@ -57,11 +61,14 @@ void write_suppressions(const Model &m, std::ostream &out) {
                      : "#   (no stack recorded: run with CUMEMGUARD_STACKS to get one)\n");
         continue;
       }
-      out << c.cls << ':' << as_pattern(name) << '\n';
-      ++rules;
+      const std::string rule = c.cls + ':' + as_pattern(name);
+      if (written.insert(rule).second)
+        out << rule << '\n';
+      else
+        out << "#   (" << rule << " above covers it)\n";
     }
   }
-  if (rules == 0) out << "# (no findings to suppress)\n";
+  if (groups == 0) out << "# (no findings to suppress)\n";
 }
 
 }  // namespace cmg::report
