@@ -201,7 +201,7 @@ int report_main(int argc, char **argv) {
           continue;
         }
       }
-      r->log().file = shown;
+      if (f != "-") r->log().file = shown;
       readers.push_back(std::move(r));
     }
     if (readers.empty() && !opt.json) {
