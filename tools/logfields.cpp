@@ -72,6 +72,8 @@ std::optional<std::uint64_t> u64_of(od::value &v) {
 }
 
 std::optional<std::int64_t> i64_of(od::value &v) {
+  std::int64_t fast = 0;
+  if (v.get_int64().get(fast) == SUCCESS) return fast;  // negative deltas parse once too
   auto u = u64_of(v);
   if (!u) return std::nullopt;
   return static_cast<std::int64_t>(*u);

@@ -54,6 +54,7 @@ class TraceWriter final : public EventSink {
       pids_.push_back(pid);
     }
     tids_.resize(logs.size());
+    last_tid_.assign(logs.size(), -1);
     for (std::size_t i = 0; i < logs.size(); ++i) {
       const Header &h = logs[i]->header;
       std::string program;
@@ -70,7 +71,11 @@ class TraceWriter final : public EventSink {
   void event(std::size_t li, const Event &e) override {
     const std::int64_t t = rel_time(logs_[li]->header, e.ts, t0_);
     const std::int64_t pid = pids_[li];
-    if (tids_[li].size() < 100000) tids_[li].insert(e.tid);
+    // Threads are few and calls come in runs from one thread: the set is asked only on a change.
+    if (e.tid != last_tid_[li] && tids_[li].size() < 100000) {
+      tids_[li].insert(e.tid);
+      last_tid_[li] = e.tid;
+    }
     if (const auto *c = std::get_if<Call>(&e.body)) {
       if (!c->mem.empty() && c->delta != 0) {
         // Most calls step the counter the previous one did: no tree walk, no name built.
@@ -155,8 +160,7 @@ class TraceWriter final : public EventSink {
 
  private:
   void begin_event() {
-    if (!first_) buf_ += ',';
-    buf_ += '\n';
+    buf_.append(first_ ? "\n" : ",\n");
     first_ = false;
   }
   void end_event() {
@@ -227,6 +231,7 @@ class TraceWriter final : public EventSink {
   std::int64_t t0_ = 0;
   std::vector<std::int64_t> pids_;
   std::vector<std::set<std::int64_t>> tids_;
+  std::vector<std::int64_t> last_tid_;
   struct Counter {
     std::string name;  // as JSON
     std::int64_t bytes = 0;
