@@ -100,6 +100,13 @@ std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t
       out += "\\x";
       out += digits[c >> 4];
       out += digits[c & 15];
+    } else if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9F) {
+      // U+0080..U+009F in UTF-8: C1 controls (CSI is U+009B), which some terminals obey too.
+      out += "\\xc2\\x";
+      out += digits[static_cast<unsigned char>(s[i + 1]) >> 4];
+      out += digits[static_cast<unsigned char>(s[i + 1]) & 15];
+      ++i;
     } else {
       out += static_cast<char>(c);
     }

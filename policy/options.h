@@ -99,8 +99,9 @@ bool parse_bool(std::string_view s, bool &out);
 // escaped (a newline must not start a second line, an escape sequence must not reach the
 // terminal) and long text shortened to 64 bytes (a megabyte of garbage is still one short line).
 std::string shown(std::string_view s);
-// s with control bytes written as \xNN, cut once the result reaches max_out bytes; consumed says
-// how many bytes of s it covers. Every diagnostic line goes through it (options, the shim's stderr).
+// s with control bytes (and UTF-8 C1 controls) written as \xNN, cut once the result reaches
+// max_out bytes; consumed says how many bytes of s it covers. Every diagnostic line goes through
+// it (options, the shim's stderr, every text of `cumemguard report`).
 std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed);
 // Case-insensitive edit distance (optimal string alignment: an adjacent swap counts one), for
 // "did you mean" hints on misspelt names.

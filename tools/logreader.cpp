@@ -1,263 +1,115 @@
 // SPDX-License-Identifier: Apache-2.0
-// Event log reader: header check, record parsing, truncation detection and the merge of several
-// logs.
+// Event log reader: lines from a descriptor in large reads, each line's fields read with simdjson's
+// On-Demand API (logfields.cpp) and interpreted by kind, events released in seq order through a
+// bounded reorder window, and the merge of several logs. Free-form values are re-written bounded
+// (json_bounded.h); nothing recurses on input.
 #include "logreader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <queue>
-#include <sstream>
+
+#include <fmt/format.h>
+
+#include "json_bounded.h"
+#include "logfields.h"
+#include "options.h"
 
 namespace cmg::report {
+namespace od = simdjson::ondemand;
+using simdjson::SUCCESS;
+using namespace std::string_view_literals;
+using namespace fields;
+
 namespace {
 
-std::string str_or(const Json &o, const char *key, std::string def = {}) {
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_string()) return def;
-  return it->get<std::string>();
+bool is_control(const unsigned char *p, std::size_t i, std::size_t n) {
+  const unsigned char c = p[i];
+  if (c < 0x20 || c == 0x7f) return true;
+  // U+0080..U+009F (C1 controls, UTF-8 C2 80..C2 9F): some terminals act on them too.
+  return c == 0xC2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F;
 }
 
-// Integers may come as JSON numbers or, where they can exceed 2^53, as hex strings; accept both
-// everywhere so a later shim that widens a field does not make its records unreadable.
-std::optional<std::int64_t> int_of(const Json &o, const char *key) {
-  auto it = o.find(key);
-  if (it == o.end()) return std::nullopt;
-  if (it->is_number_integer()) return it->get<std::int64_t>();
-  if (it->is_number_unsigned()) return static_cast<std::int64_t>(it->get<std::uint64_t>());
-  if (it->is_string()) {
-    if (auto v = parse_hex(*it)) return static_cast<std::int64_t>(*v);
+class FdSource final : public ByteSource {
+ public:
+  FdSource(int fd, bool owned) : fd_(fd), owned_(owned) {}
+  ~FdSource() override {
+    if (owned_ && fd_ >= 0) ::close(fd_);
   }
-  return std::nullopt;
-}
-
-std::optional<std::uint64_t> u64_of(const Json &o, const char *key) {
-  auto it = o.find(key);
-  if (it == o.end()) return std::nullopt;
-  return parse_hex(*it);
-}
-
-bool bool_of(const Json &o, const char *key) {
-  auto it = o.find(key);
-  return it != o.end() && it->is_boolean() && it->get<bool>();
-}
-
-Json object_or_empty(const Json &o, const char *key) {
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_object()) return Json::object();
-  return *it;
-}
-
-std::vector<std::pair<std::string, std::int64_t>> counts_of(const Json &o, const char *key) {
-  std::vector<std::pair<std::string, std::int64_t>> out;
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_object()) return out;
-  for (auto &[name, v] : it->items()) {
-    if (v.is_number_integer() || v.is_number_unsigned())
-      out.emplace_back(name, v.get<std::int64_t>());
-  }
-  return out;
-}
-
-// Fills seq/ts/tid/stack; false when the record has no usable seq.
-bool parse_event_common(const Json &o, Event &e) {
-  auto seq = u64_of(o, "seq");
-  if (!seq) return false;
-  e.seq = *seq;
-  e.ts = int_of(o, "ts").value_or(0);
-  e.tid = int_of(o, "tid").value_or(0);
-  e.stack = u64_of(o, "stack");
-  return true;
-}
-
-bool parse_call(const Json &o, Event &e) {
-  Call c;
-  c.api = str_or(o, "api");
-  if (c.api.empty()) return false;
-  c.res = int_of(o, "res").value_or(0);
-  c.dur = int_of(o, "dur").value_or(0);
-  if (auto it = o.find("args"); it != o.end()) c.args = args_text(*it);
-  c.dev = int_of(o, "dev").value_or(-1);
-  c.mem = str_or(o, "mem");
-  c.delta = int_of(o, "delta").value_or(0);
-  c.skipped = bool_of(o, "skipped");
-  c.deferred = bool_of(o, "deferred");
-  e.body = std::move(c);
-  return true;
-}
-
-bool parse_finding(const Json &o, Event &e) {
-  Finding f;
-  f.cls = str_or(o, "class");
-  if (f.cls.empty()) return false;
-  f.api = str_or(o, "api");
-  f.action = str_or(o, "action");
-  f.res = int_of(o, "res").value_or(0);
-  f.args = object_or_empty(o, "args");
-  f.msg = str_or(o, "msg");
-  if (auto it = o.find("related"); it != o.end() && it->is_array()) {
-    for (const auto &r : *it) {
-      if (!r.is_object()) continue;
-      Related rel;
-      rel.what = str_or(r, "what");
-      rel.api = str_or(r, "api");
-      rel.seq = u64_of(r, "seq");
-      rel.ts = int_of(r, "ts");
-      rel.tid = int_of(r, "tid");
-      rel.stack = u64_of(r, "stack");
-      f.related.push_back(std::move(rel));
+  long read(char *buf, std::size_t n) override {
+    for (;;) {
+      const ssize_t r = ::read(fd_, buf, n);
+      if (r < 0 && errno == EINTR) continue;
+      return static_cast<long>(r);
     }
   }
-  if (auto it = o.find("state"); it != o.end()) f.state = *it;
-  f.bytes = int_of(o, "bytes");
-  f.blocked_ns = int_of(o, "blocked_ns");
-  e.body = std::move(f);
-  return true;
-}
 
-bool parse_nccl(const Json &o, Event &e) {
-  Nccl n;
-  n.event = str_or(o, "event");
-  if (n.event.empty()) return false;
-  n.api = str_or(o, "api");
-  if (auto it = o.find("comm"); it != o.end()) {
-    if (it->is_string())
-      n.comm = it->get<std::string>();
-    else if (auto v = parse_hex(*it))
-      n.comm = hex(*v);
-  }
-  n.rank = int_of(o, "rank");
-  n.nranks = int_of(o, "nranks");
-  n.dev = int_of(o, "dev");
-  n.res = int_of(o, "res").value_or(0);
-  n.live = int_of(o, "live");
-  n.suppressed = bool_of(o, "suppressed");
-  e.body = std::move(n);
-  return true;
-}
+ private:
+  int fd_;
+  bool owned_;
+};
 
-bool parse_header(const Json &o, Header &h) {
-  h.format = int_of(o, "cumemguard_log").value_or(0);
-  h.tool = str_or(o, "tool");
-  h.pid = int_of(o, "pid").value_or(0);
-  h.ppid = int_of(o, "ppid").value_or(0);
-  h.rank = int_of(o, "rank").value_or(-1);
-  h.host = str_or(o, "host");
-  h.start_unix_ns = int_of(o, "start_unix_ns").value_or(0);
-  if (auto it = o.find("argv"); it != o.end() && it->is_array()) {
-    for (const auto &a : *it)
-      if (a.is_string()) h.argv.push_back(a.get<std::string>());
+class TextSource final : public ByteSource {
+ public:
+  explicit TextSource(std::string_view t) : text_(t) {}
+  long read(char *buf, std::size_t n) override {
+    const std::size_t k = std::min(n, text_.size() - pos_);
+    std::memcpy(buf, text_.data() + pos_, k);
+    pos_ += k;
+    return static_cast<long>(k);
   }
-  h.mode = str_or(o, "mode");
-  if (auto it = o.find("options"); it != o.end() && it->is_object()) {
-    for (auto &[name, v] : it->items())
-      h.options.emplace_back(name, v.is_string() ? v.get<std::string>() : v.dump());
-  }
-  return true;
-}
 
-// One record line of a known or unknown kind; false when it is malformed.
-bool parse_record(const Json &o, Log &log) {
-  if (!o.is_object()) return false;
-  auto kit = o.find("k");
-  if (kit == o.end() || !kit->is_string()) return false;
-  const std::string k = kit->get<std::string>();
-  if (k == "call" || k == "finding" || k == "nccl") {
-    Event e;
-    if (!parse_event_common(o, e)) return false;
-    bool ok = k == "call"      ? parse_call(o, e)
-              : k == "finding" ? parse_finding(o, e)
-                               : parse_nccl(o, e);
-    if (!ok) return false;
-    log.events.push_back(std::move(e));
-  } else if (k == "stack") {
-    auto id = u64_of(o, "id");
-    auto it = o.find("pcs");
-    if (!id || it == o.end() || !it->is_array()) return false;
-    std::vector<std::uint64_t> pcs;
-    for (const auto &pc : *it) {
-      auto v = parse_hex(pc);
-      if (!v) return false;
-      pcs.push_back(*v);
-    }
-    log.stacks[*id] = std::move(pcs);
-  } else if (k == "module") {
-    Module m;
-    m.path = str_or(o, "path");
-    auto base = u64_of(o, "base");
-    if (m.path.empty() || !base) return false;
-    m.base = *base;
-    m.size = u64_of(o, "size").value_or(0);
-    m.build_id = str_or(o, "build_id");
-    log.modules.push_back(std::move(m));
-  } else if (k == "leak") {
-    Leak l;
-    l.what = str_or(o, "what");
-    l.api = str_or(o, "api");
-    for (const char *key : {"ptr", "handle", "va"}) {
-      if (auto it = o.find(key); it != o.end()) {
-        l.object_field = key;
-        l.object = it->is_string() ? it->get<std::string>() : it->dump();
-        break;
-      }
-    }
-    l.size = int_of(o, "size").value_or(0);
-    l.dev = int_of(o, "dev").value_or(-1);
-    l.seq = u64_of(o, "seq");
-    l.stack = u64_of(o, "stack");
-    log.leaks.push_back(std::move(l));
-  } else if (k == "config") {
-    ConfigRecord c;
-    c.var = str_or(o, "var");
-    c.original = str_or(o, "original");
-    c.result = str_or(o, "result");
-    c.msg = str_or(o, "msg");
-    c.applied = bool_of(o, "applied");
-    log.configs.push_back(std::move(c));
-  } else if (k == "note") {
-    Note n;
-    n.ts = int_of(o, "ts").value_or(0);
-    n.level = str_or(o, "level", "info");
-    n.msg = str_or(o, "msg");
-    log.notes.push_back(std::move(n));
-  } else if (k == "summary") {
-    Summary s;
-    s.ts = int_of(o, "ts").value_or(0);
-    s.calls = counts_of(o, "calls");
-    if (auto it = o.find("bytes"); it != o.end() && it->is_array()) {
-      for (const auto &b : *it) {
-        if (!b.is_object()) continue;
-        SummaryBytes sb;
-        sb.dev = int_of(b, "dev").value_or(-1);
-        sb.mem = str_or(b, "mem");
-        sb.current = int_of(b, "current").value_or(0);
-        sb.peak = int_of(b, "peak").value_or(0);
-        sb.total = int_of(b, "total").value_or(0);
-        s.bytes.push_back(std::move(sb));
-      }
-    }
-    s.live = counts_of(o, "live");
-    s.findings = counts_of(o, "findings");
-    log.summary = std::move(s);
-  } else if (k == "end") {
-    log.end_ts = int_of(o, "ts").value_or(0);
-  } else {
-    ++log.unknown_kinds[k];  // a later minor version's record: skipped by contract
-  }
-  return true;
-}
+ private:
+  std::string_view text_;
+  std::size_t pos_ = 0;
+};
 
 }  // namespace
 
-std::optional<std::uint64_t> parse_hex(const Json &v) {
-  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-  if (v.is_number_integer()) return static_cast<std::uint64_t>(v.get<std::int64_t>());
-  if (!v.is_string()) return std::nullopt;
-  const std::string &s = v.get_ref<const std::string &>();
-  std::string_view sv = s;
+std::string clean(std::string_view s, std::size_t max) {
+  const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+  bool plain = s.size() <= max;
+  for (std::size_t i = 0; plain && i < s.size(); ++i)
+    if (is_control(p, i, s.size())) plain = false;
+  if (plain) return std::string(s);
+  std::size_t used = 0;
+  std::string out = escape_controls(s, max, used);
+  if (used < s.size()) out += fmt::format("...[{} bytes]", s.size());
+  return out;
+}
+
+const char *status_name(Status s) {
+  switch (s) {
+    case Status::Complete: return "complete";
+    case Status::Crashed: return "crashed";
+    case Status::Aborted: return "aborted";
+    case Status::Truncated: return "truncated";
+  }
+  return "?";
+}
+
+Status Log::status() const {
+  if (!end_ts) return Status::Truncated;
+  if (end_signal) return Status::Crashed;
+  if (end_aborted) return Status::Aborted;
+  return Status::Complete;
+}
+
+std::unique_ptr<ByteSource> fd_source(int fd, bool owned) {
+  return std::make_unique<FdSource>(fd, owned);
+}
+
+std::unique_ptr<ByteSource> text_source(std::string_view text) {
+  return std::make_unique<TextSource>(text);
+}
+
+std::optional<std::uint64_t> parse_hex(std::string_view sv) {
   int base = 10;
   if (sv.size() > 2 && sv[0] == '0' && (sv[1] == 'x' || sv[1] == 'X')) {
     sv.remove_prefix(2);
@@ -279,145 +131,521 @@ std::string hex(std::uint64_t v) {
   return std::string(buf, p);
 }
 
-std::string args_text(const Json &args) {
-  std::string out;
-  if (!args.is_object()) return out;
-  for (const auto &[k, v] : args.items()) {
-    if (!out.empty()) out += ", ";
-    out += k + "=" +
-           (v.is_string() ? v.get<std::string>()
-                          : v.dump(-1, ' ', false, Json::error_handler_t::replace));
+struct LogReader::Impl {
+  std::unique_ptr<ByteSource> src;
+  Log log;
+  ReadStatus status = ReadStatus::Ok;
+  std::string error;
+  bool opened = false;
+
+  // The line buffer: [begin, end) holds unread bytes; SIMDJSON_PADDING readable bytes follow
+  // the capacity, as simdjson requires after a document.
+  std::vector<char> buf;
+  std::size_t cap = 0, begin = 0, end = 0;
+  bool eof = false, skipping = false;
+
+  od::parser parser;
+  od::parser aux;  // re-reads a finding's bounded arguments
+  simdjson::padded_string aux_text;
+
+  struct Pending {
+    Event e;
+    std::uint64_t order;
+  };
+  std::vector<Pending> heap;
+  std::uint64_t order = 0, last_seq = 0;
+  bool released_any = false, lines_done = false;
+
+  std::optional<Event> ready;  // in order already: released without the heap
+
+  bool releasable(std::uint64_t seq) const { return released_any ? seq <= last_seq + 1 : seq <= 1; }
+
+  void push(Event &&e) {
+    if (heap.empty() && !ready && releasable(e.seq)) {
+      ready = std::move(e);
+      return;
+    }
+    heap.push_back({std::move(e), order++});
+    std::push_heap(heap.begin(), heap.end(), later);
   }
+
+  static bool later(const Pending &a, const Pending &b) {
+    return a.e.seq != b.e.seq ? a.e.seq > b.e.seq : a.order > b.order;
+  }
+
+  void grow(std::size_t want) {
+    cap = want;
+    buf.resize(cap + simdjson::SIMDJSON_PADDING);
+  }
+
+  // The next line without its '\n'; false at the end (or on a read error).
+  bool next_line(std::string_view &line, bool &unterminated) {
+    if (buf.empty()) grow(std::size_t{1} << 20);
+    for (;;) {
+      if (const void *nl = std::memchr(buf.data() + begin, '\n', end - begin)) {
+        const std::size_t at = static_cast<const char *>(nl) - buf.data();
+        line = std::string_view(buf.data() + begin, at - begin);
+        begin = at + 1;
+        if (skipping) {  // the tail of an overlong line
+          skipping = false;
+          continue;
+        }
+        unterminated = false;
+        return true;
+      }
+      if (eof) {
+        if (begin < end && !skipping) {
+          line = std::string_view(buf.data() + begin, end - begin);
+          begin = end;
+          unterminated = true;
+          return true;
+        }
+        return false;
+      }
+      if (begin > 0) {
+        std::memmove(buf.data(), buf.data() + begin, end - begin);
+        end -= begin;
+        begin = 0;
+      }
+      if (end == cap) {
+        if (cap >= kMaxLine) {
+          // One line longer than any the shim writes: skipped, and counted.
+          ++log.overlong;
+          ++log.malformed;
+          skipping = true;
+          end = 0;
+        } else {
+          grow(std::min(cap * 2, kMaxLine));
+        }
+      }
+      const long n = src->read(buf.data() + end, cap - end);
+      if (n < 0) {
+        status = ReadStatus::Unreadable;
+        // errno is what the failed read(2) left: EISDIR for a directory, EIO for a bad disk.
+        error = std::string("cannot read: ") + std::strerror(errno ? errno : EIO);
+        eof = true;
+        begin = end = 0;
+        return false;
+      }
+      if (n == 0) eof = true;
+      end += static_cast<std::size_t>(n);
+    }
+  }
+
+  // The padding simdjson reads past a line: the rest of the buffer and its padding.
+  std::size_t room(std::string_view line) const {
+    return static_cast<std::size_t>(buf.data() + buf.size() - line.data());
+  }
+
+  bool header(std::string_view line) {
+    Fields f;
+    Header &h = log.header;
+    od::document doc;
+    bool ok = parser.iterate(line.data(), line.size(), room(line)).get(doc) == SUCCESS;
+    od::object obj;
+    ok = ok && doc.get_object().get(obj) == SUCCESS;
+    if (ok) {
+      for (auto field : obj) {
+        std::string_view key;
+        od::value v;
+        if (field.unescaped_key().get(key) != SUCCESS || field.value().get(v) != SUCCESS) {
+          ok = false;
+          break;
+        }
+        od::json_type t;
+        if (v.type().get(t) != SUCCESS) {
+          ok = false;
+          break;
+        }
+        if (key == "cumemguard_log"sv) {
+          od::number n;
+          if (t != od::json_type::number || v.get_number().get(n) != SUCCESS) {
+            ok = false;
+            break;
+          }
+          if (n.is_int64()) h.format = n.get_int64();
+          else if (n.is_uint64()) h.format = std::numeric_limits<std::int64_t>::max();
+          else {
+            ok = false;
+            break;
+          }
+          f.cumemguard_log = h.format;
+        } else if (key == "argv"sv && t == od::json_type::array) {
+          od::array a;
+          if (v.get_array().get(a) != SUCCESS) break;
+          for (auto el : a) {
+            od::value ev;
+            if (el.get(ev) != SUCCESS) break;
+            if (auto s = str_of(ev); s && h.argv.size() < 256) h.argv.push_back(*s);
+          }
+        } else if (key == "options"sv && t == od::json_type::object) {
+          od::object o;
+          if (v.get_object().get(o) != SUCCESS) break;
+          for (auto of : o) {
+            std::string_view name;
+            od::value ov;
+            if (of.unescaped_key().get(name) != SUCCESS || of.value().get(ov) != SUCCESS) break;
+            od::json_type ot;
+            if (ov.type().get(ot) != SUCCESS) break;
+            std::string value;
+            if (ot == od::json_type::string) {
+              value = str_of(ov).value_or("");
+            } else if (auto raw = raw_of(ov)) {
+              value = bounded_json(*raw, kMaxValueDepth, kMaxValueBytes);
+            }
+            if (h.options.size() < 256) h.options.emplace_back(clean(name, 256), std::move(value));
+          }
+        } else if (key == "tool"sv) h.tool = str_of(v).value_or("");
+        else if (key == "pid"sv) h.pid = i64_of(v).value_or(0);
+        else if (key == "ppid"sv) h.ppid = i64_of(v).value_or(0);
+        else if (key == "rank"sv) h.rank = i64_of(v).value_or(-1);
+        else if (key == "host"sv) h.host = str_of(v).value_or("");
+        else if (key == "start_unix_ns"sv) h.start_unix_ns = i64_of(v).value_or(0);
+        else if (key == "mode"sv) h.mode = str_of(v).value_or("");
+      }
+    }
+    if (!ok || !f.cumemguard_log) {
+      status = ReadStatus::NotALog;
+      error = "not a cumemguard log (the first line is not a log header)";
+      return false;
+    }
+    if (h.format > kLogFormat) {
+      status = ReadStatus::NewerFormat;
+      error = fmt::format("log format {} is newer than this cumemguard understands ({})", h.format,
+                          kLogFormat);
+      return false;
+    }
+    if (h.format < 1) {
+      status = ReadStatus::NotALog;
+      error = fmt::format("not a cumemguard log (format {})", h.format);
+      return false;
+    }
+    return true;
+  }
+
+  template <class T>
+  void keep(std::vector<T> &v, T &&x) {
+    if (v.size() < kMaxListed) v.push_back(std::move(x));
+    else ++log.dropped;
+  }
+
+  // A record of a known or unknown kind; false when a known record lacks what it needs.
+  bool record(Fields &f, const std::function<void(Leak &&)> &on_leak) {
+    const std::string &k = f.k;
+    if (f.ts) log.max_ts = std::max(log.max_ts, *f.ts);
+    if (k == "call"sv || k == "finding"sv || k == "nccl"sv || k == "cuda_error"sv) {
+      if (!f.seq) return false;
+      Event e;
+      e.seq = *f.seq;
+      e.ts = f.ts.value_or(0);
+      e.tid = f.tid.value_or(0);
+      e.stack = f.stack;
+      if (k == "call"sv) {
+        if (!f.api || f.api->empty()) return false;
+        Call &c = e.body.emplace<Call>();
+        c.api = std::move(*f.api);
+        c.res = f.res.value_or(0);
+        c.dur = f.dur.value_or(0);
+        if (f.args_is_object && !f.call_args_done) {
+          // args came before k: read them again from their raw text.
+          if (!aux_args(f.args_raw, f.call_args)) return false;
+        }
+        c.args = std::move(f.call_args.text);
+        c.ptr = f.call_args.ptr;
+        c.size = f.call_args.size;
+        c.handle = f.call_args.handle;
+        c.dev = f.dev.value_or(-1);
+        if (f.mem) c.mem = std::move(*f.mem);
+        c.delta = f.delta.value_or(0);
+        c.skipped = f.skipped;
+        c.deferred = f.deferred;
+      } else if (k == "finding"sv) {
+        if (!f.cls || f.cls->empty()) return false;
+        Finding x;
+        x.cls = std::move(*f.cls);
+        x.api = f.api.value_or("");
+        x.action = f.action.value_or("");
+        x.res = f.res.value_or(0);
+        if (f.args_is_object) {
+          if (f.call_args_done) {
+            x.args = std::move(f.call_args.text);
+          } else {
+            x.args_json = bounded_json(f.args_raw, kMaxValueDepth, kMaxValueBytes);
+            ArgsInfo a;
+            if (aux_args(x.args_json, a)) x.args = std::move(a.text);
+          }
+        }
+        x.msg = f.msg.value_or("");
+        x.related = std::move(f.related);
+        if (f.have_state) x.state_json = std::move(f.state_json);
+        x.bytes = f.bytes;
+        x.blocked_ns = f.blocked_ns;
+        x.suppressed = f.suppressed_rule.value_or("");
+        e.body = std::move(x);
+      } else if (k == "nccl"sv) {
+        if (!f.event || f.event->empty()) return false;
+        Nccl n;
+        n.event = std::move(*f.event);
+        n.api = f.api.value_or("");
+        n.comm = f.comm.value_or("");
+        n.rank = f.rank;
+        n.nranks = f.nranks;
+        n.dev = f.dev;
+        n.res = f.res.value_or(0);
+        n.live = f.live;
+        n.suppressed = f.suppressed_flag;
+        e.body = std::move(n);
+      } else {
+        if (!f.api || !f.res) return false;
+        CudaError c;
+        c.api = std::move(*f.api);
+        c.res = *f.res;
+        c.name = f.name.value_or("");
+        c.sticky = f.sticky;
+        e.body = std::move(c);
+      }
+      push(std::move(e));
+    } else if (k == "stack"sv) {
+      if (!f.id || !f.have_pcs || !f.pcs_ok) return false;
+      log.stacks[*f.id] = std::move(f.pcs);
+    } else if (k == "module"sv) {
+      if (!f.path || f.path->empty() || !f.base) return false;
+      Module m;
+      m.path = std::move(*f.path);
+      m.base = *f.base;
+      m.size = f.mod_size.value_or(0);
+      m.build_id = f.build_id.value_or("");
+      keep(log.modules, std::move(m));
+    } else if (k == "leak"sv) {
+      Leak l;
+      l.what = f.what.value_or("");
+      l.api = f.api.value_or("");
+      if (f.object) {
+        l.object_field = f.object_field.value_or("");
+        l.object = std::move(*f.object);
+      }
+      l.size = f.size.value_or(0);
+      l.dev = f.dev.value_or(-1);
+      l.seq = f.seq;
+      l.stack = f.stack;
+      if (on_leak) on_leak(std::move(l));
+    } else if (k == "config"sv) {
+      ConfigRecord c;
+      c.var = f.var.value_or("");
+      c.original = f.original.value_or("");
+      c.result = f.result.value_or("");
+      c.msg = f.msg.value_or("");
+      c.applied = f.applied;
+      keep(log.configs, std::move(c));
+    } else if (k == "note"sv) {
+      Note n;
+      n.ts = f.ts.value_or(0);
+      n.level = f.level.value_or("info");
+      n.msg = f.msg.value_or("");
+      keep(log.notes, std::move(n));
+    } else if (k == "summary"sv) {
+      Summary s;
+      s.ts = f.ts.value_or(0);
+      s.calls = std::move(f.calls);
+      s.bytes = std::move(f.summary_bytes);
+      s.live = std::move(f.live_counts);
+      s.findings = std::move(f.findings);
+      s.suppressed = std::move(f.rules);
+      log.summary = std::move(s);
+    } else if (k == "end"sv) {
+      log.end_ts = f.ts.value_or(0);
+      log.end_signal = f.signal;
+      log.end_signal_name = f.signal_name.value_or("");
+      log.end_aborted = f.aborted;
+    } else if (k == "crash"sv) {
+      if (!f.signal) return false;
+      Crash c;
+      c.ts = f.ts.value_or(0);
+      c.tid = f.tid.value_or(0);
+      c.signal = *f.signal;
+      c.signal_name = f.signal_name.value_or("");
+      c.addr = f.addr;
+      c.stack = f.stack;
+      log.crash = std::move(c);
+    } else if (k.empty()) {
+      return false;
+    } else {
+      // A later minor version's record: skipped by contract, counted by kind.
+      if (log.unknown_kinds.size() < 64 || log.unknown_kinds.count(k)) ++log.unknown_kinds[k];
+      else ++log.unknown_kinds["(other kinds)"];
+    }
+    return true;
+  }
+
+  bool aux_args(std::string_view raw, ArgsInfo &a) {
+    aux_text = simdjson::padded_string(raw);
+    od::document doc;
+    if (aux.iterate(aux_text).get(doc) != SUCCESS) return false;
+    od::object o;
+    if (doc.get_object().get(o) != SUCCESS) return false;
+    return read_args(o, a);
+  }
+
+  // Reads lines until an event can be released or the log ends.
+  void fill(const std::function<void(Leak &&)> &on_leak) {
+    std::string_view line;
+    bool unterminated = false;
+    while (!lines_done && !ready) {
+      if (!heap.empty()) {
+        const std::uint64_t top = heap.front().e.seq;
+        if (releasable(top)) return;
+        if (heap.size() >= (released_any ? kReorderWindow : 1024)) return;
+      }
+      if (!next_line(line, unterminated)) {
+        lines_done = true;
+        return;
+      }
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line.empty()) continue;
+      Fields f;
+      if (!read_record(parser, line, room(line), f)) {
+        if (unterminated) log.partial_last_line = true;
+        else ++log.malformed;
+        continue;
+      }
+      ++log.records;
+      if (!record(f, on_leak)) ++log.malformed;
+    }
+  }
+};
+
+LogReader::LogReader(std::unique_ptr<ByteSource> src, std::string name, std::string open_error)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->src = std::move(src);
+  impl_->log.file = std::move(name);
+  impl_->error = std::move(open_error);
+}
+
+LogReader::~LogReader() = default;
+
+bool LogReader::open() {
+  Impl &d = *impl_;
+  if (d.opened) return d.status == ReadStatus::Ok;
+  d.opened = true;
+  if (d.status != ReadStatus::Ok) return false;
+  if (!d.src) {
+    d.status = ReadStatus::Unreadable;
+    if (d.error.empty()) d.error = "cannot open";
+    return false;
+  }
+  std::string_view line;
+  bool unterminated = false;
+  if (!d.next_line(line, unterminated)) {
+    if (d.status == ReadStatus::Ok) {
+      d.status = ReadStatus::NotALog;
+      d.error = "not a cumemguard log (the file is empty)";
+    }
+    return false;
+  }
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return d.header(line);
+}
+
+ReadStatus LogReader::status() const {
+  return impl_->status;
+}
+
+const std::string &LogReader::error() const {
+  return impl_->error;
+}
+
+bool LogReader::next(Event &e) {
+  Impl &d = *impl_;
+  if (!d.opened && !open()) return false;
+  if (d.status != ReadStatus::Ok && d.heap.empty() && !d.ready) return false;
+  d.fill(on_leak);
+  if (d.ready) {
+    e = std::move(*d.ready);
+    d.ready.reset();
+  } else {
+    if (d.heap.empty()) return false;
+    std::pop_heap(d.heap.begin(), d.heap.end(), Impl::later);
+    e = std::move(d.heap.back().e);
+    d.heap.pop_back();
+  }
+  if (d.released_any && e.seq < d.last_seq) ++d.log.late;
+  d.last_seq = d.released_any ? std::max(d.last_seq, e.seq) : e.seq;
+  d.released_any = true;
+  return true;
+}
+
+Log &LogReader::log() {
+  return impl_->log;
+}
+
+const Log &LogReader::log() const {
+  return impl_->log;
+}
+
+std::unique_ptr<LogReader> open_log_file(const std::string &path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return std::make_unique<LogReader>(nullptr, path,
+                                       std::string("cannot open: ") + std::strerror(errno));
+  return std::make_unique<LogReader>(fd_source(fd, true), path);
+}
+
+ReadResult read_all(LogReader &r) {
+  ReadResult out;
+  r.on_leak = [&](Leak &&l) { out.leaks.push_back(std::move(l)); };
+  if (r.open()) {
+    Event e;
+    while (r.next(e)) out.events.push_back(std::move(e));
+  }
+  out.status = r.status();
+  out.error = r.error();
+  out.log = std::move(r.log());
   return out;
 }
 
-std::int64_t Log::last_ts() const {
-  std::int64_t t = 0;
-  if (end_ts) t = std::max(t, *end_ts);
-  if (summary) t = std::max(t, summary->ts);
-  for (const auto &e : events) t = std::max(t, e.ts);
-  for (const auto &n : notes) t = std::max(t, n.ts);
-  return t;
-}
-
-ReadResult read_log(std::istream &in, std::string name) {
-  ReadResult r;
-  r.log.file = std::move(name);
-  std::string line;
-  bool have_header = false;
-  errno = 0;
-  while (std::getline(in, line)) {
-    // getline sets eof when the line had no '\n': only the last line of a cut-off log can be so.
-    const bool unterminated = in.eof();
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!have_header) {
-      const Json h = Json::parse(line, nullptr, false);
-      const bool is_header =
-          h.is_object() && h.contains("cumemguard_log") &&
-          (h["cumemguard_log"].is_number_integer() || h["cumemguard_log"].is_number_unsigned());
-      if (!is_header) {
-        r.status = ReadStatus::NotALog;
-        r.error = "not a cumemguard log (the first line is not a log header)";
-        return r;
-      }
-      const std::int64_t format = h["cumemguard_log"].get<std::int64_t>();
-      if (format > kLogFormat) {
-        r.status = ReadStatus::NewerFormat;
-        r.error = "log format " + std::to_string(format) +
-                  " is newer than this cumemguard understands (" + std::to_string(kLogFormat) + ")";
-        return r;
-      }
-      if (format < 1) {
-        r.status = ReadStatus::NotALog;
-        r.error = "not a cumemguard log (format " + std::to_string(format) + ")";
-        return r;
-      }
-      parse_header(h, r.log.header);
-      have_header = true;
-      continue;
-    }
-    if (line.empty()) continue;
-    Json o = Json::parse(line, nullptr, false);
-    if (o.is_discarded()) {
-      if (unterminated)
-        r.log.partial_last_line = true;
-      else
-        ++r.log.malformed;
-      continue;
-    }
-    ++r.log.records;
-    if (!parse_record(o, r.log)) ++r.log.malformed;
-  }
-  if (in.bad()) {
-    r.status = ReadStatus::Unreadable;
-    // errno is what the failed read(2) left: EISDIR for a directory, EIO for a bad disk.
-    r.error = std::string("cannot read: ") + std::strerror(errno ? errno : EIO);
-    return r;
-  }
-  if (!have_header) {
-    r.status = ReadStatus::NotALog;
-    r.error = "not a cumemguard log (the file is empty)";
-    return r;
-  }
-  // seq, not line order, is the event order (threads may write their lines out of order).
-  std::stable_sort(r.log.events.begin(), r.log.events.end(),
-                   [](const Event &a, const Event &b) { return a.seq < b.seq; });
-  return r;
+ReadResult read_log_text(std::string_view text, std::string name) {
+  LogReader r(text_source(text), std::move(name));
+  return read_all(r);
 }
 
 ReadResult read_log_file(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    ReadResult r;
-    r.log.file = path;
-    r.status = ReadStatus::Unreadable;
-    r.error = std::string("cannot open: ") + std::strerror(errno);
-    return r;
-  }
-  return read_log(in, path);
+  auto r = open_log_file(path);
+  return read_all(*r);
 }
 
-ReadResult read_log_text(std::string_view text, std::string name) {
-  std::istringstream in{std::string(text)};
-  return read_log(in, std::move(name));
+bool is_log_header(std::string_view first_line) {
+  std::string text(first_line);
+  LogReader r(text_source(text), "");
+  if (r.open()) return true;
+  return r.status() == ReadStatus::NewerFormat;
 }
 
-std::int64_t earliest_start(const std::vector<Log> &logs) {
+void merge_logs(std::vector<LogReader *> &readers,
+                const std::function<void(std::size_t, const Event &)> &sink) {
   std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
-  for (const auto &l : logs) t0 = std::min(t0, l.header.start_unix_ns);
-  return logs.empty() ? 0 : t0;
-}
-
-std::int64_t rel_time(const Log &log, std::int64_t ts, std::int64_t t0) {
-  return sat_add(sat_sub(log.header.start_unix_ns, t0), ts);
-}
-
-std::vector<EventRef> merge_events(const std::vector<Log> &logs) {
-  const std::int64_t t0 = earliest_start(logs);
+  for (auto *r : readers) t0 = std::min(t0, r->log().header.start_unix_ns);
   struct Head {
     std::int64_t t;
     std::size_t log;
-    std::size_t event;
   };
   // Earliest time first, then the log given first: a deterministic order for equal times.
   auto later = [](const Head &a, const Head &b) { return a.t != b.t ? a.t > b.t : a.log > b.log; };
   std::priority_queue<Head, std::vector<Head>, decltype(later)> heads(later);
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < logs.size(); ++i) {
-    total += logs[i].events.size();
-    if (!logs[i].events.empty()) heads.push({rel_time(logs[i], logs[i].events[0].ts, t0), i, 0});
+  if (readers.size() == 1) {  // one log: nothing to merge
+    Event e;
+    while (readers[0]->next(e)) sink(0, e);
+    return;
   }
-  std::vector<EventRef> out;
-  out.reserve(total);
+  std::vector<Event> cur(readers.size());
+  for (std::size_t i = 0; i < readers.size(); ++i)
+    if (readers[i]->next(cur[i])) heads.push({rel_time(readers[i]->log().header, cur[i].ts, t0), i});
   while (!heads.empty()) {
-    Head h = heads.top();
+    const Head h = heads.top();
     heads.pop();
-    out.push_back({h.log, h.event});
-    const auto &evs = logs[h.log].events;
-    if (h.event + 1 < evs.size())
-      heads.push({rel_time(logs[h.log], evs[h.event + 1].ts, t0), h.log, h.event + 1});
+    sink(h.log, cur[h.log]);
+    if (readers[h.log]->next(cur[h.log]))
+      heads.push({rel_time(readers[h.log]->log().header, cur[h.log].ts, t0), h.log});
   }
-  return out;
 }
 
 }  // namespace cmg::report

@@ -1,27 +1,42 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reads cumemguard event logs (docs/log-format.md) into typed records, and merges several logs.
+// Reads cumemguard event logs (docs/log-format.md) as a stream of typed records, and merges
+// several logs. The reader holds what is live (stacks, modules, a reorder window of events), never
+// the whole log: users keep the logs of long jobs on many ranks, gigabytes each.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <istream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace cmg::report {
-
-// ordered_json keeps the field order of the log, so arguments print in the order the shim wrote
-// them.
-using Json = nlohmann::ordered_json;
 
 // The newest log format this reader understands.
 inline constexpr std::int64_t kLogFormat = 1;
+
+// Bounds on what one record can make the report hold or print.
+inline constexpr std::size_t kMaxLine = std::size_t{64} << 20;  // longer lines are skipped
+inline constexpr std::size_t kMaxText = 4096;                   // one string field, as kept
+inline constexpr std::size_t kMaxValueDepth = 32;               // free-form JSON values
+inline constexpr std::size_t kMaxValueBytes = 8192;
+inline constexpr std::size_t kMaxFrames = 256;   // return addresses kept per stack record
+inline constexpr std::size_t kMaxRelated = 32;   // related events kept per finding
+inline constexpr std::size_t kMaxListed = 1000;  // notes, configs, modules per log
+// Events are released in seq order once this many are waiting (threads stamp their seq before
+// they write their line, so lines can come slightly out of order).
+inline constexpr std::size_t kReorderWindow = 65536;
+
+// Text from a log (or from a module's symbols) as the report keeps and prints it: control
+// characters written as \xNN by policy's escape_controls, the one escaper of every output, and
+// cut at `max` bytes with a marker. A crafted log must not retitle or clear the terminal.
+std::string clean(std::string_view s, std::size_t max = kMaxText);
 
 struct Header {
   std::int64_t format = 0;
@@ -65,6 +80,8 @@ struct Call {
   std::int64_t delta = 0;
   bool skipped = false;
   bool deferred = false;
+  // The arguments the crash context follows (memory lifecycle, VMM ranges), when present.
+  std::optional<std::uint64_t> ptr, size, handle;
 };
 
 struct Finding {
@@ -72,12 +89,14 @@ struct Finding {
   std::string api;
   std::string action;
   std::int64_t res = 0;
-  Json args = Json::object();
+  std::string args;               // as text, like Call::args
+  std::string args_json = "{}";   // compact JSON, bounded (json_bounded.h)
   std::string msg;
   std::vector<Related> related;
-  Json state;  // null when absent
+  std::string state_json;  // compact JSON, bounded; empty when absent
   std::optional<std::int64_t> bytes;
   std::optional<std::int64_t> blocked_ns;
+  std::string suppressed;  // "CLASS:PATTERN" of the rule that suppressed it; empty when not
 };
 
 struct Nccl {
@@ -92,13 +111,21 @@ struct Nccl {
   bool suppressed = false;
 };
 
+// The first call that returned a distinct non-success status (docs/log-format.md `cuda_error`).
+struct CudaError {
+  std::string api;
+  std::int64_t res = 0;
+  std::string name;
+  bool sticky = false;  // decided by the shim: the error poisons the context
+};
+
 // A record that happened at a point in time; `seq` orders it within its log.
 struct Event {
   std::uint64_t seq = 0;
   std::int64_t ts = 0;
   std::int64_t tid = 0;
   std::optional<std::uint64_t> stack;
-  std::variant<Call, Finding, Nccl> body;
+  std::variant<Call, Finding, Nccl, CudaError> body;
 };
 
 struct Leak {
@@ -109,6 +136,16 @@ struct Leak {
   std::int64_t size = 0;
   std::int64_t dev = -1;
   std::optional<std::uint64_t> seq;
+  std::optional<std::uint64_t> stack;
+};
+
+// The fatal signal, from the shim's signal handler (`crash` record).
+struct Crash {
+  std::int64_t ts = 0;
+  std::int64_t tid = 0;
+  std::int64_t signal = 0;
+  std::string signal_name;
+  std::optional<std::uint64_t> addr;
   std::optional<std::uint64_t> stack;
 };
 
@@ -128,59 +165,112 @@ struct SummaryBytes {
   std::int64_t current = 0, peak = 0, total = 0;
 };
 
+struct SuppressedRule {
+  std::string cls, pattern;
+  std::int64_t count = 0;
+};
+
 struct Summary {
   std::int64_t ts = 0;
   std::vector<std::pair<std::string, std::int64_t>> calls;
   std::vector<SummaryBytes> bytes;
   std::vector<std::pair<std::string, std::int64_t>> live;
   std::vector<std::pair<std::string, std::int64_t>> findings;
+  std::vector<SuppressedRule> suppressed;
 };
+
+// How the process ended, as its log says (docs/report.md).
+enum class Status { Complete, Crashed, Aborted, Truncated };
+const char *status_name(Status s);
 
 struct Log {
   std::string file;
   Header header;
-  std::vector<Event> events;  // sorted by seq (stable)
-  std::map<std::uint64_t, std::vector<std::uint64_t>> stacks;
+  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> stacks;
   std::vector<Module> modules;
-  std::vector<Leak> leaks;
   std::vector<ConfigRecord> configs;
   std::vector<Note> notes;
+  std::size_t dropped = 0;  // notes, configs or modules past kMaxListed
   std::optional<Summary> summary;
-  std::optional<std::int64_t> end_ts;                // set by the `end` record
+  std::optional<std::int64_t> end_ts;  // set by the `end` record
+  std::optional<std::int64_t> end_signal;
+  std::string end_signal_name;
+  bool end_aborted = false;
+  std::optional<Crash> crash;
   bool partial_last_line = false;                    // the last line was cut off mid-record
   std::size_t records = 0;                           // lines read as records, header excluded
   std::size_t malformed = 0;                         // lines or known records that did not parse
+  std::size_t overlong = 0;                          // lines over kMaxLine, skipped (in malformed)
+  std::size_t late = 0;  // events that came more than kReorderWindow events late
   std::map<std::string, std::size_t> unknown_kinds;  // skipped records by kind
+  std::int64_t max_ts = 0;                           // the latest ts of any record
 
+  Status status() const;
   bool truncated() const { return partial_last_line || !end_ts; }
   // The last time the log speaks of (end, summary, last event or note), for "until" displays.
-  std::int64_t last_ts() const;
+  std::int64_t last_ts() const { return max_ts; }
 };
 
 enum class ReadStatus { Ok, Unreadable, NotALog, NewerFormat };
 
+// Where the bytes of a log come from: a descriptor (a file, a pipe, stdin) or memory.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Like read(2): bytes read, 0 at the end, -1 with errno set on an error.
+  virtual long read(char *buf, std::size_t n) = 0;
+};
+std::unique_ptr<ByteSource> fd_source(int fd, bool owned);
+std::unique_ptr<ByteSource> text_source(std::string_view text);
+
+class LogReader {
+ public:
+  // `open_error`: the source could not be opened (src is null); open() reports it.
+  LogReader(std::unique_ptr<ByteSource> src, std::string name, std::string open_error = {});
+  ~LogReader();
+  LogReader(const LogReader &) = delete;
+  LogReader &operator=(const LogReader &) = delete;
+
+  // Reads the header. False when the input is not a log this reader can read (status, error).
+  bool open();
+  ReadStatus status() const;
+  const std::string &error() const;  // one line, without the file name, when status != Ok
+
+  // The next event in seq order; false at the end of the log (or on a read error: status
+  // Unreadable). Records of other kinds update log() as they are read.
+  bool next(Event &e);
+  // Leak records go here as they are read (they have no seq): the report groups them at once.
+  std::function<void(Leak &&)> on_leak;
+
+  Log &log();
+  const Log &log() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Opens a log file for reading (unreadable: status Unreadable on open()).
+std::unique_ptr<LogReader> open_log_file(const std::string &path);
+
+// Whole-log reading, for tests and small tools: every event and leak in memory.
 struct ReadResult {
   ReadStatus status = ReadStatus::Ok;
-  std::string error;  // one line, without the file name, when status != Ok
+  std::string error;
   Log log;
+  std::vector<Event> events;  // in seq order
+  std::vector<Leak> leaks;
 };
-
-// Reads a log from a stream; `name` is what messages and reports call it.
-ReadResult read_log(std::istream &in, std::string name);
-ReadResult read_log_file(const std::string &path);
 ReadResult read_log_text(std::string_view text, std::string name);
+ReadResult read_log_file(const std::string &path);
 
-// "0x7f3a00000000" (or a plain JSON number) -> value; nullopt when neither.
-std::optional<std::uint64_t> parse_hex(const Json &v);
+// True when `first_line` is a cumemguard log header (any format): the report never writes its
+// output over such a file.
+bool is_log_header(std::string_view first_line);
+
+// "0x7f3a00000000" or a decimal string -> value; nullopt when neither.
+std::optional<std::uint64_t> parse_hex(std::string_view s);
 std::string hex(std::uint64_t v);
-// A call's arguments as "name=value, ...", strings unquoted (they are hex numbers or names).
-std::string args_text(const Json &args);
-
-// One event of one log, in the merged order of several logs.
-struct EventRef {
-  std::size_t log;
-  std::size_t event;
-};
 
 // Sums of numbers a log supplies saturate instead of overflowing: a log is input the report does
 // not control, and a hostile one (tests/fuzz, fuzz_report) made these sums undefined behaviour.
@@ -196,11 +286,14 @@ inline std::int64_t sat_sub(std::int64_t a, std::int64_t b) {
 }
 
 // Time of an event relative to `t0` (the earliest log start), in ns.
-std::int64_t rel_time(const Log &log, std::int64_t ts, std::int64_t t0);
-std::int64_t earliest_start(const std::vector<Log> &logs);
+inline std::int64_t rel_time(const Header &h, std::int64_t ts, std::int64_t t0) {
+  return sat_add(sat_sub(h.start_unix_ns, t0), ts);
+}
 
-// Merges the events of several logs: each log keeps its `seq` order; across logs, the event whose
-// start_unix_ns + ts is earliest goes first (ties: the log given first).
-std::vector<EventRef> merge_events(const std::vector<Log> &logs);
+// Merges the events of several logs as they are read: each log keeps its `seq` order; across
+// logs, the event whose start_unix_ns + ts is earliest goes first (ties: the log given first).
+// `sink(log index, event)` sees every event once.
+void merge_logs(std::vector<LogReader *> &readers,
+                const std::function<void(std::size_t, const Event &)> &sink);
 
 }  // namespace cmg::report

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Command line of `cumemguard report`: options, reading the logs, choosing the output, exit status.
+// Command line of `cumemguard report`: options, opening the logs, choosing the outputs, exit status.
 #include "report.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <charconv>
 #include <cstdint>
@@ -8,35 +12,55 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "cmg_config.h"
 #include "report_model.h"
 
 namespace cmg {
 namespace {
 
 constexpr const char *kUsage =
-    "usage: cumemguard report [--json] [--trace OUT.json] [--no-symbolize] [--top N]\n"
-    "                         [--fail-on-leaks] [--slow-us N] LOG...\n"
+    "usage: cumemguard report [--json] [-o OUT] [--trace OUT.json] [--html OUT.html]\n"
+    "                         [--no-symbolize] [--top N] [--fail-on-leaks] [--slow-us N]\n"
+    "                         [--gen-suppressions] LOG...\n"
     "\n"
-    "Reads cumemguard event logs (one per process or rank) and prints findings grouped by class\n"
-    "and stack, leaks by allocation stack, bytes per device and memory kind, top allocation "
-    "sites,\n"
-    "calls per API and NCCL communicator lifecycles.\n"
+    "Reads cumemguard event logs (one per process or rank) and prints what happened to each\n"
+    "process that did not exit normally, findings grouped by class and stack, leaks by allocation\n"
+    "stack, bytes per device and memory kind, top allocation sites, calls per API and NCCL\n"
+    "communicator lifecycles. A log named twice is read once.\n"
     "\n"
-    "  --json            one JSON document instead of text (docs/report-schema.md)\n"
-    "  --trace OUT.json  also write a Chrome trace-event file for Perfetto / chrome://tracing\n"
-    "  --no-symbolize    print frames as module+offset without reading the modules\n"
-    "  --top N           rows of ranked lists: allocation sites, leak stacks (default 10, 0 = "
+    "  --json              one JSON document instead of text (docs/report-schema.md)\n"
+    "  -o, --output OUT    write the text or JSON report to OUT instead of stdout\n"
+    "  --trace OUT.json    also write a Chrome trace-event file for Perfetto / chrome://tracing\n"
+    "  --html OUT.html     also write one self-contained HTML page: memory over time, findings\n"
+    "  --no-symbolize      print frames as module+offset without reading the modules\n"
+    "  --top N             rows of ranked lists: allocation sites, leak stacks (default 10, 0 = "
     "all)\n"
-    "  --fail-on-leaks   leaks at exit make the exit status 1, like other findings\n"
-    "  --slow-us N       calls of at least N microseconds become slices in the trace (default "
-    "1000)\n"
+    "  --fail-on-leaks     leaks at exit make the exit status 1, like other findings\n"
+    "  --slow-us N         calls of at least N microseconds become slices in the trace (default\n"
+    "                      1000; 0: every call)\n"
+    "  --gen-suppressions  print a suppression rule (CUMEMGUARD_SUPPRESSIONS) for each finding\n"
+    "                      group instead of the report\n"
+    "  --version           print the version\n"
     "\n"
-    "Exit status: 0 no findings, 1 findings, 2 usage error or a log that cannot be read,\n"
-    "3 a log written in a newer format; the highest that applies wins.\n";
+    "The report never writes an output over a cumemguard event log.\n"
+    "\n"
+    "Exit status:\n"
+    "  0   no findings\n"
+    "  1   findings (suppressed ones excepted), or a process crashed or was aborted\n"
+    "  64  usage error\n"
+    "  66  a log cannot be read, is not a cumemguard log or is of a newer format\n"
+    "  73  an output file cannot be written\n"
+    "The highest that applies wins.\n";
 
 bool parse_count(std::string_view s, std::int64_t &out) {
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -45,8 +69,37 @@ bool parse_count(std::string_view s, std::int64_t &out) {
 
 // One line, as for the other commands; the whole usage is one --help away.
 int usage_error(const std::string &msg) {
-  std::cerr << "cumemguard report: " << msg << " (see cumemguard report --help)\n";
-  return 2;
+  std::cerr << "cumemguard report: " << report::clean(msg) << " (see cumemguard report --help)\n";
+  return report::kExitUsage;
+}
+
+// The first line of an existing regular file (up to 64 KiB), without blocking on a FIFO.
+std::optional<std::string> first_line(const std::string &path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::optional<std::string> out;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    std::string buf(65536, '\0');
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n > 0) {
+      buf.resize(static_cast<std::size_t>(n));
+      out = buf.substr(0, buf.find('\n'));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// `cumemguard report --trace cumemguard.*.log`: the glob fills the output slot with a log, and
+// writing the trace there would destroy it.
+bool refuse_over_log(const std::string &path, const char *what) {
+  auto line = first_line(path);
+  if (!line || !report::is_log_header(*line)) return false;
+  std::cerr << "cumemguard report: will not write the " << what << " to " << report::clean(path)
+            << ": it is a cumemguard event log (did a glob fill the output slot? name the "
+               "output file first)\n";
+  return true;
 }
 
 }  // namespace
@@ -66,16 +119,21 @@ int report_main(int argc, char **argv) {
     } else if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       return 0;
+    } else if (a == "--version") {
+      std::cout << "cumemguard report " << CMG_VERSION << "\n";
+      return 0;
     } else if (a == "--json") {
       opt.json = true;
     } else if (a == "--no-symbolize") {
       opt.symbolize = false;
     } else if (a == "--fail-on-leaks") {
       opt.fail_on_leaks = true;
-    } else if (a == "--trace") {
+    } else if (a == "--gen-suppressions") {
+      opt.gen_suppressions = true;
+    } else if (a == "--trace" || a == "--html" || a == "-o" || a == "--output") {
       const char *v = value();
-      if (!v || !*v) return usage_error("--trace needs an output file");
-      opt.trace_path = v;
+      if (!v || !*v) return usage_error(std::string(a) + " needs an output file");
+      (a == "--trace" ? opt.trace_path : a == "--html" ? opt.html_path : opt.output_path) = v;
     } else if (a == "--top") {
       const char *v = value();
       std::int64_t n = 0;
@@ -92,52 +150,131 @@ int report_main(int argc, char **argv) {
     }
   }
   if (files.empty()) return usage_error("no log given");
+  if ((!opt.trace_path.empty() && refuse_over_log(opt.trace_path, "trace")) ||
+      (!opt.html_path.empty() && refuse_over_log(opt.html_path, "HTML page")) ||
+      (!opt.output_path.empty() && refuse_over_log(opt.output_path, "report")))
+    return kExitUsage;
 
   try {
     // Every log is read even when one fails: in a multi-rank run the ranks that did write a log
     // still explain the crash. The failures are named on stderr and raise the exit status.
-    std::vector<Log> logs;
+    std::vector<std::unique_ptr<LogReader>> readers;
     std::vector<LogError> errors;
+    std::vector<std::string> duplicates;
+    std::map<std::pair<dev_t, ino_t>, std::string> seen_files;
+    std::map<std::tuple<std::string, std::int64_t, std::int64_t>, std::string> seen_procs;
+    bool stdin_used = false;
     for (const auto &f : files) {
-      ReadResult r = f == "-" ? read_log(std::cin, "<stdin>") : read_log_file(f);
-      if (r.status == ReadStatus::Ok) {
-        logs.push_back(std::move(r.log));
+      const std::string shown = clean(f);
+      std::unique_ptr<LogReader> r;
+      if (f == "-") {
+        if (stdin_used) continue;
+        stdin_used = true;
+        r = std::make_unique<LogReader>(fd_source(0, false), "<stdin>");
+      } else {
+        struct stat st {};
+        if (::stat(f.c_str(), &st) == 0) {
+          auto [it, fresh] = seen_files.try_emplace({st.st_dev, st.st_ino}, shown);
+          if (!fresh) {
+            duplicates.push_back(
+                fmt::format("{}: the same file as {}; counted once", shown, it->second));
+            std::cerr << "cumemguard report: " << duplicates.back() << "\n";
+            continue;
+          }
+        }
+        r = open_log_file(f);
+      }
+      if (!r->open()) {
+        std::cerr << "cumemguard report: " << shown << ": " << r->error() << "\n";
+        errors.push_back({shown, r->error(), kExitNoInput});
         continue;
       }
-      const int status = r.status == ReadStatus::NewerFormat ? 3 : 2;
-      std::cerr << "cumemguard report: " << f << ": " << r.error << "\n";
-      errors.push_back({f, r.error, status});
+      // A copy of a log is the same process: counted once too.
+      const Header &h = r->log().header;
+      if (h.start_unix_ns != 0 && h.pid != 0) {
+        auto [it, fresh] = seen_procs.try_emplace({h.host, h.pid, h.start_unix_ns}, shown);
+        if (!fresh) {
+          duplicates.push_back(fmt::format(
+              "{}: the same log as {} (pid {}, same start); counted once", shown, it->second,
+              h.pid));
+          std::cerr << "cumemguard report: " << duplicates.back() << "\n";
+          continue;
+        }
+      }
+      if (f != "-") r->log().file = shown;
+      readers.push_back(std::move(r));
     }
-    if (logs.empty()) {
+    if (readers.empty() && !opt.json) {
       int status = 0;
       for (const auto &e : errors) status = std::max(status, e.exit_status);
       return status;
     }
 
-    Model m = build_model(std::move(logs), std::move(errors), opt);
+    int write_status = 0;
+    auto cannot_write = [&](const std::string &path, const char *what) {
+      std::cerr << "cumemguard report: " << clean(path) << ": cannot write the " << what << ": "
+                << std::strerror(errno) << "\n";
+      write_status = kExitCantCreate;
+    };
+
+    std::unique_ptr<EventSink> trace;
+    std::FILE *trace_file = nullptr;
+    bool trace_failed = false;
     if (!opt.trace_path.empty()) {
-      std::ofstream out(opt.trace_path, std::ios::binary | std::ios::trunc);
-      if (out)
-        out << trace_json(m, opt).dump(-1, ' ', false, Json::error_handler_t::replace) << '\n';
-      if (!out) {
-        std::cerr << "cumemguard report: " << opt.trace_path
-                  << ": cannot write the trace: " << std::strerror(errno) << "\n";
-        m.errors.push_back({opt.trace_path, "cannot write the trace", 2});
+      trace_file = std::fopen(opt.trace_path.c_str(), "we");
+      if (!trace_file) {
+        cannot_write(opt.trace_path, "trace");
       } else {
-        out.close();
-        std::cerr << "cumemguard report: trace written to " << opt.trace_path
+        trace = trace_writer(opt, [&](std::string_view s) {
+          if (!trace_failed && std::fwrite(s.data(), 1, s.size(), trace_file) != s.size())
+            trace_failed = true;
+        });
+      }
+    }
+
+    Model m = read_model(std::move(readers), std::move(errors), opt, trace.get());
+    m.duplicates = std::move(duplicates);
+    if (trace_file) {
+      if (std::fclose(trace_file) != 0 || trace_failed) {
+        cannot_write(opt.trace_path, "trace");
+      } else {
+        std::cerr << "cumemguard report: trace written to " << clean(opt.trace_path)
                   << " (open it in ui.perfetto.dev or chrome://tracing)\n";
       }
     }
-    if (opt.json)
-      std::cout << report_json(m, opt).dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
-    else
-      write_text(m, opt, std::cout);
-    std::cout.flush();
-    return m.exit_status(opt);
+    if (!opt.html_path.empty()) {
+      std::ofstream html(opt.html_path, std::ios::binary | std::ios::trunc);
+      if (html) write_html(m, opt, html);
+      if (html) html.close();
+      if (!html)
+        cannot_write(opt.html_path, "HTML page");
+      else
+        std::cerr << "cumemguard report: HTML page written to " << clean(opt.html_path) << "\n";
+    }
+
+    std::ofstream file;
+    if (!opt.output_path.empty()) {
+      file.open(opt.output_path, std::ios::binary | std::ios::trunc);
+      if (!file) cannot_write(opt.output_path, "report");
+    }
+    std::ostream &out = opt.output_path.empty() ? std::cout : file;
+    if (opt.output_path.empty() || file) {
+      if (opt.gen_suppressions)
+        write_suppressions(m, out);
+      else if (opt.json)
+        out << report_json(m, opt).dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
+      else
+        write_text(m, opt, out);
+      out.flush();
+      if (!opt.output_path.empty()) {
+        file.close();
+        if (!file) cannot_write(opt.output_path, "report");
+      }
+    }
+    return std::max(m.exit_status(opt), write_status);
   } catch (const std::exception &e) {
     std::cerr << "cumemguard report: internal error: " << e.what() << "\n";
-    return 2;
+    return kExitNoInput;
   }
 }
 

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "logreader.h"
+#include "report_model.h"
 #include "units.h"
 
 namespace cmg::report {
@@ -43,9 +43,6 @@ inline std::string compact(const Json &j) {
 // "cuMemRelease(handle=0x55d0c0a0, size=2097152)"
 inline std::string call_text(const std::string &api, const std::string &args) {
   return (api.empty() ? std::string("?") : api) + "(" + args + ")";
-}
-inline std::string call_text(const std::string &api, const Json &args) {
-  return call_text(api, args_text(args));
 }
 
 }  // namespace cmg::report

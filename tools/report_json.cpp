@@ -33,6 +33,71 @@ Json stack_json(const ResolvedStack &s) {
   return {{"log", s.log}, {"id", *s.id}, {"missing", s.missing}, {"frames", std::move(frames)}};
 }
 
+// A bounded JSON value from the reader (json_bounded.h: always valid JSON).
+Json value_json(const std::string &text) {
+  if (text.empty()) return nullptr;
+  Json j = Json::parse(text, nullptr, false);
+  return j.is_discarded() ? Json(text) : j;
+}
+
+Json error_point_json(const Model &m, std::size_t li, const ErrorPoint &p) {
+  return {{"seq", p.seq},
+          {"tid", p.tid},
+          {"t_ns", p.t},
+          {"api", p.error.api},
+          {"res", p.error.res},
+          {"name", p.error.name},
+          {"sticky", p.error.sticky},
+          {"stack", stack_json(m.stack(li, p.stack))}};
+}
+
+// How the process ended and what led there (docs/report-schema.md, Outcome).
+Json outcome_json(const Model &m, std::size_t li) {
+  const Outcome &o = m.outcomes[li];
+  Json crash = nullptr;
+  if (o.crash)
+    crash = {{"tid", o.crash->tid},
+             {"t_ns", m.time(li, o.crash->ts)},
+             {"signal", o.crash->signal},
+             {"signal_name", o.crash->signal_name},
+             {"addr", o.crash->addr ? Json(hex(*o.crash->addr)) : Json(nullptr)},
+             {"stack", stack_json(m.stack(li, o.crash->stack))}};
+  Json errors = Json::array();
+  for (const auto &e : o.errors) errors.push_back(error_point_json(m, li, e));
+  // The calls and ranges explain a process that did not end well; others list none.
+  Json lifecycle = Json::array();
+  if (o.explain())
+    for (const auto &l : o.lifecycle)
+    lifecycle.push_back({{"seq", l.seq},
+                         {"tid", l.tid},
+                         {"t_ns", l.t},
+                         {"api", l.api},
+                         {"args", l.args},
+                         {"res", l.res},
+                         {"skipped", l.skipped}});
+  Json asleep = Json::array();
+  if (o.explain())
+    for (const auto &a : o.asleep)
+    asleep.push_back({{"ptr", hex(a.ptr)},
+                      {"size", a.size},
+                      {"reservation", hex(a.reservation)},
+                      {"reservation_size", a.reservation_size},
+                      {"unmap_seq", a.unmap_seq},
+                      {"unmap_tid", a.unmap_tid}});
+  return {{"status", status_name(o.status)},
+          {"signal", o.signal ? Json(*o.signal) : Json(nullptr)},
+          {"signal_name", o.signal_name.empty() ? Json(nullptr) : Json(o.signal_name)},
+          {"explained", o.explain()},
+          {"crash", std::move(crash)},
+          {"first_sticky_error",
+           o.first_sticky ? error_point_json(m, li, *o.first_sticky) : Json(nullptr)},
+          {"cuda_errors", std::move(errors)},
+          {"lifecycle_before", o.lifecycle_before_error ? "first_sticky_error" : "end"},
+          {"lifecycle", std::move(lifecycle)},
+          {"asleep_total", o.explain() ? o.asleep_total : 0},
+          {"asleep", std::move(asleep)}};
+}
+
 Json logs_json(const std::set<std::size_t> &logs) {
   Json a = Json::array();
   for (auto l : logs) a.push_back(l);
@@ -57,7 +122,7 @@ Json log_json(const Model &m, std::size_t i) {
   for (const auto &n : l.notes)
     notes.push_back({{"t_ns", m.time(i, n.ts)}, {"level", n.level}, {"msg", n.msg}});
   Json warnings = Json::array();
-  for (const auto &w : m.symbolizers[i].warnings()) warnings.push_back(w);
+  for (const auto &w : m.symbolizer(i).warnings()) warnings.push_back(w);
   return {{"label", m.label(i)},
           {"file", l.file},
           {"format", h.format},
@@ -71,6 +136,9 @@ Json log_json(const Model &m, std::size_t i) {
           {"argv", h.argv},
           {"mode", h.mode},
           {"options", std::move(options)},
+          {"status", status_name(l.status())},
+          {"signal", l.end_signal ? Json(*l.end_signal) : Json(nullptr)},
+          {"signal_name", l.end_signal_name.empty() ? Json(nullptr) : Json(l.end_signal_name)},
           {"truncated", l.truncated()},
           {"has_end", l.end_ts.has_value()},
           {"partial_last_line", l.partial_last_line},
@@ -80,11 +148,14 @@ Json log_json(const Model &m, std::size_t i) {
           {"unknown_kinds", std::move(unknown)},
           {"configs", std::move(configs)},
           {"notes", std::move(notes)},
-          {"symbol_warnings", std::move(warnings)}};
+          {"late_events", l.late},
+          {"overlong_lines", l.overlong},
+          {"symbol_warnings", std::move(warnings)},
+          {"outcome", outcome_json(m, i)}};
 }
 
-Json finding_example(const Model &m, EventRef ref) {
-  const Event &e = m.event(ref);
+Json finding_example(const Model &m, const Example &x) {
+  const Event &e = x.event;
   const Finding &f = std::get<Finding>(e.body);
   Json related = Json::array();
   for (const auto &r : f.related) {
@@ -92,19 +163,19 @@ Json finding_example(const Model &m, EventRef ref) {
                        {"api", r.api},
                        {"seq", opt_json(r.seq)},
                        {"tid", opt_json(r.tid)},
-                       {"t_ns", r.ts ? Json(m.time(ref.log, *r.ts)) : Json(nullptr)},
-                       {"stack", stack_json(m.stack(ref.log, r.stack))}});
+                       {"t_ns", r.ts ? Json(m.time(x.log, *r.ts)) : Json(nullptr)},
+                       {"stack", stack_json(m.stack(x.log, r.stack))}});
   }
-  return {{"log", ref.log},
+  return {{"log", x.log},
           {"seq", e.seq},
           {"tid", e.tid},
-          {"t_ns", m.time(ref)},
+          {"t_ns", m.time(x.log, e.ts)},
           {"api", f.api},
-          {"args", f.args},
+          {"args", value_json(f.args_json)},
           {"res", f.res},
           {"action", f.action},
           {"msg", f.msg},
-          {"state", f.state},
+          {"state", value_json(f.state_json)},
           {"bytes", opt_json(f.bytes)},
           {"blocked_ns", opt_json(f.blocked_ns)},
           {"related", std::move(related)}};
@@ -117,6 +188,7 @@ std::size_t limit(std::size_t n, std::size_t top) {
 }  // namespace
 
 Json report_json(const Model &m, const ReportOptions &opt) {
+  m.resolve_shown(opt);
   Json logs = Json::array();
   for (std::size_t i = 0; i < m.logs.size(); ++i) logs.push_back(log_json(m, i));
   Json errors = Json::array();
@@ -136,7 +208,7 @@ Json report_json(const Model &m, const ReportOptions &opt) {
                         {"actions", std::move(actions)},
                         {"bytes", opt_json(g.bytes)},
                         {"blocked_ns", opt_json(g.blocked_ns)},
-                        {"stack", stack_json(g.stack)},
+                        {"stack", stack_json(m.stack(g.stack))},
                         {"example", finding_example(m, g.example)}});
     }
     classes.push_back({{"class", c.cls},
@@ -149,7 +221,7 @@ Json report_json(const Model &m, const ReportOptions &opt) {
   Json leak_groups = Json::array();
   for (std::size_t i = 0; i < limit(m.leaks.size(), opt.top); ++i) {
     const LeakGroup &g = m.leaks[i];
-    const Leak &l = m.logs[g.example.first].leaks[g.example.second];
+    const Leak &l = g.example;
     Json what = Json::object();
     for (const auto &[w, n] : g.what) what[w] = n;
     leak_groups.push_back({{"api", g.api},
@@ -157,9 +229,9 @@ Json report_json(const Model &m, const ReportOptions &opt) {
                            {"bytes", g.bytes},
                            {"what", std::move(what)},
                            {"logs", logs_json(g.logs)},
-                           {"stack", stack_json(g.stack)},
+                           {"stack", stack_json(m.stack(g.stack))},
                            {"example",
-                            {{"log", g.example.first},
+                            {{"log", g.example_log},
                              {"what", l.what},
                              {"object_field", l.object_field},
                              {"object", l.object},
@@ -193,7 +265,7 @@ Json report_json(const Model &m, const ReportOptions &opt) {
                      {"count", s.count},
                      {"apis", Json(std::vector<std::string>(s.apis.begin(), s.apis.end()))},
                      {"logs", logs_json(s.logs)},
-                     {"stack", stack_json(s.stack)}});
+                     {"stack", stack_json(m.stack(s.stack))}});
   }
 
   Json calls = Json::array();
@@ -208,11 +280,11 @@ Json report_json(const Model &m, const ReportOptions &opt) {
                      {"at_exit", opt_json(c.at_exit)}});
 
   Json nccl_events = Json::array();
-  for (const EventRef &r : m.nccl) {
-    const Event &e = m.event(r);
+  for (const Example &x : m.nccl) {
+    const Event &e = x.event;
     const Nccl &n = std::get<Nccl>(e.body);
-    nccl_events.push_back({{"log", r.log},
-                           {"t_ns", m.time(r)},
+    nccl_events.push_back({{"log", x.log},
+                           {"t_ns", m.time(x.log, e.ts)},
                            {"seq", e.seq},
                            {"tid", e.tid},
                            {"event", n.event},
@@ -227,19 +299,26 @@ Json report_json(const Model &m, const ReportOptions &opt) {
   }
   Json comms = Json::array();
   for (const CommRow &c : m.comms) {
-    auto t = [&](const std::optional<EventRef> &r) { return r ? Json(m.time(*r)) : Json(nullptr); };
-    comms.push_back(
-        {{"log", c.log},
-         {"comm", c.comm},
-         {"created_t_ns", t(c.created)},
-         {"created_by",
-          c.created ? Json(std::get<Nccl>(m.event(*c.created).body).api) : Json(nullptr)},
-         {"finalized_t_ns", t(c.finalized)},
-         {"ended", c.ended ? Json(std::get<Nccl>(m.event(*c.ended).body).event) : Json(nullptr)},
-         {"ended_t_ns", t(c.ended)},
-         {"live_at_end", !c.ended.has_value()},
-         {"events", c.events}});
+    auto t = [&](const std::optional<NcclPoint> &p) { return p ? Json(p->t) : Json(nullptr); };
+    comms.push_back({{"log", c.log},
+                     {"comm", c.comm},
+                     {"created_t_ns", t(c.created)},
+                     {"created_by", c.created ? Json(c.created->api) : Json(nullptr)},
+                     {"finalized_t_ns", t(c.finalized)},
+                     {"ended", c.ended ? Json(c.ended->event) : Json(nullptr)},
+                     {"ended_t_ns", t(c.ended)},
+                     {"live_at_end", !c.ended.has_value()},
+                     {"events", c.events}});
   }
+  Json rules = Json::array();
+  for (const auto &r : m.suppressed)
+    rules.push_back({{"class", r.cls},
+                     {"pattern", r.pattern},
+                     {"count", r.count},
+                     {"at_exit", opt_json(r.at_exit)},
+                     {"logs", logs_json(r.logs)}});
+  Json duplicates = Json::array();
+  for (const auto &d : m.duplicates) duplicates.push_back(d);
 
   return {{"schema_version", kSchemaVersion},
           {"exit_status", m.exit_status(opt)},
@@ -247,7 +326,9 @@ Json report_json(const Model &m, const ReportOptions &opt) {
           {"truncated", m.truncated_any()},
           {"logs", std::move(logs)},
           {"errors", std::move(errors)},
+          {"duplicates", std::move(duplicates)},
           {"findings", {{"count", m.finding_count}, {"classes", std::move(classes)}}},
+          {"suppressed", {{"count", m.suppressed_count}, {"rules", std::move(rules)}}},
           {"leaks",
            {{"count", m.leak_count},
             {"bytes", m.leak_bytes},
@@ -256,7 +337,10 @@ Json report_json(const Model &m, const ReportOptions &opt) {
           {"memory", std::move(memory)},
           {"top_sites", {{"sites_total", m.sites.size()}, {"sites", std::move(sites)}}},
           {"calls", std::move(calls)},
-          {"nccl", {{"events", std::move(nccl_events)}, {"communicators", std::move(comms)}}}};
+          {"nccl",
+           {{"events", std::move(nccl_events)},
+            {"events_not_listed", m.nccl_dropped},
+            {"communicators", std::move(comms)}}}};
 }
 
 }  // namespace cmg::report

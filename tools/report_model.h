@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// What a report says, computed once from the logs and then written as text, JSON or a trace.
+// What a report says, computed in one pass over the logs (streamed, merged) and then written as
+// text, JSON, HTML or a trace. It holds aggregates: groups, sites, rows, one example per group.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <set>
@@ -12,48 +15,74 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "logreader.h"
 #include "symbolize.h"
 
 namespace cmg::report {
 
+// ordered_json keeps the field order the writers give.
+using Json = nlohmann::ordered_json;
+
 struct ReportOptions {
   bool json = false;
-  std::string trace_path;  // empty: no trace
+  std::string trace_path;   // empty: no trace
+  std::string html_path;    // empty: no HTML page
+  std::string output_path;  // empty: the text or JSON report goes to stdout
   bool symbolize = true;
   std::size_t top = 10;  // rows of ranked tables (0 = all)
   bool fail_on_leaks = false;
+  bool gen_suppressions = false;
   std::int64_t slow_ns = 1'000'000;  // calls at least this long become complete events in the trace
 };
+
+// Exit statuses (docs/report.md): one convention for every cumemguard command.
+inline constexpr int kExitFindings = 1;
+inline constexpr int kExitUsage = 64;
+inline constexpr int kExitNoInput = 66;
+inline constexpr int kExitCantCreate = 73;
 
 // A log named on the command line that could not be used.
 struct LogError {
   std::string file;
   std::string error;
-  int exit_status = 2;
+  int exit_status = kExitNoInput;
 };
 
 // Frames by (module, offset): the same code has the same key in every process, whatever the
 // address space layout, so groups span ranks. A pc outside every module keys as ("", pc).
 using StackKey = std::vector<std::pair<std::string, std::uint64_t>>;
 
+// A stack of one log, symbolized when a writer asks for it.
+struct StackRef {
+  std::size_t log = 0;
+  std::optional<std::uint64_t> id;
+};
+
 struct ResolvedStack {
   std::size_t log = 0;              // the log whose addresses `frames` are
   std::optional<std::uint64_t> id;  // the log's stack id; nullopt when the event had none
   bool missing = false;             // an id the log never defined (cut off before it)
   std::vector<Frame> frames;
-  StackKey key;
+};
+
+// An event kept as an example (the first of its group).
+struct Example {
+  std::size_t log = 0;
+  Event event;
 };
 
 struct FindingGroup {
-  ResolvedStack stack;
+  StackRef stack;
   std::size_t count = 0;
   std::int64_t first_t = 0, last_t = 0;  // relative to the report's t0
   std::map<std::string, std::size_t> actions;
   std::set<std::size_t> logs;
   std::optional<std::int64_t> bytes;  // sums of the class-specific numbers, when any carries one
   std::optional<std::int64_t> blocked_ns;
-  EventRef example{};  // the first occurrence
+  Example example;  // the first occurrence
+  const Finding &finding() const { return std::get<Finding>(example.event.body); }
 };
 
 struct FindingClassGroup {
@@ -64,14 +93,37 @@ struct FindingClassGroup {
   std::vector<FindingGroup> groups;
 };
 
+// Findings a suppression rule silenced (counted apart; they never change the exit status).
+struct SuppressedRow {
+  std::string cls, pattern;
+  std::size_t count = 0;                // finding records
+  std::optional<std::int64_t> at_exit;  // summed `summary.suppressed` counts
+  std::set<std::size_t> logs;
+};
+
 struct LeakGroup {
-  ResolvedStack stack;
+  StackRef stack;
   std::string api;
   std::size_t count = 0;
   std::int64_t bytes = 0;
   std::map<std::string, std::size_t> what;
   std::set<std::size_t> logs;
-  std::pair<std::size_t, std::size_t> example{};  // (log, index into Log::leaks)
+  std::size_t example_log = 0;
+  Leak example;
+};
+
+// Bytes over time of one row, kept to a bounded number of points: when they fill up, pairs of
+// neighbours merge and the bucket doubles (the peak of each bucket is kept).
+struct Series {
+  struct Point {
+    std::int64_t t = 0;     // start of the bucket (report time)
+    std::int64_t max = 0;   // highest value in the bucket
+    std::int64_t last = 0;  // value at its end
+  };
+  static constexpr std::size_t kMaxPoints = 1024;
+  std::vector<Point> points;
+  std::int64_t origin = 0, bucket = 1;
+  void add(std::int64_t t, std::int64_t value);
 };
 
 struct MemoryRow {
@@ -82,10 +134,11 @@ struct MemoryRow {
   std::int64_t current = 0, peak = 0, peak_t = 0;
   std::int64_t allocated = 0, freed = 0;  // sums of positive / negative deltas
   std::optional<SummaryBytes> at_exit;
+  Series series;
 };
 
 struct SiteRow {
-  ResolvedStack stack;
+  StackRef stack;
   std::int64_t bytes = 0;
   std::size_t count = 0;
   std::set<std::string> apis;
@@ -99,41 +152,117 @@ struct CallRow {
   std::optional<std::int64_t> at_exit;  // summed `summary.calls`
 };
 
+struct NcclPoint {
+  std::int64_t t = 0;
+  std::string api, event;
+};
+
 struct CommRow {
   std::size_t log = 0;
   std::string comm;
-  std::optional<EventRef> created;  // init, split or shrink
-  std::optional<EventRef> ended;    // destroy or abort (finalize alone leaves it live)
-  std::optional<EventRef> finalized;
+  std::optional<NcclPoint> created;  // init, split or shrink
+  std::optional<NcclPoint> ended;    // destroy or abort (finalize alone leaves it live)
+  std::optional<NcclPoint> finalized;
   std::size_t events = 0;
 };
+
+// --- how each process ended (report_outcome.cpp) --------------------------------------------------
+
+// A free, unmap, release or address free near the crash or the first sticky error.
+struct LifeEvent {
+  std::string api, args;
+  std::uint64_t seq = 0;
+  std::int64_t tid = 0, t = 0, res = 0;
+  bool skipped = false;
+};
+
+// A VMM range mapped, then unmapped, whose reservation was not freed: asleep at the end of the log.
+struct AsleepRange {
+  std::uint64_t ptr = 0, size = 0;
+  std::uint64_t reservation = 0, reservation_size = 0;
+  std::uint64_t unmap_seq = 0;
+  std::int64_t unmap_tid = 0;
+};
+
+struct ErrorPoint {
+  std::uint64_t seq = 0;
+  std::int64_t tid = 0, t = 0;
+  std::optional<std::uint64_t> stack;
+  CudaError error;
+};
+
+struct Outcome {
+  Status status = Status::Complete;
+  std::optional<std::int64_t> signal;
+  std::string signal_name;
+  std::optional<Crash> crash;
+  std::vector<ErrorPoint> errors;  // each distinct status, first call first
+  std::optional<ErrorPoint> first_sticky;
+  std::vector<LifeEvent> lifecycle;  // oldest first, at most 8
+  bool lifecycle_before_error = false;
+  std::vector<AsleepRange> asleep;
+  std::size_t asleep_total = 0;
+  // Leads the text report: not complete, or a context poisoned by a sticky error.
+  bool explain() const { return status != Status::Complete || first_sticky.has_value(); }
+};
+
+class OutcomeTracker {
+ public:
+  OutcomeTracker();
+  ~OutcomeTracker();
+  OutcomeTracker(OutcomeTracker &&) noexcept;
+  OutcomeTracker &operator=(OutcomeTracker &&) noexcept;
+  void event(const Event &e, std::int64_t t);
+  Outcome finish(const Log &log);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ----------------------------------------------------------------------------------------------
 
 struct Model {
   std::vector<Log> logs;
   std::vector<LogError> errors;
-  mutable std::vector<Symbolizer> symbolizers;  // one per log; symbolizing fills their caches
-  std::vector<std::string> labels;              // per log: "r0", "p4242", unique within the report
-  std::int64_t t0 = 0;                          // earliest start_unix_ns
-  std::vector<EventRef> order;                  // merged event order
+  std::vector<std::string> duplicates;  // "b.log: the same log as a.log; counted once"
+  mutable std::vector<std::unique_ptr<Symbolizer>> symbolizers;  // one per log, made on demand
+  bool symbolize = true;
+  std::vector<std::string> labels;  // per log: "r0", "p4242", unique within the report
+  std::int64_t t0 = 0;              // earliest start_unix_ns
 
   std::vector<FindingClassGroup> findings;
   std::size_t finding_count = 0;
+  std::vector<SuppressedRow> suppressed;
+  std::size_t suppressed_count = 0;  // records, or the summaries' counts where those are higher
   std::vector<LeakGroup> leaks;
   std::size_t leak_count = 0;
   std::int64_t leak_bytes = 0;
+  std::vector<std::pair<std::size_t, std::int64_t>> log_leaks;  // per log: objects, bytes
   std::vector<MemoryRow> memory;
   std::vector<SiteRow> sites;  // all, ranked; writers show the top N
   std::vector<CallRow> calls;
-  std::vector<EventRef> nccl;
+  std::vector<Example> nccl;  // at most kMaxNccl
+  std::size_t nccl_dropped = 0;
   std::vector<CommRow> comms;
+  std::vector<Outcome> outcomes;  // per log
+
+  static constexpr std::size_t kMaxNccl = 10000;
 
   const std::string &label(std::size_t log) const { return labels[log]; }
-  const Event &event(EventRef r) const { return logs[r.log].events[r.event]; }
-  std::int64_t time(EventRef r) const { return rel_time(logs[r.log], event(r).ts, t0); }
-  std::int64_t time(std::size_t log, std::int64_t ts) const { return rel_time(logs[log], ts, t0); }
+  std::int64_t time(std::size_t log, std::int64_t ts) const {
+    return rel_time(logs[log].header, ts, t0);
+  }
   // The stack `id` of log `log`, symbolized (cached).
   const ResolvedStack &stack(std::size_t log, std::optional<std::uint64_t> id) const;
+  const ResolvedStack &stack(const StackRef &r) const { return stack(r.log, r.id); }
+  Symbolizer &symbolizer(std::size_t log) const;
+  // Symbolizes every stack a writer shows, so the logs' symbol warnings are complete before the
+  // first line is written.
+  void resolve_shown(const ReportOptions &opt) const;
   bool truncated_any() const;
+  // Some process crashed, aborted or was cut off: leaks at exit are not known for it.
+  bool all_complete() const;
   int exit_status(const ReportOptions &opt) const;
 
  private:
@@ -141,14 +270,41 @@ struct Model {
   mutable ResolvedStack no_stack_;
 };
 
-Model build_model(std::vector<Log> logs, std::vector<LogError> errors, const ReportOptions &opt);
+// Sees the merged events as they are read, next to the model (the trace writer).
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // Headers are read; `labels` and `t0` are the model's.
+  virtual void start(const std::vector<const Log *> &logs, const std::vector<std::string> &labels,
+                     std::int64_t t0) = 0;
+  virtual void event(std::size_t log, const Event &e) = 0;
+  // Every log is read to its end.
+  virtual void finish(const Model &m) = 0;
+};
+
+// Reads opened logs (headers read) to their end in merged order and builds the model; `also`
+// sees the same events.
+Model read_model(std::vector<std::unique_ptr<LogReader>> readers, std::vector<LogError> errors,
+                 const ReportOptions &opt, EventSink *also = nullptr);
+// Logs in memory (tests, the fuzzer): the ones that do not open become errors.
+Model model_of_texts(const std::vector<std::string> &texts, const ReportOptions &opt,
+                     EventSink *also = nullptr);
 
 // "rank 0 (pid 4242)" or "pid 4242".
 std::string log_label(const Log &log);
+// The device as the exit summary prints it: "-" for host memory or unknown (-1).
+std::string dev_text(std::int64_t dev);
 
 void write_text(const Model &m, const ReportOptions &opt, std::ostream &out);
+// `--gen-suppressions`: one rule per finding group shown (docs/report.md).
+void write_suppressions(const Model &m, std::ostream &out);
 Json report_json(const Model &m, const ReportOptions &opt);
-// Chrome trace-event JSON (the object form), as Perfetto and chrome://tracing open it.
-Json trace_json(const Model &m, const ReportOptions &opt);
+// The self-contained HTML page (report_html.cpp).
+void write_html(const Model &m, const ReportOptions &opt, std::ostream &out);
+
+// Chrome trace-event JSON (the object form), as Perfetto and chrome://tracing open it, written as
+// events arrive: memory is what is live, not the length of the log.
+std::unique_ptr<EventSink> trace_writer(const ReportOptions &opt,
+                                        std::function<void(std::string_view)> write);
 
 }  // namespace cmg::report

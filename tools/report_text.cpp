@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The text report: what a user reads first when a CUDA free crashed or a run reported findings.
+// Every string from a log or a module was escaped where it entered the report (clean() in
+// logreader.h), so nothing here can reach the terminal as a control sequence.
 #include <algorithm>
 #include <ctime>
 
@@ -82,6 +84,29 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
                        s.frames[i].inlined ? " [inlined]" : "");
 }
 
+// "complete", "crashed (SIGSEGV)", "aborted (strict mode)", "truncated (no end record): ..."
+std::string status_text(const Log &l) {
+  switch (l.status()) {
+    case Status::Complete:
+      return l.partial_last_line ? "complete (the last line is cut off)" : "complete";
+    case Status::Crashed:
+      return fmt::format("crashed ({})", l.end_signal_name.empty()
+                                             ? fmt::format("signal {}", *l.end_signal)
+                                             : l.end_signal_name);
+    case Status::Aborted:
+      return "aborted (strict mode stopped the process at a finding)";
+    case Status::Truncated: {
+      std::vector<std::string> why{"no end record"};
+      if (l.partial_last_line) why.push_back("the last line is cut off");
+      return fmt::format(
+          "truncated ({}): the process ended before the log did; the report covers what was "
+          "written",
+          join(why, ", "));
+    }
+  }
+  return "?";
+}
+
 void write_logs(const Model &m, std::ostream &out) {
   out << fmt::format("== Logs: {}\n", m.logs.size());
   for (std::size_t i = 0; i < m.logs.size(); ++i) {
@@ -99,17 +124,7 @@ void write_logs(const Model &m, std::ostream &out) {
                        fmt_time(h.start_unix_ns - m.t0));
     out << fmt::format("    log      format {}, written by cumemguard {}, {}\n", h.format,
                        h.tool.empty() ? "?" : h.tool, plural(l.records, "record", "records"));
-    if (l.truncated()) {
-      std::vector<std::string> why;
-      if (!l.end_ts) why.push_back("no end record");
-      if (l.partial_last_line) why.push_back("the last line is cut off");
-      out << fmt::format(
-          "    status   TRUNCATED ({}): the process ended before the log did; the "
-          "report covers what was written\n",
-          join(why, ", "));
-    } else {
-      out << "    status   complete\n";
-    }
+    out << fmt::format("    status   {}\n", status_text(l));
     if (!l.unknown_kinds.empty()) {
       std::vector<std::string> kinds;
       std::size_t n = 0;
@@ -121,14 +136,22 @@ void write_logs(const Model &m, std::ostream &out) {
                          plural(n, "record", "records"), join(kinds, ", "));
     }
     if (l.malformed)
-      out << fmt::format("    skipped  {} that did not parse\n",
-                         plural(l.malformed, "malformed line", "malformed lines"));
+      out << fmt::format("    skipped  {} that did not parse{}\n",
+                         plural(l.malformed, "malformed line", "malformed lines"),
+                         l.overlong ? fmt::format(" ({} over {} MiB)", l.overlong, kMaxLine >> 20)
+                                    : std::string());
+    if (l.late)
+      out << fmt::format("    order    {} came more than {} events late and were taken where read\n",
+                         plural(l.late, "event", "events"), kReorderWindow);
+    if (l.dropped)
+      out << fmt::format("    skipped  {} past the first {} of their kind (notes, configs, modules)\n",
+                         plural(l.dropped, "record", "records"), kMaxListed);
     for (const auto &c : l.configs)
       out << fmt::format("    config   {}: '{}' -> '{}' ({}){}\n", c.var, c.original, c.result,
                          c.applied ? "applied" : "not applied", c.msg.empty() ? "" : ": " + c.msg);
     for (const auto &n : l.notes)
       out << fmt::format("    note     {} at {}: {}\n", n.level, fmt_time(m.time(i, n.ts)), n.msg);
-    for (const auto &w : m.symbolizers[i].warnings()) out << fmt::format("    symbols  {}\n", w);
+    for (const auto &w : m.symbolizer(i).warnings()) out << fmt::format("    symbols  {}\n", w);
   }
 }
 
@@ -162,17 +185,18 @@ void write_findings(const Model &m, std::ostream &out) {
         if (g.blocked_ns) sums.push_back("blocked " + fmt_duration(*g.blocked_ns));
         out << fmt::format("      total    {}\n", join(sums, ", "));
       }
-      const Event &e = m.event(g.example);
-      const Finding &f = std::get<Finding>(e.body);
+      const Event &e = g.example.event;
+      const Finding &f = g.finding();
       out << fmt::format("      example  {} -> {}, action {}; {} tid {} seq {} at {}\n",
                          call_text(f.api, f.args), f.res, f.action.empty() ? "?" : f.action,
-                         m.label(g.example.log), e.tid, e.seq, fmt_time(m.time(g.example)));
+                         m.label(g.example.log), e.tid, e.seq,
+                         fmt_time(m.time(g.example.log, e.ts)));
       if (!f.msg.empty()) out << fmt::format("      message  {}\n", f.msg);
       if (f.bytes) out << fmt::format("      bytes    {}\n", bytes_text(*f.bytes));
       if (f.blocked_ns) out << fmt::format("      blocked  {}\n", fmt_duration(*f.blocked_ns));
-      if (!f.state.is_null()) out << fmt::format("      state    {}\n", compact(f.state));
+      if (!f.state_json.empty()) out << fmt::format("      state    {}\n", f.state_json);
       out << "      stack\n";
-      print_stack(out, g.stack, "        ");
+      print_stack(out, m.stack(g.stack), "        ");
       for (const auto &r : f.related) {
         std::vector<std::string> parts;
         if (!r.api.empty()) parts.push_back(r.api);
@@ -191,39 +215,60 @@ std::size_t shown(std::size_t n, std::size_t top) {
   return top == 0 ? n : std::min(n, top);
 }
 
+// "dev 0 linear 1048576 bytes (1.0 MiB), dev - host 4096 bytes (4.0 KiB)": what the records of
+// log `li` still hold at their end.
+std::string live_at_end(const Model &m, std::size_t li) {
+  std::vector<std::string> parts;
+  for (const auto &r : m.memory)
+    if (r.log == li && r.from_events && r.current != 0)
+      parts.push_back(fmt::format("dev {} {} {}", dev_text(r.dev), r.mem, bytes_text(r.current)));
+  return parts.empty() ? "no tracked bytes" : join(parts, ", ");
+}
+
 void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
-  if (m.leaks.empty()) {
-    // Leak records come last in a log: a log cut off before them says nothing about leaks.
-    std::size_t cut = 0;
-    for (const auto &l : m.logs)
-      if (l.truncated()) ++cut;
-    if (cut)
-      out << fmt::format("\n== Leaks at exit: none recorded ({} cut off before its exit records)\n",
-                         plural(cut, "log was", "logs were"));
-    else
-      out << "\n== Leaks at exit: none\n";
-    return;
+  // A process that crashed, aborted or was cut off wrote no leak records: what it held at exit
+  // is not known, and "none" would be a claim the log cannot support.
+  std::vector<std::size_t> unknown;
+  for (std::size_t i = 0; i < m.logs.size(); ++i)
+    if (m.outcomes[i].status != Status::Complete) unknown.push_back(i);
+  const std::string why = "not known: the process did not exit normally";
+  if (m.leaks.empty() && !unknown.empty()) {
+    if (m.logs.size() == 1) {
+      out << "\n== Leaks at exit: " << why << "\n";
+      out << fmt::format("  live at the end of the log: {}\n", live_at_end(m, 0));
+    } else {
+      out << fmt::format("\n== Leaks at exit: none recorded; {} for {}\n", why,
+                         plural(unknown.size(), "log", "logs"));
+    }
+  } else if (m.leaks.empty()) {
+    out << "\n== Leaks at exit: none\n";
   }
-  const std::size_t n = shown(m.leaks.size(), opt.top);
-  out << fmt::format("\n== Leaks at exit: {}, {} at {}{}\n",
-                     plural(m.leak_count, "object", "objects"), bytes_text(m.leak_bytes),
-                     plural(m.leaks.size(), "stack", "stacks"),
-                     n < m.leaks.size() ? fmt::format(" (top {} shown)", n) : "");
-  for (std::size_t i = 0; i < n; ++i) {
-    const LeakGroup &g = m.leaks[i];
-    std::vector<std::string> what;
-    for (const auto &[w, c] : g.what) what.push_back(fmt::format("{} x{}", w, c));
-    out << fmt::format("  [{}] {} via {}, {}{}: {}\n", i + 1, plural(g.count, "object", "objects"),
-                       g.api.empty() ? "?" : g.api, bytes_text(g.bytes), where(m, g.logs),
-                       join(what, ", "));
-    const Leak &l = m.logs[g.example.first].leaks[g.example.second];
-    std::string seq = l.seq ? fmt::format(", allocated at seq {}", *l.seq) : "";
-    out << fmt::format("      e.g. {} {} {} of {} bytes on dev {}{}\n", l.what,
-                       l.object_field.empty() ? "object" : l.object_field,
-                       l.object.empty() ? "?" : l.object, l.size, l.dev, seq);
-    out << "      allocated at\n";
-    print_stack(out, g.stack, "        ");
+  if (m.leaks.empty() && (m.logs.size() == 1 || unknown.empty())) return;
+  if (!m.leaks.empty()) {
+    const std::size_t n = shown(m.leaks.size(), opt.top);
+    out << fmt::format("\n== Leaks at exit: {}, {} at {}{}\n",
+                       plural(m.leak_count, "object", "objects"), bytes_text(m.leak_bytes),
+                       plural(m.leaks.size(), "stack", "stacks"),
+                       n < m.leaks.size() ? fmt::format(" (top {} shown)", n) : "");
+    for (std::size_t i = 0; i < n; ++i) {
+      const LeakGroup &g = m.leaks[i];
+      std::vector<std::string> what;
+      for (const auto &[w, c] : g.what) what.push_back(fmt::format("{} x{}", w, c));
+      out << fmt::format("  [{}] {} via {}, {}{}: {}\n", i + 1,
+                         plural(g.count, "object", "objects"), g.api.empty() ? "?" : g.api,
+                         bytes_text(g.bytes), where(m, g.logs), join(what, ", "));
+      const Leak &l = g.example;
+      std::string seq = l.seq ? fmt::format(", allocated at seq {}", *l.seq) : "";
+      out << fmt::format("      e.g. {} {} {} of {} bytes on dev {}{}\n", l.what,
+                         l.object_field.empty() ? "object" : l.object_field,
+                         l.object.empty() ? "?" : l.object, l.size, dev_text(l.dev), seq);
+      out << "      allocated at\n";
+      print_stack(out, m.stack(g.stack), "        ");
+    }
   }
+  for (std::size_t li : unknown)
+    out << fmt::format("  {}: {} (live at the end of the log: {})\n", m.label(li), why,
+                       live_at_end(m, li));
 }
 
 void write_memory(const Model &m, std::ostream &out) {
@@ -241,7 +286,7 @@ void write_memory(const Model &m, std::ostream &out) {
     auto ex = [&](std::int64_t SummaryBytes::*f) {
       return r.at_exit ? fmt::format("{}", (*r.at_exit).*f) : "-";
     };
-    t.rows.push_back({m.label(r.log), fmt::format("{}", r.dev), r.mem, num(r.current), num(r.peak),
+    t.rows.push_back({m.label(r.log), dev_text(r.dev), r.mem, num(r.current), num(r.peak),
                       r.from_events && r.peak ? fmt_time(r.peak_t) : "-", num(r.allocated),
                       num(r.freed), ex(&SummaryBytes::current), ex(&SummaryBytes::peak),
                       ex(&SummaryBytes::total)});
@@ -258,7 +303,7 @@ void write_sites(const Model &m, const ReportOptions &opt, std::ostream &out) {
     out << fmt::format(
         "  [{}] {} in {} ({}){}\n", i + 1, bytes_text(s.bytes), plural(s.count, "call", "calls"),
         join(std::vector<std::string>(s.apis.begin(), s.apis.end()), ", "), where(m, s.logs));
-    print_stack(out, s.stack, "        ");
+    print_stack(out, m.stack(s.stack), "        ");
   }
 }
 
@@ -288,26 +333,27 @@ void write_nccl(const Model &m, std::ostream &out) {
   auto opt = [](const std::optional<std::int64_t> &v) {
     return v ? fmt::format("{}", *v) : std::string("-");
   };
-  for (const EventRef &r : m.nccl) {
-    const Nccl &n = std::get<Nccl>(m.event(r).body);
-    t.rows.push_back({fmt_time(m.time(r)), m.label(r.log), n.event, n.api, n.comm, opt(n.rank),
-                      opt(n.nranks), opt(n.dev), fmt::format("{}", n.res), opt(n.live),
+  for (const Example &x : m.nccl) {
+    const Nccl &n = std::get<Nccl>(x.event.body);
+    t.rows.push_back({fmt_time(m.time(x.log, x.event.ts)), m.label(x.log), n.event, n.api, n.comm,
+                      opt(n.rank), opt(n.nranks), opt(n.dev), fmt::format("{}", n.res),
+                      opt(n.live),
                       n.suppressed ? "opportunistic cleanup suppressed from here" : ""});
   }
   t.print(out, "  ");
+  if (m.nccl_dropped)
+    out << fmt::format("  ({} more not listed)\n", plural(m.nccl_dropped, "event", "events"));
   for (const CommRow &c : m.comms) {
     std::string life;
     if (c.created) {
-      const Nccl &n = std::get<Nccl>(m.event(*c.created).body);
-      life = fmt::format("created at {} by {}", fmt_time(m.time(*c.created)), n.api);
+      life = fmt::format("created at {} by {}", fmt_time(c.created->t), c.created->api);
     } else {
       life = "created before the log shows";
     }
-    if (c.finalized) life += fmt::format(", finalized at {}", fmt_time(m.time(*c.finalized)));
+    if (c.finalized) life += fmt::format(", finalized at {}", fmt_time(c.finalized->t));
     if (c.ended) {
-      const Nccl &n = std::get<Nccl>(m.event(*c.ended).body);
-      life += fmt::format(", {} at {}", n.event == "abort" ? "aborted" : "destroyed",
-                          fmt_time(m.time(*c.ended)));
+      life += fmt::format(", {} at {}", c.ended->event == "abort" ? "aborted" : "destroyed",
+                          fmt_time(c.ended->t));
     } else {
       life +=
           m.logs[c.log].truncated() ? ", live when the log was cut off" : ", still live at exit";
@@ -324,9 +370,12 @@ void write_notes(const Model &m, const ReportOptions &opt, std::ostream &out) {
       notes.push_back(
           fmt::format("{} was cut off (the process crashed or was killed): findings, "
                       "bytes and calls cover what it wrote; leaks, written at exit, "
-                      "may be missing",
+                      "are not known",
                       l.file));
   for (const auto &e : m.errors) notes.push_back(fmt::format("{}: not read: {}", e.file, e.error));
+  for (const auto &d : m.duplicates) notes.push_back(d);
+  if (m.suppressed_count)
+    notes.push_back("suppressed findings do not change the exit status");
   if (m.leak_count && !opt.fail_on_leaks)
     notes.push_back("leaks do not change the exit status (use --fail-on-leaks to make them)");
   if (notes.empty()) return;
@@ -334,14 +383,115 @@ void write_notes(const Model &m, const ReportOptions &opt, std::ostream &out) {
   for (const auto &n : notes) out << "  " << n << '\n';
 }
 
+
+std::string error_text(const ErrorPoint &p) {
+  return fmt::format("{} ({}) at {} seq {} in thread {}", p.error.res,
+                     p.error.name.empty() ? "?" : p.error.name, p.error.api, p.seq, p.tid);
+}
+
+// Leads the report for every process that did not exit normally or whose context a sticky CUDA
+// error poisoned: the signal and the faulting stack, the first CUDA error and its call's stack,
+// the frees and unmaps just before, and what was asleep at the end.
+void write_outcomes(const Model &m, std::ostream &out) {
+  bool any = false;
+  for (const auto &o : m.outcomes) any = any || o.explain();
+  if (!any) return;
+  out << "== What happened\n";
+  for (std::size_t i = 0; i < m.logs.size(); ++i) {
+    const Outcome &o = m.outcomes[i];
+    if (!o.explain()) continue;
+    const std::string sig =
+        o.signal_name.empty() ? (o.signal ? fmt::format("signal {}", *o.signal) : std::string("?"))
+                              : o.signal_name;
+    out << fmt::format("[{}] {}\n", m.label(i), m.logs[i].file);
+    if (o.crash) {
+      out << fmt::format("  killed by {} in thread {} at\n", sig, o.crash->tid);
+      print_stack(out, m.stack(i, o.crash->stack), "    ");
+      if (o.crash->addr) out << fmt::format("  fault address {}\n", hex(*o.crash->addr));
+    } else if (o.status == Status::Crashed) {
+      out << fmt::format(
+          "  killed by {} (the log has no crash record: the faulting thread and its stack are "
+          "not known)\n",
+          sig);
+    }
+    if (o.status == Status::Aborted)
+      out << "  aborted: strict mode stopped the process at a finding (see Findings)\n";
+    if (o.status == Status::Truncated)
+      out << "  the log ends without an end record: the process was killed (SIGKILL, out of "
+             "memory, a time limit), exited with _exit, or the log was cut off\n";
+    const ErrorPoint *first = o.first_sticky ? &*o.first_sticky
+                              : o.errors.empty() ? nullptr
+                                                 : &o.errors.front();
+    if (first) {
+      out << fmt::format("  first CUDA error {}{}\n", error_text(*first),
+                         first->error.sticky ? ""
+                                             : " (not sticky: the context stays usable)");
+      print_stack(out, m.stack(i, first->stack), "    ");
+      std::vector<std::string> others;
+      for (const auto &e : o.errors)
+        if (e.seq != first->seq || e.error.res != first->error.res) others.push_back(error_text(e));
+      if (!others.empty())
+        out << fmt::format("  other CUDA errors (first of each): {}\n", join(others, "; "));
+    }
+    if (!o.lifecycle.empty()) {
+      out << fmt::format("  memory lifecycle calls before {} (last {}):\n",
+                         o.lifecycle_before_error ? "the first sticky CUDA error" : "the end of the log",
+                         o.lifecycle.size());
+      for (const auto &l : o.lifecycle)
+        out << fmt::format("    seq {} thread {} at {}: {} -> {}{}\n", l.seq, l.tid, fmt_time(l.t),
+                           call_text(l.api, l.args), l.res, l.skipped ? " (skipped)" : "");
+    }
+    if (!o.asleep.empty()) {
+      out << fmt::format(
+          "  VMM ranges asleep at the end of the log (mapped, then unmapped; reservation not "
+          "freed): {}\n",
+          o.asleep_total);
+      for (const auto &a : o.asleep)
+        out << fmt::format(
+            "    {} +{} bytes in reservation {} ({} bytes), unmapped at seq {} by thread {}\n",
+            hex(a.ptr), a.size, hex(a.reservation), a.reservation_size, a.unmap_seq, a.unmap_tid);
+      if (o.asleep_total > o.asleep.size())
+        out << fmt::format("    ({} more)\n", o.asleep_total - o.asleep.size());
+    }
+  }
+  out << "\n";
+}
+
+void write_suppressed(const Model &m, std::ostream &out) {
+  if (m.suppressed.empty()) return;
+  out << fmt::format("\n== Suppressed: {} by {}\n",
+                     plural(m.suppressed_count, "finding", "findings"),
+                     plural(m.suppressed.size(), "rule", "rules"));
+  for (const auto &r : m.suppressed) {
+    std::string exit_note;
+    if (r.at_exit && *r.at_exit != static_cast<std::int64_t>(r.count))
+      exit_note = fmt::format(" (the shim counted {} at exit)", *r.at_exit);
+    out << fmt::format("  {}:{}  {}{}{}\n", r.cls, r.pattern, plural(r.count, "finding", "findings"),
+                       where(m, r.logs), exit_note);
+  }
+}
+
 }  // namespace
 
 void write_text(const Model &m, const ReportOptions &opt, std::ostream &out) {
+  m.resolve_shown(opt);
+  std::string state;
+  for (const auto &o : m.outcomes) {
+    const char *word = o.status == Status::Crashed   ? ", CRASHED"
+                       : o.status == Status::Aborted ? ", ABORTED"
+                       : o.status == Status::Truncated ? ", TRUNCATED"
+                                                       : "";
+    if (*word && state.find(word) == std::string::npos) state += word;
+  }
+  const std::string leaks = m.leak_count == 0 && !m.all_complete()
+                                ? std::string("leaks not known")
+                                : plural(m.leak_count, "leak", "leaks");
   out << fmt::format("cumemguard report: {}, {}, {}{}\n", plural(m.logs.size(), "log", "logs"),
-                     plural(m.finding_count, "finding", "findings"),
-                     plural(m.leak_count, "leak", "leaks"), m.truncated_any() ? ", TRUNCATED" : "");
+                     plural(m.finding_count, "finding", "findings"), leaks, state);
+  write_outcomes(m, out);
   write_logs(m, out);
   write_findings(m, out);
+  write_suppressed(m, out);
   write_leaks(m, opt, out);
   write_memory(m, out);
   write_sites(m, opt, out);

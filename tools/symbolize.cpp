@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <optional>
 #include <unordered_map>
+
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -71,6 +74,19 @@ const Dwfl_Callbacks kOfflineCallbacks = {
     .debuginfo_path = &g_debuginfo_path,
 };
 
+// The module file as a descriptor for libdwfl: -1 when it cannot be opened, -2 when it is not a
+// regular file of some size.
+int open_module(const std::string &path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+    ::close(fd);
+    return -2;
+  }
+  return fd;
+}
+
 }  // namespace
 
 std::string frame_text(const Frame &f) {
@@ -99,6 +115,7 @@ struct Symbolizer::Impl {
   std::vector<std::optional<std::vector<CuRange>>> cu_ranges;
   std::unordered_map<std::uint64_t, std::vector<Frame>> cache;
   std::vector<std::string> warnings;
+  std::vector<bool> not_regular;  // the path names a FIFO, a device, a directory
 
   ~Impl() {
     if (dwfl) dwfl_end(dwfl);
@@ -165,7 +182,10 @@ struct Symbolizer::Impl {
     checked[i] = true;
     const Module &m = modules[i];
     if (!dw[i]) {
-      if (access(m.path.c_str(), R_OK) != 0)
+      if (not_regular[i])
+        warnings.push_back(fmt::format(
+            "{}: not a regular file; its frames are shown as module+offset", m.path));
+      else if (access(m.path.c_str(), R_OK) != 0)
         warnings.push_back(
             fmt::format("{}: not found here; its frames are shown as module+offset", m.path));
       else
@@ -207,7 +227,8 @@ struct Symbolizer::Impl {
     if (!dwfl || !check(i)) return {f};
     // pc is a return address; pc - 1 lies inside the call instruction.
     const Dwarf_Addr addr = pc - 1;
-    f.function = demangle(without_version(dwfl_module_addrname(dw[i], addr)).c_str());
+    // Names and paths come from a file the log named: escaped like the log's own text.
+    f.function = clean(demangle(without_version(dwfl_module_addrname(dw[i], addr)).c_str()));
     Dwarf_Addr bias = 0;
     Dwarf *dwarf = dwfl_module_getdwarf(dw[i], &bias);
     Dwarf_Die cu;
@@ -216,7 +237,7 @@ struct Symbolizer::Impl {
       int lineno = 0;
       if (const char *src = dwarf_linesrc(line, nullptr, nullptr);
           src && dwarf_lineno(line, &lineno) == 0) {
-        f.file = source_path(src, comp_dir(&cu));
+        f.file = clean(source_path(src, comp_dir(&cu)));
         f.line = lineno;
       }
     }
@@ -239,7 +260,7 @@ struct Symbolizer::Impl {
       if (tag == DW_TAG_subprogram) break;
       if (tag != DW_TAG_inlined_subroutine) continue;
       Frame in = f;
-      in.function = die_function(&scopes[s]);
+      in.function = clean(die_function(&scopes[s]));
       in.file = file;
       in.line = line;
       in.inlined = true;
@@ -277,7 +298,7 @@ struct Symbolizer::Impl {
     if (dwarf_formudata(dwarf_attr(inlined, DW_AT_call_file, &attr), &v) == 0 &&
         dwarf_getsrcfiles(cu, &files, &nfiles) == 0 && v < nfiles) {
       if (const char *src = dwarf_filesrc(files, v, nullptr, nullptr)) {
-        file = source_path(src, comp_dir(cu));
+        file = clean(source_path(src, comp_dir(cu)));
       }
     }
   }
@@ -293,14 +314,24 @@ Symbolizer::Symbolizer(const std::vector<Module> &modules, bool use_debug_info)
   impl_->checked.assign(n, false);
   impl_->usable.assign(n, false);
   impl_->cu_ranges.resize(n);
+  impl_->not_regular.assign(n, false);
   if (!use_debug_info) return;
   impl_->dwfl = dwfl_begin(&kOfflineCallbacks);
   if (!impl_->dwfl) return;
   dwfl_report_begin(impl_->dwfl);
   for (std::size_t i = 0; i < n; ++i) {
     const Module &m = impl_->modules[i];
+    // A log is input the report does not control: a `module` naming a FIFO made libdwfl's open
+    // block forever, and a device would be read without end. Only a regular file, opened without
+    // blocking, reaches libdwfl (which takes the descriptor).
+    const int fd = open_module(m.path);
+    if (fd < 0) {
+      impl_->not_regular[i] = fd == -2;
+      continue;
+    }
     // base is the load bias (dlpi_addr), which is what dwfl_report_elf takes without add_p_vaddr.
-    impl_->dw[i] = dwfl_report_elf(impl_->dwfl, m.path.c_str(), m.path.c_str(), -1, m.base, false);
+    impl_->dw[i] = dwfl_report_elf(impl_->dwfl, m.path.c_str(), m.path.c_str(), fd, m.base, false);
+    if (!impl_->dw[i]) ::close(fd);
   }
   dwfl_report_end(impl_->dwfl, nullptr, nullptr);
 }

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Chrome trace-event JSON for Perfetto / chrome://tracing: one process track per log, byte counters
 // per device and memory kind, instants for findings, deferred frees and NCCL, slow calls as slices.
+// Written as the merged events arrive (the trace of a 1 GB log once held 11 GB of JSON objects);
+// thread names and the end-of-log instants follow the events, which the format allows.
+#include <charconv>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include <fmt/format.h>
 
+#include "json_bounded.h"
 #include "report_fmt.h"
 #include "report_model.h"
 
@@ -16,10 +20,15 @@ namespace {
 // Linux pids stay below 2^22 (PID_MAX_LIMIT); logs whose pid repeats (ranks on different hosts)
 // get a track id above that range so their tracks do not merge.
 constexpr std::int64_t kSyntheticPidBase = (std::int64_t{1} << 22) + 1;
+constexpr std::size_t kFlushBytes = std::size_t{1} << 20;
 
-// The trace-event format counts in microseconds; fractions keep the log's nanoseconds.
-double us(std::int64_t ns) {
-  return static_cast<double>(ns) / 1000.0;
+// The trace-event format counts in microseconds; three decimals keep the log's nanoseconds.
+std::string us(std::int64_t ns) {
+  const char *sign = ns < 0 ? "-" : "";
+  const std::uint64_t a =
+      ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
+  if (a % 1000 == 0) return fmt::format("{}{}", sign, a / 1000);
+  return fmt::format("{}{}.{:03}", sign, a / 1000, a % 1000);
 }
 
 std::string counter_name(std::int64_t dev, const std::string &mem) {
@@ -27,129 +36,220 @@ std::string counter_name(std::int64_t dev, const std::string &mem) {
                  : fmt::format("bytes {} dev{}", mem, dev);
 }
 
-Json instant(const std::string &name, const char *cat, double ts, std::int64_t pid,
-             std::int64_t tid, const char *scope, Json args) {
-  return {{"name", name}, {"cat", cat}, {"ph", "i"},  {"ts", ts},
-          {"pid", pid},   {"tid", tid}, {"s", scope}, {"args", std::move(args)}};
-}
+class TraceWriter final : public EventSink {
+ public:
+  TraceWriter(const ReportOptions &opt, std::function<void(std::string_view)> write)
+      : opt_(opt), write_(std::move(write)) {}
 
-Json metadata(const char *name, std::int64_t pid, std::int64_t tid, Json args) {
-  return {{"name", name}, {"ph", "M"},  {"ts", 0},
-          {"pid", pid},   {"tid", tid}, {"args", std::move(args)}};
-}
+  void start(const std::vector<const Log *> &logs, const std::vector<std::string> &,
+             std::int64_t t0) override {
+    logs_ = logs;
+    t0_ = t0;
+    buf_ = "{\"traceEvents\":[";
+    std::set<std::int64_t> used;
+    for (std::size_t i = 0; i < logs.size(); ++i) {
+      std::int64_t pid = logs[i]->header.pid;
+      if (pid <= 0 || used.count(pid)) pid = kSyntheticPidBase + static_cast<std::int64_t>(i);
+      used.insert(pid);
+      pids_.push_back(pid);
+    }
+    tids_.resize(logs.size());
+    last_tid_.assign(logs.size(), -1);
+    for (std::size_t i = 0; i < logs.size(); ++i) {
+      const Header &h = logs[i]->header;
+      std::string program;
+      for (const auto &a : h.argv) program += (program.empty() ? "" : " ") + a;
+      if (program.empty()) program = "?";
+      const std::string name = h.rank >= 0
+                                   ? fmt::format("{} (rank {}, pid {})", program, h.rank, h.pid)
+                                   : fmt::format("{} (pid {})", program, h.pid);
+      metadata("process_name", pids_[i], 0, "name", json_string(name));
+      metadata("process_sort_index", pids_[i], 0, "sort_index", std::to_string(i));
+    }
+  }
+
+  void event(std::size_t li, const Event &e) override {
+    const std::int64_t t = rel_time(logs_[li]->header, e.ts, t0_);
+    const std::int64_t pid = pids_[li];
+    // Threads are few and calls come in runs from one thread: the set is asked only on a change.
+    if (e.tid != last_tid_[li] && tids_[li].size() < 100000) {
+      tids_[li].insert(e.tid);
+      last_tid_[li] = e.tid;
+    }
+    if (const auto *c = std::get_if<Call>(&e.body)) {
+      if (!c->mem.empty() && c->delta != 0) {
+        // Most calls step the counter the previous one did: no tree walk, no name built.
+        if (!last_ || last_log_ != li || last_dev_ != c->dev || last_mem_ != c->mem) {
+          auto [it, fresh] = bytes_.try_emplace({li, c->dev, c->mem});
+          last_ = &it->second;
+          last_log_ = li;
+          last_dev_ = c->dev;
+          last_mem_ = c->mem;
+          if (fresh) {
+            last_->name = json_string(counter_name(c->dev, c->mem));
+            // Counters start from zero at the log's start so the first allocation shows as a step.
+            counter(last_->name, rel_time(logs_[li]->header, 0, t0_), pid, 0, 0);
+          }
+        }
+        last_->bytes = sat_add(last_->bytes, c->delta);
+        counter(last_->name, t, pid, e.tid, last_->bytes);
+      }
+      if (c->deferred)
+        instant(json_string("deferred " + c->api), "deferred", t, pid, e.tid, 't',
+                fmt::format("\"call\":{},\"seq\":{}", json_string(call_text(c->api, c->args)),
+                            e.seq));
+      // --slow-us 0 makes every call a slice, as a threshold of 0 says.
+      if (c->dur >= opt_.slow_ns) {
+        begin_event();
+        buf_ += fmt::format(
+            "{{\"name\":{},\"cat\":\"slow call\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},"
+            "\"tid\":{},\"args\":{{\"call\":{},\"res\":{},\"seq\":{}}}}}",
+            json_string(c->api), us(t), us(c->dur), pid, e.tid,
+            json_string(call_text(c->api, c->args)), c->res, e.seq);
+        end_event();
+      }
+    } else if (const auto *f = std::get_if<Finding>(&e.body)) {
+      std::string args = fmt::format(
+          "\"call\":{},\"action\":{},\"res\":{},\"msg\":{},\"seq\":{}",
+          json_string(call_text(f->api, f->args)), json_string(f->action), f->res,
+          json_string(f->msg), e.seq);
+      if (f->bytes) args += fmt::format(",\"bytes\":{}", *f->bytes);
+      if (f->blocked_ns) args += fmt::format(",\"blocked_ns\":{}", *f->blocked_ns);
+      if (!f->suppressed.empty()) args += ",\"suppressed\":" + json_string(f->suppressed);
+      instant(json_string(f->cls), f->suppressed.empty() ? "finding" : "suppressed", t, pid, e.tid,
+              't', args);
+    } else if (const auto *n = std::get_if<Nccl>(&e.body)) {
+      std::string args = fmt::format("\"api\":{},\"comm\":{},\"res\":{},\"seq\":{}",
+                                     json_string(n->api), json_string(n->comm), n->res, e.seq);
+      if (n->rank) args += fmt::format(",\"rank\":{}", *n->rank);
+      if (n->nranks) args += fmt::format(",\"nranks\":{}", *n->nranks);
+      if (n->live) args += fmt::format(",\"live\":{}", *n->live);
+      if (n->suppressed) args += ",\"suppressed\":true";
+      instant(json_string("nccl " + n->event), "nccl", t, pid, e.tid, 'p', args);
+    } else if (const auto *ce = std::get_if<CudaError>(&e.body)) {
+      instant(json_string(fmt::format("CUDA error {}", ce->res)), "cuda error", t, pid, e.tid, 't',
+              fmt::format("\"api\":{},\"name\":{},\"sticky\":{},\"seq\":{}", json_string(ce->api),
+                          json_string(ce->name), ce->sticky ? "true" : "false", e.seq));
+    }
+  }
+
+  void finish(const Model &m) override {
+    for (std::size_t i = 0; i < m.logs.size() && i < tids_.size(); ++i) {
+      const Log &l = m.logs[i];
+      for (auto tid : tids_[i])
+        metadata("thread_name", pids_[i], tid, "name",
+                 json_string(tid == l.header.pid ? fmt::format("main {}", tid)
+                                                 : fmt::format("thread {}", tid)));
+      const std::int64_t t = m.time(i, l.last_ts());
+      const auto [objects, bytes] = m.log_leaks[i];
+      if (objects)
+        instant("\"leaks at exit\"", "leak", t, pids_[i], l.header.pid, 'p',
+                fmt::format("\"objects\":{},\"bytes\":{}", objects, bytes));
+      const Outcome &o = m.outcomes[i];
+      if (o.crash)
+        instant(json_string("killed by " + o.signal_name), "crash", m.time(i, o.crash->ts), pids_[i],
+                o.crash->tid, 'p', fmt::format("\"signal\":{}", o.crash->signal));
+      if (l.truncated())
+        instant("\"log cut off\"", "log", t, pids_[i], l.header.pid, 'p',
+                "\"file\":" + json_string(l.file));
+    }
+    buf_ += "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{\"generator\":\"cumemguard report\"}}\n";
+    write_(buf_);
+    buf_.clear();
+  }
+
+ private:
+  void begin_event() {
+    buf_.append(first_ ? "\n" : ",\n");
+    first_ = false;
+  }
+  void end_event() {
+    if (buf_.size() >= kFlushBytes) {
+      write_(buf_);
+      buf_.clear();
+    }
+  }
+  void metadata(const char *name, std::int64_t pid, std::int64_t tid, const char *key,
+                const std::string &value) {
+    begin_event();
+    buf_ += fmt::format(
+        "{{\"name\":\"{}\",\"ph\":\"M\",\"ts\":0,\"pid\":{},\"tid\":{},\"args\":{{\"{}\":{}}}}}",
+        name, pid, tid, key, value);
+    end_event();
+  }
+  void counter(const std::string &name, std::int64_t t, std::int64_t pid, std::int64_t tid,
+               std::int64_t bytes) {
+    begin_event();
+    buf_ += "{\"name\":";
+    buf_ += name;
+    buf_ += ",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":";
+    append_us(t);
+    buf_ += ",\"pid\":";
+    append_int(pid);
+    buf_ += ",\"tid\":";
+    append_int(tid);
+    buf_ += ",\"args\":{\"bytes\":";
+    append_int(bytes);
+    buf_ += "}}";
+    end_event();
+  }
+  // Counters are most of a trace: their numbers are written with to_chars, not a format string.
+  void append_int(std::int64_t v) {
+    char tmp[24];
+    auto [p, ec] = std::to_chars(tmp, tmp + sizeof tmp, v);
+    (void)ec;
+    buf_.append(tmp, p);
+  }
+  void append_us(std::int64_t ns) {
+    const std::uint64_t a =
+        ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
+    if (ns < 0) buf_ += '-';
+    char tmp[24];
+    auto [p, ec] = std::to_chars(tmp, tmp + sizeof tmp, a / 1000);
+    (void)ec;
+    buf_.append(tmp, p);
+    if (const std::uint64_t frac = a % 1000) {
+      const char digits[4] = {'.', static_cast<char>('0' + frac / 100),
+                              static_cast<char>('0' + frac / 10 % 10),
+                              static_cast<char>('0' + frac % 10)};
+      buf_.append(digits, 4);
+    }
+  }
+  void instant(const std::string &name, const char *cat, std::int64_t t, std::int64_t pid,
+               std::int64_t tid, char scope, const std::string &args) {
+    begin_event();
+    buf_ += fmt::format(
+        "{{\"name\":{},\"cat\":\"{}\",\"ph\":\"i\",\"ts\":{},\"pid\":{},\"tid\":{},\"s\":\"{}\","
+        "\"args\":{{{}}}}}",
+        name, cat, us(t), pid, tid, scope, args);
+    end_event();
+  }
+
+  const ReportOptions &opt_;
+  std::function<void(std::string_view)> write_;
+  std::vector<const Log *> logs_;
+  std::int64_t t0_ = 0;
+  std::vector<std::int64_t> pids_;
+  std::vector<std::set<std::int64_t>> tids_;
+  std::vector<std::int64_t> last_tid_;
+  struct Counter {
+    std::string name;  // as JSON
+    std::int64_t bytes = 0;
+  };
+  std::map<std::tuple<std::size_t, std::int64_t, std::string>, Counter> bytes_;
+  Counter *last_ = nullptr;  // std::map nodes stay put
+  std::size_t last_log_ = 0;
+  std::int64_t last_dev_ = 0;
+  std::string last_mem_;
+  std::string buf_;
+  bool first_ = true;
+};
 
 }  // namespace
 
-Json trace_json(const Model &m, const ReportOptions &opt) {
-  Json events = Json::array();
-
-  std::vector<std::int64_t> pids;
-  std::set<std::int64_t> used;
-  for (std::size_t i = 0; i < m.logs.size(); ++i) {
-    std::int64_t pid = m.logs[i].header.pid;
-    if (pid <= 0 || used.count(pid)) pid = kSyntheticPidBase + static_cast<std::int64_t>(i);
-    used.insert(pid);
-    pids.push_back(pid);
-  }
-
-  for (std::size_t i = 0; i < m.logs.size(); ++i) {
-    const Log &l = m.logs[i];
-    std::string program;
-    for (const auto &a : l.header.argv) program += (program.empty() ? "" : " ") + a;
-    if (program.empty()) program = "?";
-    events.push_back(metadata(
-        "process_name", pids[i], 0,
-        {{"name", l.header.rank >= 0
-                      ? fmt::format("{} (rank {}, pid {})", program, l.header.rank, l.header.pid)
-                      : fmt::format("{} (pid {})", program, l.header.pid)}}));
-    events.push_back(
-        metadata("process_sort_index", pids[i], 0, {{"sort_index", static_cast<std::int64_t>(i)}}));
-    std::set<std::int64_t> tids;
-    for (const auto &e : l.events) tids.insert(e.tid);
-    for (auto tid : tids)
-      events.push_back(metadata("thread_name", pids[i], tid,
-                                {{"name", tid == l.header.pid ? fmt::format("main {}", tid)
-                                                              : fmt::format("thread {}", tid)}}));
-  }
-
-  // Counters start from zero at the log's start so the first allocation shows as a step.
-  for (const auto &r : m.memory) {
-    if (!r.from_events) continue;
-    events.push_back({{"name", counter_name(r.dev, r.mem)},
-                      {"cat", "memory"},
-                      {"ph", "C"},
-                      {"ts", us(m.time(r.log, 0))},
-                      {"pid", pids[r.log]},
-                      {"tid", 0},
-                      {"args", {{"bytes", 0}}}});
-  }
-
-  std::map<std::tuple<std::size_t, std::int64_t, std::string>, std::int64_t> bytes;
-  for (const EventRef &ref : m.order) {
-    const Event &e = m.event(ref);
-    const double ts = us(m.time(ref));
-    const std::int64_t pid = pids[ref.log];
-    if (const auto *c = std::get_if<Call>(&e.body)) {
-      if (!c->mem.empty() && c->delta != 0) {
-        std::int64_t &cur = bytes[{ref.log, c->dev, c->mem}];
-        cur = sat_add(cur, c->delta);
-        events.push_back({{"name", counter_name(c->dev, c->mem)},
-                          {"cat", "memory"},
-                          {"ph", "C"},
-                          {"ts", ts},
-                          {"pid", pid},
-                          {"tid", e.tid},
-                          {"args", {{"bytes", cur}}}});
-      }
-      if (c->deferred)
-        events.push_back(instant("deferred " + c->api, "deferred", ts, pid, e.tid, "t",
-                                 {{"call", call_text(c->api, c->args)}, {"seq", e.seq}}));
-      if (opt.slow_ns > 0 && c->dur >= opt.slow_ns)
-        events.push_back(
-            {{"name", c->api},
-             {"cat", "slow call"},
-             {"ph", "X"},
-             {"ts", ts},
-             {"dur", us(c->dur)},
-             {"pid", pid},
-             {"tid", e.tid},
-             {"args", {{"call", call_text(c->api, c->args)}, {"res", c->res}, {"seq", e.seq}}}});
-    } else if (const auto *f = std::get_if<Finding>(&e.body)) {
-      Json args = {{"call", call_text(f->api, f->args)},
-                   {"action", f->action},
-                   {"res", f->res},
-                   {"msg", f->msg},
-                   {"seq", e.seq}};
-      if (f->bytes) args["bytes"] = *f->bytes;
-      if (f->blocked_ns) args["blocked_ns"] = *f->blocked_ns;
-      events.push_back(instant(f->cls, "finding", ts, pid, e.tid, "t", std::move(args)));
-    } else if (const auto *n = std::get_if<Nccl>(&e.body)) {
-      Json args = {{"api", n->api}, {"comm", n->comm}, {"res", n->res}, {"seq", e.seq}};
-      if (n->rank) args["rank"] = *n->rank;
-      if (n->nranks) args["nranks"] = *n->nranks;
-      if (n->live) args["live"] = *n->live;
-      if (n->suppressed) args["suppressed"] = true;
-      events.push_back(instant("nccl " + n->event, "nccl", ts, pid, e.tid, "p", std::move(args)));
-    }
-  }
-
-  for (std::size_t i = 0; i < m.logs.size(); ++i) {
-    const Log &l = m.logs[i];
-    const double ts = us(m.time(i, l.last_ts()));
-    if (!l.leaks.empty()) {
-      std::int64_t b = 0;
-      for (const auto &k : l.leaks) b += k.size;
-      events.push_back(instant("leaks at exit", "leak", ts, pids[i], l.header.pid, "p",
-                               {{"objects", l.leaks.size()}, {"bytes", b}}));
-    }
-    if (l.truncated())
-      events.push_back(
-          instant("log cut off", "log", ts, pids[i], l.header.pid, "p", {{"file", l.file}}));
-  }
-
-  return {{"traceEvents", std::move(events)},
-          {"displayTimeUnit", "ns"},
-          {"otherData", {{"generator", "cumemguard report"}}}};
+std::unique_ptr<EventSink> trace_writer(const ReportOptions &opt,
+                                        std::function<void(std::string_view)> write) {
+  return std::make_unique<TraceWriter>(opt, std::move(write));
 }
 
 }  // namespace cmg::report

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "json_bounded.h"
 #include "logreader.h"
 
 using namespace cmg::report;
@@ -63,7 +64,7 @@ TEST_CASE("a cut-off last line and a missing end record make the log truncated, 
     REQUIRE(r.status == ReadStatus::Ok);
     CHECK(r.log.partial_last_line);
     CHECK(r.log.truncated());
-    CHECK(r.log.events.size() == 2);
+    CHECK(r.events.size() == 2);
     CHECK(r.log.records == 2);
     CHECK(r.log.malformed == 0);
   }
@@ -85,7 +86,7 @@ TEST_CASE("a cut-off last line and a missing end record make the log truncated, 
     REQUIRE(r.status == ReadStatus::Ok);
     CHECK(r.log.malformed == 1);
     CHECK_FALSE(r.log.partial_last_line);
-    CHECK(r.log.events.size() == 2);
+    CHECK(r.events.size() == 2);
   }
 }
 
@@ -102,8 +103,8 @@ TEST_CASE("unknown record kinds are skipped and counted; unknown fields are igno
   CHECK(r.log.unknown_kinds ==
         std::map<std::string, std::size_t>{{"gpu_util", 2}, {"topology", 1}});
   CHECK(r.log.malformed == 0);
-  REQUIRE(r.log.events.size() == 1);
-  const auto &c = std::get<Call>(r.log.events[0].body);
+  REQUIRE(r.events.size() == 1);
+  const auto &c = std::get<Call>(r.events[0].body);
   CHECK(c.api == "cudaFree");
   CHECK(c.delta == -16);
   CHECK(c.mem == "linear");
@@ -117,7 +118,7 @@ TEST_CASE("known records without their required fields are malformed, not fatal"
   ReadResult r = read_log_text(text, "bad.log");
   REQUIRE(r.status == ReadStatus::Ok);
   CHECK(r.log.malformed == 4);
-  CHECK(r.log.events.size() == 1);
+  CHECK(r.events.size() == 1);
 }
 
 TEST_CASE("addresses as hex strings keep all 64 bits") {
@@ -131,36 +132,109 @@ TEST_CASE("addresses as hex strings keep all 64 bits") {
   REQUIRE(r.log.modules.size() == 1);
   CHECK(r.log.modules[0].base == 0xffffffffff600000ull);
   CHECK(r.log.stacks.at(7) == std::vector<std::uint64_t>{0xffffffffffffffffull, 1});
-  CHECK(parse_hex(Json("0x10")) == 16u);
-  CHECK(parse_hex(Json(16)) == 16u);
-  CHECK_FALSE(parse_hex(Json("0x")).has_value());
-  CHECK_FALSE(parse_hex(Json("12ab")).has_value());
+  CHECK(parse_hex("0x10") == 16u);
+  CHECK(parse_hex("16") == 16u);
+  CHECK_FALSE(parse_hex("0x").has_value());
+  CHECK_FALSE(parse_hex("12ab").has_value());
   CHECK(hex(0x7f3a00000000ull) == "0x7f3a00000000");
 }
 
 TEST_CASE("events are ordered by seq, not by line") {
   ReadResult r = read_log_text(header() + call(3, 30) + call(1, 10) + call(2, 20) + kEnd, "o.log");
   REQUIRE(r.status == ReadStatus::Ok);
-  REQUIRE(r.log.events.size() == 3);
-  CHECK(r.log.events[0].seq == 1);
-  CHECK(r.log.events[1].seq == 2);
-  CHECK(r.log.events[2].seq == 3);
+  REQUIRE(r.events.size() == 3);
+  CHECK(r.events[0].seq == 1);
+  CHECK(r.events[1].seq == 2);
+  CHECK(r.events[2].seq == 3);
 }
 
 TEST_CASE("merging orders logs by start time plus ts and keeps each log's seq order") {
   // Log A starts at t=1000, log B at t=500. B's events at absolute 600 and 1600, A's at 1100,
   // 1600 (a tie with B: the log given first wins) and, by seq, one whose ts went backwards (the
   // threads of one process may stamp out of order): seq order is kept within a log.
-  std::vector<Log> logs;
-  logs.push_back(
-      read_log_text(header(1, 1000) + call(1, 100) + call(2, 600) + call(3, 550) + kEnd, "a").log);
-  logs.push_back(read_log_text(header(1, 500) + call(1, 100) + call(2, 1100) + kEnd, "b").log);
-  std::vector<EventRef> order = merge_events(logs);
+  const std::string a = header(1, 1000) + call(1, 100) + call(2, 600) + call(3, 550) + kEnd;
+  const std::string b = header(1, 500) + call(1, 100) + call(2, 1100) + kEnd;
+  LogReader ra(text_source(a), "a"), rb(text_source(b), "b");
+  REQUIRE(ra.open());
+  REQUIRE(rb.open());
+  std::vector<LogReader *> readers{&ra, &rb};
   std::vector<std::pair<std::size_t, std::uint64_t>> got;
-  for (const auto &r : order) got.emplace_back(r.log, logs[r.log].events[r.event].seq);
+  merge_logs(readers, [&](std::size_t log, const Event &e) { got.emplace_back(log, e.seq); });
   const std::vector<std::pair<std::size_t, std::uint64_t>> want = {
       {1, 1}, {0, 1}, {0, 2}, {0, 3}, {1, 2}};
   CHECK(got == want);
-  CHECK(earliest_start(logs) == 500);
-  CHECK(rel_time(logs[0], 100, 500) == 600);
+  CHECK(rel_time(ra.log().header, 100, 500) == 600);
+}
+
+TEST_CASE("values nested 100,000 deep are read, kept bounded and marked where cut") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string text = header() +
+                           "{\"k\":\"finding\",\"seq\":1,\"ts\":1,\"tid\":1,\"class\":\"double-free\","
+                           "\"api\":\"cudaFree\",\"args\":{\"a\":" + deep + "},\"state\":" + deep +
+                           "}\n" + kEnd;
+  ReadResult r = read_log_text(text, "deep.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  REQUIRE(r.events.size() == 1);
+  const auto &f = std::get<Finding>(r.events[0].body);
+  CHECK(f.state_json.size() < 200);
+  CHECK(f.state_json.find("[nested deeper than 32 levels: cut]") != std::string::npos);
+  CHECK(f.args_json.find("nested deeper than") != std::string::npos);
+  CHECK(r.log.malformed == 0);
+}
+
+TEST_CASE("bounded JSON stays valid when cut by depth or size, and refuses what is not JSON") {
+  CHECK(bounded_json("{\"a\":[1,2,{\"b\":null}]}", 32, 1000) == "{\"a\":[1,2,{\"b\":null}]}");
+  CHECK(bounded_json("[[[1]]]", 2, 1000) == "[[\"[nested deeper than 2 levels: cut]\"]]");
+  std::string many = "[";
+  for (int i = 0; i < 1000; ++i) many += (i ? ",\"xxxxxxxx\"" : "\"xxxxxxxx\"");
+  many += "]";
+  const std::string cut = bounded_json(many, 32, 100);
+  CHECK(cut.size() < 160);
+  CHECK(cut.find("[cut at 100 bytes]") != std::string::npos);
+  CHECK(cut.back() == ']');
+  CHECK(bounded_json("[1,,2]", 32, 100) == "\"[not valid JSON]\"");
+  CHECK(bounded_json("{\"a\" 1}", 32, 100) == "\"[not valid JSON]\"");
+  CHECK(bounded_json("\"a\x01" "b\"", 32, 100) == "\"a\\u0001b\"");
+}
+
+TEST_CASE("text from a log has its control characters escaped, C1 included") {
+  CHECK(clean("plain") == "plain");
+  CHECK(clean("a\x1b[2Jb\n") == "a\\x1b[2Jb\\x0a");
+  CHECK(clean("csi \xc2\x9b" "31m") == "csi \\xc2\\x9b31m");
+  CHECK(clean("caf\xc3\xa9") == "caf\xc3\xa9");  // ordinary UTF-8 stays
+  const std::string long_text(10000, 'x');
+  CHECK(clean(long_text).size() < kMaxText + 32);
+  std::string text = header() +
+                     "{\"k\":\"note\",\"ts\":1,\"level\":\"warn\",\"msg\":\"x\\u001b]0;t\\u0007\"}\n" +
+                     kEnd;
+  ReadResult r = read_log_text(text, "esc.log");
+  REQUIRE(r.log.notes.size() == 1);
+  CHECK(r.log.notes[0].msg == "x\\x1b]0;t\\x07");
+}
+
+TEST_CASE("a line longer than the limit is skipped and counted, the rest is read") {
+  std::string text = header() + call(1, 5) + "{\"k\":\"note\",\"msg\":\"" +
+                     std::string(kMaxLine + 10, 'x') + "\"}\n" + call(2, 6) + kEnd;
+  ReadResult r = read_log_text(text, "long.log");
+  REQUIRE(r.status == ReadStatus::Ok);
+  CHECK(r.log.overlong == 1);
+  CHECK(r.log.malformed == 1);
+  CHECK(r.events.size() == 2);
+  CHECK_FALSE(r.log.truncated());
+}
+
+TEST_CASE("status: complete, crashed, aborted, truncated from the end record") {
+  auto status = [](const std::string &end) { return read_log_text(header() + end, "s").log.status(); };
+  CHECK(status(kEnd) == Status::Complete);
+  CHECK(status("{\"k\":\"end\",\"ts\":9,\"signal\":11,\"signal_name\":\"SIGSEGV\"}\n") ==
+        Status::Crashed);
+  CHECK(status("{\"k\":\"end\",\"ts\":9,\"aborted\":true}\n") == Status::Aborted);
+  CHECK(status(call(1, 5)) == Status::Truncated);
+}
+
+TEST_CASE("an output file is recognised as a log by its first line") {
+  CHECK(is_log_header(header()));
+  CHECK(is_log_header("{\"cumemguard_log\":2}"));
+  CHECK_FALSE(is_log_header("{\"traceEvents\":[]}"));
+  CHECK_FALSE(is_log_header("<!DOCTYPE html>"));
 }

@@ -30,10 +30,7 @@ std::string process(int pid, int rank, const char *base, const char *pc) {
 
 Model model_of(std::vector<std::string> texts, ReportOptions opt = {}) {
   opt.symbolize = false;
-  std::vector<Log> logs;
-  for (std::size_t i = 0; i < texts.size(); ++i)
-    logs.push_back(read_log_text(texts[i], "log" + std::to_string(i)).log);
-  return build_model(std::move(logs), {}, opt);
+  return model_of_texts(texts, opt);
 }
 
 }  // namespace
@@ -47,8 +44,9 @@ TEST_CASE("the same code in two processes with different load addresses is one s
   REQUIRE(c.groups.size() == 1);
   CHECK(c.groups[0].count == 2);
   CHECK(c.groups[0].logs == std::set<std::size_t>{0, 1});
-  REQUIRE(c.groups[0].stack.frames.size() == 1);
-  CHECK(frame_text(c.groups[0].stack.frames[0]) == "lib.so+0x1234");
+  const ResolvedStack &st = m.stack(c.groups[0].stack);
+  REQUIRE(st.frames.size() == 1);
+  CHECK(frame_text(st.frames[0]) == "lib.so+0x1234");
   REQUIRE(m.sites.size() == 1);
   CHECK(m.sites[0].bytes == 300);
   CHECK(m.sites[0].count == 4);
@@ -76,14 +74,93 @@ TEST_CASE("exit status: findings 1, leaks only with fail_on_leaks, read errors w
   opt.fail_on_leaks = false;
   CHECK(model_of({process(1, 0, "0x1000", "0x1010")}, opt).exit_status(opt) == 1);
 
-  std::vector<Log> logs;
-  logs.push_back(read_log_text(leak_only, "a").log);
-  Model m = build_model(std::move(logs), {{"b", "newer", 3}, {"c", "missing", 2}}, opt);
-  CHECK(m.exit_status(opt) == 3);
+  // A log that cannot be read wins: 66 over 1.
+  Model m = model_of({process(1, 0, "0x1000", "0x1010"), "{\"cumemguard_log\":2}\n"}, opt);
+  CHECK(m.errors.size() == 1);
+  CHECK(m.exit_status(opt) == 66);
 }
 
 TEST_CASE("labels stay unique when ranks or pids repeat") {
   Model m = model_of({process(1, 0, "0x1000", "0x1010"), process(2, 0, "0x1000", "0x1010"),
                       process(2, 0, "0x1000", "0x1010"), process(3, 1, "0x1000", "0x1010")});
   CHECK(m.labels == std::vector<std::string>{"r0/p1", "r0/p2", "r0/p2#2", "r1"});
+}
+
+namespace {
+
+std::size_t count_of(const std::string &hay, const std::string &needle) {
+  std::size_t n = 0;
+  for (auto p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+std::string trace_of(const std::vector<std::string> &texts, std::int64_t slow_ns) {
+  ReportOptions opt;
+  opt.symbolize = false;
+  opt.slow_ns = slow_ns;
+  std::string out;
+  auto t = trace_writer(opt, [&](std::string_view s) { out += s; });
+  model_of_texts(texts, opt, t.get());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("--slow-us 0 makes every call a slice, never fewer than --slow-us 1") {
+  // Calls of 5 ns, 1500 ns and 0 ns (dur absent).
+  std::string log = process(1, 0, "0x1000", "0x1010");
+  const std::string t0 = trace_of({log}, 0), t1 = trace_of({log}, 1000);
+  CHECK(count_of(t0, "\"ph\":\"X\"") == 3);
+  CHECK(count_of(t1, "\"ph\":\"X\"") == 0);
+}
+
+TEST_CASE("crashed and aborted processes fail the gate; suppressed findings do not") {
+  const std::string head = "{\"cumemguard_log\":1,\"pid\":3,\"start_unix_ns\":0}\n";
+  ReportOptions opt;
+  CHECK(model_of({head + "{\"k\":\"end\",\"ts\":1,\"signal\":11,\"signal_name\":\"SIGSEGV\"}\n"})
+            .exit_status(opt) == 1);
+  CHECK(model_of({head + "{\"k\":\"end\",\"ts\":1,\"aborted\":true}\n"}).exit_status(opt) == 1);
+  CHECK(model_of({head + "{\"k\":\"end\",\"ts\":1}\n"}).exit_status(opt) == 0);
+  Model m = model_of({head +
+                      "{\"k\":\"finding\",\"seq\":1,\"ts\":1,\"class\":\"double-release\","
+                      "\"suppressed\":\"double-release:*libvendor*\"}\n"
+                      "{\"k\":\"summary\",\"ts\":2,\"findings\":{},\"suppressed\":[{\"class\":"
+                      "\"double-release\",\"pattern\":\"*libvendor*\",\"count\":1}]}\n"
+                      "{\"k\":\"end\",\"ts\":3}\n"});
+  CHECK(m.exit_status(opt) == 0);
+  CHECK(m.finding_count == 0);
+  CHECK(m.suppressed_count == 1);
+  REQUIRE(m.suppressed.size() == 1);
+  CHECK(m.suppressed[0].pattern == "*libvendor*");
+}
+
+TEST_CASE("the first sticky CUDA error, the frees before it and the ranges asleep are kept") {
+  const std::string log =
+      "{\"cumemguard_log\":1,\"pid\":3,\"start_unix_ns\":0}\n"
+      "{\"k\":\"call\",\"seq\":1,\"ts\":1,\"tid\":3,\"api\":\"cuMemAddressReserve\",\"res\":0,"
+      "\"args\":{\"size\":8192,\"ptr\":\"0x10000\"}}\n"
+      "{\"k\":\"call\",\"seq\":2,\"ts\":2,\"tid\":3,\"api\":\"cuMemMap\",\"res\":0,"
+      "\"args\":{\"ptr\":\"0x10000\",\"size\":4096,\"handle\":\"0x5\"}}\n"
+      "{\"k\":\"call\",\"seq\":3,\"ts\":3,\"tid\":3,\"api\":\"cuMemUnmap\",\"res\":0,"
+      "\"args\":{\"ptr\":\"0x10000\",\"size\":4096}}\n"
+      "{\"k\":\"call\",\"seq\":4,\"ts\":4,\"tid\":3,\"api\":\"cudaFree\",\"res\":0,"
+      "\"args\":{\"ptr\":\"0x20000\"}}\n"
+      "{\"k\":\"cuda_error\",\"seq\":6,\"ts\":6,\"tid\":4,\"api\":\"cudaFree\",\"res\":700,"
+      "\"name\":\"cudaErrorIllegalAddress\",\"sticky\":true}\n"
+      "{\"k\":\"call\",\"seq\":6,\"ts\":6,\"tid\":4,\"api\":\"cudaFree\",\"res\":700}\n"
+      "{\"k\":\"call\",\"seq\":7,\"ts\":7,\"tid\":4,\"api\":\"cudaFree\",\"res\":700}\n";
+  Model m = model_of({log});
+  REQUIRE(m.outcomes.size() == 1);
+  const Outcome &o = m.outcomes[0];
+  CHECK(o.status == Status::Truncated);
+  REQUIRE(o.first_sticky);
+  CHECK(o.first_sticky->error.res == 700);
+  CHECK(o.first_sticky->seq == 6);
+  CHECK(o.lifecycle_before_error);
+  REQUIRE(o.lifecycle.size() == 2);  // the unmap and the free before seq 6
+  CHECK(o.lifecycle[0].api == "cuMemUnmap");
+  CHECK(o.lifecycle[1].seq == 4);
+  REQUIRE(o.asleep.size() == 1);
+  CHECK(o.asleep[0].ptr == 0x10000);
+  CHECK(o.asleep[0].unmap_seq == 3);
 }

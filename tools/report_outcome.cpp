@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// How each process ended, for the "What happened" block: its status, the fatal signal, the first
+// CUDA errors (a sticky one poisons the context: every later call fails, so the first is the one
+// that explains the crash), the memory lifecycle calls just before, and the VMM ranges asleep at
+// the end. It follows what is live only: reservations and their mapped ranges, and 8 calls.
+#include <algorithm>
+#include <array>
+#include <map>
+
+#include "report_model.h"
+
+namespace cmg::report {
+namespace {
+
+constexpr std::size_t kLifecycleShown = 8;
+constexpr std::size_t kErrorsKept = 32;  // the shim writes at most 32 distinct codes
+constexpr std::size_t kAsleepShown = 16;
+
+// Frees, unmaps, releases and address frees: what the stale call that crashes usually is.
+bool lifecycle_call(const std::string &api) {
+  return api.find("Free") != std::string::npos || api == "cuMemUnmap" || api == "cuMemRelease";
+}
+
+struct Range {
+  std::uint64_t size = 0;
+  bool mapped = true;
+  std::uint64_t unmap_seq = 0;
+  std::int64_t unmap_tid = 0;
+};
+
+struct Reservation {
+  std::uint64_t size = 0;
+  std::map<std::uint64_t, Range> ranges;  // by start address
+};
+
+}  // namespace
+
+struct OutcomeTracker::Impl {
+  // A ring of the last kLifecycleShown calls; slots are assigned over, so their strings keep
+  // their capacity (frees are half the records of a log).
+  std::array<LifeEvent, kLifecycleShown> ring;
+  std::size_t ring_next = 0, ring_size = 0;
+  std::vector<LifeEvent> recent() const {
+    std::vector<LifeEvent> out;
+    for (std::size_t i = 0; i < ring_size; ++i)
+      out.push_back(ring[(ring_next + kLifecycleShown - ring_size + i) % kLifecycleShown]);
+    return out;
+  }
+  std::vector<LifeEvent> before_error;
+  bool have_sticky = false;
+  std::vector<ErrorPoint> errors;
+  std::optional<ErrorPoint> first_sticky;
+  std::map<std::uint64_t, Reservation> reservations;
+
+  Reservation *holding(std::uint64_t ptr) {
+    auto it = reservations.upper_bound(ptr);
+    if (it == reservations.begin()) return nullptr;
+    --it;
+    return ptr - it->first < it->second.size ? &it->second : nullptr;
+  }
+
+  void vmm(const Event &e, const Call &c) {
+    // cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap: all "cuMem...".
+    if (c.res != 0 || c.skipped || !c.ptr || c.api.compare(0, 5, "cuMem") != 0) return;
+    if (c.api == "cuMemAddressReserve") {
+      if (c.size && *c.size) reservations[*c.ptr] = Reservation{*c.size, {}};
+    } else if (c.api == "cuMemAddressFree") {
+      reservations.erase(*c.ptr);
+    } else if (c.api == "cuMemMap" && c.size) {
+      Reservation *r = holding(*c.ptr);
+      if (!r) return;
+      // A new mapping replaces whatever slept in its span.
+      auto it = r->ranges.lower_bound(*c.ptr);
+      while (it != r->ranges.end() && it->first - *c.ptr < *c.size) it = r->ranges.erase(it);
+      r->ranges[*c.ptr] = Range{*c.size, true, 0, 0};
+    } else if (c.api == "cuMemUnmap" && c.size) {
+      Reservation *r = holding(*c.ptr);
+      if (!r) return;
+      for (auto it = r->ranges.lower_bound(*c.ptr);
+           it != r->ranges.end() && it->first - *c.ptr < *c.size; ++it) {
+        if (!it->second.mapped) continue;
+        it->second.mapped = false;
+        it->second.unmap_seq = e.seq;
+        it->second.unmap_tid = e.tid;
+      }
+    }
+  }
+};
+
+OutcomeTracker::OutcomeTracker() : impl_(std::make_unique<Impl>()) {}
+OutcomeTracker::~OutcomeTracker() = default;
+OutcomeTracker::OutcomeTracker(OutcomeTracker &&) noexcept = default;
+OutcomeTracker &OutcomeTracker::operator=(OutcomeTracker &&) noexcept = default;
+
+void OutcomeTracker::event(const Event &e, std::int64_t t) {
+  Impl &d = *impl_;
+  if (const auto *c = std::get_if<Call>(&e.body)) {
+    if (lifecycle_call(c->api)) {
+      LifeEvent &l = d.ring[d.ring_next];
+      l.api = c->api;
+      l.args = c->args;
+      l.seq = e.seq;
+      l.tid = e.tid;
+      l.t = t;
+      l.res = c->res;
+      l.skipped = c->skipped;
+      d.ring_next = (d.ring_next + 1) % kLifecycleShown;
+      d.ring_size = std::min(d.ring_size + 1, kLifecycleShown);
+    }
+    d.vmm(e, *c);
+  } else if (const auto *ce = std::get_if<CudaError>(&e.body)) {
+    ErrorPoint p{e.seq, e.tid, t, e.stack, *ce};
+    if (ce->sticky && !d.have_sticky) {
+      d.have_sticky = true;
+      d.first_sticky = p;
+      // Calls with a lower seq only: the failing call's own record may follow its error record.
+      for (const auto &l : d.recent())
+        if (l.seq < e.seq) d.before_error.push_back(l);
+    }
+    const bool known = std::any_of(d.errors.begin(), d.errors.end(), [&](const ErrorPoint &x) {
+      return x.error.res == ce->res && x.error.api == ce->api;
+    });
+    if (!known && d.errors.size() < kErrorsKept) d.errors.push_back(std::move(p));
+  }
+}
+
+Outcome OutcomeTracker::finish(const Log &log) {
+  Impl &d = *impl_;
+  Outcome o;
+  o.status = log.status();
+  o.signal = log.end_signal;
+  o.signal_name = log.end_signal_name;
+  if (log.crash) {
+    o.crash = log.crash;
+    if (!o.signal) o.signal = log.crash->signal;
+    if (o.signal_name.empty()) o.signal_name = log.crash->signal_name;
+  }
+  o.errors = std::move(d.errors);
+  o.first_sticky = std::move(d.first_sticky);
+  if (o.first_sticky) {
+    o.lifecycle = std::move(d.before_error);
+    o.lifecycle_before_error = true;
+  } else {
+    o.lifecycle = d.recent();
+  }
+  for (const auto &[base, r] : d.reservations)
+    for (const auto &[ptr, range] : r.ranges) {
+      if (range.mapped) continue;
+      ++o.asleep_total;
+      if (o.asleep.size() < kAsleepShown)
+        o.asleep.push_back({ptr, range.size, base, r.size, range.unmap_seq, range.unmap_tid});
+    }
+  return o;
+}
+
+}  // namespace cmg::report
