@@ -34,11 +34,15 @@ std::vector<Token> tokenize_spans(std::string_view s);
 enum class Var : unsigned char { None, Cuda, Hip, Alloc };
 std::string_view var_name(Var v);  // "PYTORCH_CUDA_ALLOC_CONF", ...; "" for None
 inline constexpr std::array<Var, 3> kVars = {Var::Cuda, Var::Hip, Var::Alloc};
+inline constexpr std::string_view kNoCachingVar = "PYTORCH_NO_CUDA_MEMORY_CACHING";
 
 // Presence matters: PyTorch uses c10::utils::get_env, which returns optional, so a variable set to
 // "" is present and wins over the next one (reference §2).
 struct Env {
   std::optional<std::string> cuda, hip, alloc;
+  // PYTORCH_NO_CUDA_MEMORY_CACHING: the caching allocator off, every allocation a cudaMalloc
+  // (read by c10/cuda/CUDACachingAllocator.cpp; before 2.7 its presence alone, pytorch#145661).
+  std::optional<std::string> no_caching;
 
   const std::optional<std::string> &get(Var v) const;  // Var::None: always nullopt
   std::optional<std::string> &get(Var v);              // v must not be Var::None

@@ -103,6 +103,7 @@ std::optional<std::string> &Env::get(Var v) {
 Env Env::from_lookup(const std::function<std::optional<std::string>(std::string_view)> &get) {
   Env e;
   for (Var v : kVars) e.get(v) = get(var_name(v));
+  e.no_caching = get(kNoCachingVar);
   return e;
 }
 
@@ -114,6 +115,7 @@ Env Env::from_envp(char *const *envp) {
     if (eq == std::string_view::npos) continue;
     for (Var v : kVars)
       if (kv.substr(0, eq) == var_name(v)) e.get(v) = std::string(kv.substr(eq + 1));
+    if (kv.substr(0, eq) == kNoCachingVar) e.no_caching = std::string(kv.substr(eq + 1));
   }
   return e;
 }

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+// The scoped allocator-settings change of seed 002, on the one parser of the product. The seed's
+// review found the two ways such guards go wrong: a partial string passed to the setter resets
+// max_split_size, roundup_power2_divisions and garbage_collection_threshold (A.parseArgs resets
+// them, reference §5), and a guard that reads only PYTORCH_CUDA_ALLOC_CONF misses the unified
+// variable. Here the base is the full configuration, the result changes one token in place
+// (merge), and both the result and the restore are run through the setter model and compared key
+// by key before anything is handed out.
+#include "torch_rewrite.h"
+
+#include <cstring>
+
+#include "event.h"
+#include "torch_conf_impl.h"
+
+namespace cmg::torchconf {
+using namespace impl;
+namespace {
+
+bool expandable_in_effect(const Runtime &rt) {
+  return rt.load_backend == Backend::Native && rt.settings.expandable_segments;
+}
+
+// The keys an override list names (aliases resolved).
+std::array<bool, kKeyCount> named_keys(const OverridesParse &po) {
+  std::array<bool, kKeyCount> named{};
+  for (const Override &o : po.items)
+    if (o.known) named[key_slot(*o.known)] = true;
+  return named;
+}
+
+// The first key whose effective value differs, or "".
+std::string first_difference(const Settings &a, const Settings &b,
+                             const std::array<bool, kKeyCount> &skip) {
+  for (const KeyInfo &k : keys()) {
+    if (skip[key_slot(k.key)]) continue;
+    if (effective_text(a, k.key) != effective_text(b, k.key))
+      return std::string(k.name) + " (" + effective_text(a, k.key) + " -> " +
+             effective_text(b, k.key) + ")";
+  }
+  return "";
+}
+
+std::string json_str(const std::string &s) {
+  return "\"" + json_escape(s) + "\"";
+}
+
+}  // namespace
+
+std::size_t copy_out(const std::string &s, char *buf, std::size_t len) {
+  if (buf && len > s.size()) {
+    std::memcpy(buf, s.data(), s.size());
+    buf[s.size()] = '\0';
+  } else if (buf && len > 0) {
+    buf[0] = '\0';
+  }
+  return s.size();
+}
+
+Rewrite rewrite(const Env &env, const RewriteRequest &req) {
+  Rewrite r;
+  const Outcome read = evaluate(env);
+  const Judgement j = judge(env, read, req.version, req.version_source);
+  r.version = j.version.text;
+  r.version_source = j.source;
+  for (const KnownProblem &k : j.known) r.known.push_back(k.text);
+  auto fail = [&](std::string why) {
+    r.error = std::move(why);
+    r.result = r.restore = r.base;
+    return r;
+  };
+
+  // The state the process is in before the change.
+  Runtime rt;
+  if (!req.base) {
+    r.variable = read.accel.var;
+    r.base = env.get(r.variable).value_or("");
+    if (read.cls == OutcomeClass::ImportAbort)
+      return fail("import torch aborts on this environment: " + read.error->what());
+    if (read.error && !read.deferred)
+      return fail("the environment already fails at the first CUDA allocation: " +
+                  read.error->python());
+    rt = runtime_from(j.outcome);
+  } else {
+    r.base = *req.base;
+    rt = read.error ? Runtime{} : runtime_from(j.outcome);
+    if (SetResult s = set_allocator_settings(rt, r.base); s.error)
+      return fail("the base configuration raises " + s.error->python());
+  }
+  r.expandable_before = expandable_in_effect(rt);
+
+  const OverridesParse po = parse_overrides(req.overrides);
+  if (!po.error.empty()) return fail("overrides: " + po.error);
+  for (const Override &o : po.items)
+    if (!o.known) return fail("overrides: unknown key " + quote(o.key) + key_hint(o.key));
+  const MergeResult m = merge(r.base, req.overrides);
+  if (!m.ok()) return fail(m.error);
+  r.result = m.value;
+
+  // The setter applied to the base string gives the state to restore (for an environment base it
+  // is the state the environment gave, the settings string aside).
+  Runtime as_base = rt;
+  set_allocator_settings(as_base, r.base);
+  Runtime after = rt;
+  if (SetResult s = set_allocator_settings(after, r.result); s.error)
+    return fail("the result " + quote(r.result) + " would raise " + s.error->python());
+  const std::array<bool, kKeyCount> named = named_keys(po);
+  if (std::string d = first_difference(as_base.settings, after.settings, named); !d.empty())
+    return fail("the result would also change " + d);
+  r.expandable_after = expandable_in_effect(after);
+  r.changed = r.result != r.base;
+
+  // The restore: the base itself, unless the setter does not reset a key the result changed
+  // (expandable_segments and the CUDA keys keep their value when a string omits them). Then the
+  // keys' values of the base are written into it.
+  r.restore = r.base;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Runtime back = after;
+    if (SetResult s = set_allocator_settings(back, r.restore); s.error)
+      return fail("the restore " + quote(r.restore) + " would raise " + s.error->python());
+    const std::string d = first_difference(as_base.settings, back.settings, {});
+    if (d.empty() && expandable_in_effect(back) == r.expandable_before) return r;
+    if (attempt == 1) return fail("no string restores the original settings: " + d);
+    std::string keep;
+    for (const Override &o : po.items) {
+      if (!keep.empty()) keep += ",";
+      keep +=
+          std::string(key_info(*o.known).name) + ":" + effective_text(as_base.settings, *o.known);
+    }
+    const MergeResult mb = merge(r.base, keep);
+    if (!mb.ok()) return fail(mb.error);
+    r.restore = mb.value;
+  }
+  return r;
+}
+
+std::string rewrite_json(const Rewrite &r) {
+  std::string j = "{\"variable\":";
+  j += r.variable == Var::None ? "null" : json_str(std::string(var_name(r.variable)));
+  j += ",\"base\":" + json_str(r.base) + ",\"result\":" + json_str(r.result) +
+       ",\"restore\":" + json_str(r.restore) +
+       ",\"error\":" + (r.error.empty() ? std::string("null") : json_str(r.error)) +
+       ",\"expandable_before\":" + (r.expandable_before ? "true" : "false") +
+       ",\"expandable_after\":" + (r.expandable_after ? "true" : "false") +
+       ",\"changed\":" + (r.changed ? "true" : "false") +
+       ",\"torch_version\":" + json_str(r.version) +
+       ",\"torch_version_source\":" + json_str(r.version_source) + ",\"known_problems\":[";
+  for (std::size_t i = 0; i < r.known.size(); ++i) j += (i ? "," : "") + json_str(r.known[i]);
+  return j + "]}";
+}
+
+}  // namespace cmg::torchconf
