@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cmg_config.h"
+#include "config_torch_version.h"
 #include "options.h"
 #include "torch_conf.h"
 
@@ -33,9 +34,11 @@ constexpr int kJsonSchema = 1;
 
 constexpr std::string_view kUsage =
     "Usage: cumemguard config [--json] [--run] [--env NAME=VALUE | --env NAME]...\n"
+    "                         [--torch-version X.Y.Z] [--python PATH]\n"
     "\n"
     "Shows how PyTorch will read its allocator variables (PYTORCH_CUDA_ALLOC_CONF and the\n"
-    "others) in this environment, and every CUMEMGUARD_* option with its effective value and\n"
+    "others) in this environment, judged for the PyTorch release installed (or named), with\n"
+    "that release's known problems, and every CUMEMGUARD_* option with its effective value and\n"
     "where it comes from: its own variable, an entry of CUMEMGUARD_OPTIONS, the profile in force\n"
     "(CUMEMGUARD_PROFILE) or the default.\n"
     "\n"
@@ -45,6 +48,8 @@ constexpr std::string_view kUsage =
     "                     debug profile unless one is set)\n"
     "  --env NAME=VALUE   evaluate as if NAME were set to VALUE (nothing is exported)\n"
     "  --env NAME         evaluate as if NAME were unset\n"
+    "  --torch-version V  judge for PyTorch V (default: the torch that --python would import)\n"
+    "  --python PATH      the interpreter asked where torch is, without importing it (python3)\n"
     "  -h, --help         this help\n"
     "  --version          print the version\n"
     "\n"
@@ -60,6 +65,8 @@ struct Args {
   bool version = false;
   bool as_run = false;
   std::vector<std::pair<std::string, std::optional<std::string>>> env;
+  std::optional<torchconf::TorchVersion> torch_version;
+  std::string python = "python3";
 };
 
 bool valid_name(std::string_view n) {
@@ -81,6 +88,32 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
       a.version = true;
     } else if (arg == "--run") {
       a.as_run = true;
+    } else if (arg == "--torch-version" || arg.starts_with("--torch-version=") || arg == "--python" ||
+               arg.starts_with("--python=")) {
+      const bool version = arg.starts_with("--torch-version");
+      const std::string_view name = version ? "--torch-version" : "--python";
+      std::string_view v;
+      if (arg == name) {
+        if (i + 1 >= argc || !argv[i + 1]) {
+          err = std::string(name) + (version ? " needs a release such as 2.9.1" : " needs a path");
+          return false;
+        }
+        v = argv[++i];
+      } else {
+        v = arg.substr(name.size() + 1);
+      }
+      if (version) {
+        a.torch_version = torchconf::parse_torch_version(v);
+        if (!a.torch_version) {
+          err = "--torch-version: '" + std::string(v) + "' is not a release such as 2.9.1";
+          return false;
+        }
+      } else if (v.empty()) {
+        err = "--python needs a path";
+        return false;
+      } else {
+        a.python = std::string(v);
+      }
     } else if (arg == "--env" || arg.starts_with("--env=")) {
       std::string_view v;
       if (arg == "--env") {
@@ -236,9 +269,9 @@ std::string profile_why(const ParsedOptions &po, bool set_by_run) {
   return name + ": default (a plain LD_PRELOAD; cumemguard run sets debug)";
 }
 
-json torch_json(const tc::Env &env, const tc::Plan &p,
+json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
                 const std::optional<std::string> &override_raw) {
-  const tc::Outcome &o = p.before;
+  const tc::Outcome &o = jd.outcome;  // as the judged release reads it
   json vars = json::object();
   for (tc::Var v : tc::kVars) {
     const auto &val = env.get(v);
@@ -286,6 +319,7 @@ json torch_json(const tc::Env &env, const tc::Plan &p,
              p.after ? json(std::string(tc::outcome_name(p.after->cls))) : json(nullptr)}};
   return json{{"build", "cuda"},
               {"torch_versions", "2.10, 2.11"},
+              {"torch_version", version_json(jd)},
               {"variables", vars},
               {"parsers", parsers},
               {"outcome", std::string(tc::outcome_name(o.cls))},
@@ -296,6 +330,7 @@ json torch_json(const tc::Env &env, const tc::Plan &p,
               {"snapshot", snapshot ? snapshot_json(o.settings) : json(nullptr)},
               {"warnings", warnings},
               {"problems", problems_json(p.problems)},
+              {"known_problems", known_problems_json(jd)},
               {"override", over}};
 }
 
@@ -347,9 +382,10 @@ std::string table_text(const tc::Settings &s, tc::Key k) {
 }
 
 void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
-                      const std::optional<std::string> &override_raw) {
-  const tc::Outcome &o = p.before;
-  out << "PyTorch allocator configuration (as torch 2.10/2.11 reads it on a CUDA build)\n";
+                      const tc::Judgement &jd, const std::optional<std::string> &override_raw) {
+  const tc::Outcome &o = jd.outcome;  // as the judged release reads it
+  out << "PyTorch allocator configuration (as torch " << jd.version.text
+      << " reads it on a CUDA build)\n  judged: " << jd.summary() << "\n";
   for (tc::Var v : tc::kVars) {
     const auto &val = env.get(v);
     out << "  " << tc::var_name(v) << std::string(26 - tc::var_name(v).size(), ' ')
@@ -407,6 +443,7 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
     for (const tc::Problem &pr : p.problems)
       out << "    " << tc::severity_name(pr.severity) << ": " << pr.text << '\n';
   }
+  print_known_problems(out, jd);
   out << "\n  CUMEMGUARD_TORCH_ALLOC_CONF: "
       << (override_raw ? in_quotes(*override_raw) : std::string("unset")) << '\n';
   switch (p.action) {
@@ -506,11 +543,17 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   const std::optional<std::string> override_raw =
       lookup(env, std::string(kOptionPrefix) + "TORCH_ALLOC_CONF");
   const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf);
+  std::vector<std::string> envp_list;
+  for (const auto &e : env) envp_list.push_back(e.first + "=" + e.second);
+  const TorchChoice choice = choose_torch_version(
+      args.torch_version, args.python, [&](std::string_view n) { return lookup(env, n); },
+      envp_list);
+  const tc::Judgement jd = tc::judge(tenv, p.before, choice.version, choice.source);
   const int status = p.before.cls == tc::OutcomeClass::Ok ? kExitOk : kExitTorchFails;
 
   if (args.json) {
     json j{{"schema", kJsonSchema},
-           {"torch", torch_json(tenv, p, override_raw)},
+           {"torch", torch_json(tenv, p, jd, override_raw)},
            {"profile", {{"name", po.options.profile == Profile::Debug ? "debug" : "guard"},
                         {"source", set_by_run ? "cumemguard run"
                                               : std::string(option_source_name(po.profile_source))},
@@ -522,7 +565,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
            {"exit_status", status}};
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
-    print_torch_text(out, tenv, p, override_raw);
+    print_torch_text(out, tenv, p, jd, override_raw);
     print_options_text(out, po, env, set_by_run);
   }
   return status;

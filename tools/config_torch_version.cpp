@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+// Which torch the evaluated environment's interpreter would import, without importing it: the
+// interpreter runs importlib.util.find_spec("torch") (a top-level find_spec locates the package and
+// executes none of it, so this costs one interpreter start, not torch's import), the version comes
+// from the files (policy/torch_version). The interpreter gets the evaluated environment, so
+// --env PYTHONPATH=… or a VIRTUAL_ENV's PATH change the answer as they would for the program.
+#include "config_torch_version.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <sstream>
+
+namespace cmg {
+namespace {
+
+namespace tc = torchconf;
+
+constexpr const char *kFindSpec =
+    "import importlib.util, sys\n"
+    "try:\n"
+    "    s = importlib.util.find_spec('torch')\n"
+    "except Exception:\n"
+    "    s = None\n"
+    "locs = list(s.submodule_search_locations or []) if s else []\n"
+    "sys.stdout.write(locs[0] if locs else '')\n";
+constexpr int kTimeoutMs = 20000;
+
+bool executable(const std::string &p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+}
+
+// PATH of the evaluated environment, not of this process (execvp would use ours).
+std::optional<std::string> resolve(
+    const std::string &name,
+    const std::function<std::optional<std::string>(std::string_view)> &getenv) {
+  if (name.find('/') != std::string::npos)
+    return executable(name) ? std::optional(name) : std::nullopt;
+  const std::optional<std::string> path = getenv("PATH");
+  if (!path) return std::nullopt;
+  std::string_view rest = *path;
+  while (true) {
+    const std::size_t colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    if (dir.empty()) dir = ".";
+    const std::string cand = dir + "/" + name;
+    if (executable(cand)) return cand;
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> read_small(const std::string &p) {
+  std::ifstream f(p);
+  if (!f) return std::nullopt;
+  std::ostringstream s;
+  s << f.rdbuf();
+  std::string t = s.str();
+  if (t.size() > (1u << 20)) t.resize(1u << 20);
+  return t;
+}
+
+std::vector<std::string> list_dir(const std::string &d) {
+  std::vector<std::string> out;
+  if (DIR *dp = opendir(d.c_str())) {
+    while (dirent *e = readdir(dp)) out.emplace_back(e->d_name);
+    closedir(dp);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> torch_package_dir(
+    const std::string &python,
+    const std::function<std::optional<std::string>(std::string_view)> &getenv,
+    const std::vector<std::string> &envp, std::string &why) {
+  const std::optional<std::string> exe = resolve(python, getenv);
+  if (!exe) {
+    why = python + " not found" + (python.find('/') == std::string::npos ? " on PATH" : "");
+    return std::nullopt;
+  }
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    why = std::string("pipe: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char *> argv{const_cast<char *>(exe->c_str()), const_cast<char *>("-c"),
+                           const_cast<char *>(kFindSpec), nullptr};
+  std::vector<char *> env;
+  for (const std::string &e : envp) env.push_back(const_cast<char *>(e.c_str()));
+  env.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, exe->c_str(), &fa, nullptr, argv.data(), env.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    why = "cannot run " + *exe + ": " + std::strerror(rc);
+    return std::nullopt;
+  }
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs);
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{out[0], POLLIN, 0};
+    const int n = poll(&p, 1, static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      timed_out = n == 0;
+      break;
+    }
+    char buf[4096];
+    const ssize_t got = read(out[0], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    if (text.size() < 65536) text.append(buf, static_cast<std::size_t>(got));
+  }
+  close(out[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    why = *exe + " did not answer within " + std::to_string(kTimeoutMs / 1000) + " s";
+    return std::nullopt;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    why = *exe + " failed (status " + std::to_string(status) + ")";
+    return std::nullopt;
+  }
+  if (text.empty()) {
+    why = "no torch package for " + *exe;
+    return std::nullopt;
+  }
+  return text;
+}
+
+TorchChoice choose_torch_version(
+    const std::optional<tc::TorchVersion> &requested, const std::string &python,
+    const std::function<std::optional<std::string>(std::string_view)> &getenv,
+    const std::vector<std::string> &envp) {
+  if (requested) return {*requested, "--torch-version"};
+  std::string why;
+  if (std::optional<std::string> dir = torch_package_dir(python, getenv, envp, why)) {
+    const tc::FileAccess fs{read_small, list_dir};
+    if (std::optional<tc::FoundVersion> f = tc::version_of_package(*dir, fs))
+      return {f->version, f->source + " (" + python + ")"};
+    why = "no version.py or dist-info for " + *dir;
+  }
+  return {tc::grammar_version(), "default: " + why};
+}
+
+nlohmann::ordered_json version_json(const tc::Judgement &j) {
+  return {{"judged", j.version.text},
+          {"release", j.version.release()},
+          {"source", j.source},
+          {"exact", j.exact},
+          {"summary", j.summary()}};
+}
+
+nlohmann::ordered_json known_problems_json(const tc::Judgement &j) {
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const tc::KnownProblem &k : j.known)
+    a.push_back(
+        {{"id", std::string(k.rule->id)},
+         {"severity", std::string(tc::severity_name(k.rule->severity))},
+         {"message", k.text},
+         {"bug", k.rule->bug.empty() ? nlohmann::ordered_json(nullptr)
+                                     : nlohmann::ordered_json(std::string(k.rule->bug))},
+         {"fixed_in", k.rule->until.empty() ? nlohmann::ordered_json(nullptr)
+                                            : nlohmann::ordered_json(std::string(k.rule->until))},
+         {"at_run_time", k.rule->at_run_time}});
+  return a;
+}
+
+void print_known_problems(std::ostream &out, const tc::Judgement &j) {
+  out << "\n  known problems of torch " << j.version.text << ":";
+  if (j.known.empty()) {
+    out << " none\n";
+    return;
+  }
+  out << '\n';
+  for (const tc::KnownProblem &k : j.known)
+    out << "    " << tc::severity_name(k.rule->severity) << ": " << k.text << '\n';
+}
+
+}  // namespace cmg

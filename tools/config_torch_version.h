@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// `cumemguard config`: which PyTorch release to judge the environment for, and its known problems.
+// --torch-version wins; otherwise the interpreter (--python, default python3 on the evaluated PATH)
+// is asked where the torch package is — importlib.util.find_spec, which locates the package without
+// importing it — and the version is read from its version.py (or the dist-info beside it).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "torch_rules.h"
+#include "torch_version.h"
+
+namespace cmg {
+
+struct TorchChoice {
+  torchconf::TorchVersion version;
+  std::string source;  // "--torch-version", "/…/torch/version.py (python3)", "default: …"
+};
+
+// `requested`: the --torch-version argument (validated by the caller); `python`: the interpreter;
+// `getenv`: the evaluated environment (PATH, PYTHONPATH, VIRTUAL_ENV reach the interpreter);
+// `envp`: the same as NAME=VALUE strings for the interpreter's environment.
+TorchChoice choose_torch_version(
+    const std::optional<torchconf::TorchVersion> &requested, const std::string &python,
+    const std::function<std::optional<std::string>(std::string_view)> &getenv,
+    const std::vector<std::string> &envp);
+
+// The package directory the interpreter would import torch from, or nullopt with `why` set.
+std::optional<std::string> torch_package_dir(
+    const std::string &python,
+    const std::function<std::optional<std::string>(std::string_view)> &getenv,
+    const std::vector<std::string> &envp, std::string &why);
+
+// The "torch_version" and "known_problems" members of the JSON listing (docs/config-json.md).
+nlohmann::ordered_json version_json(const torchconf::Judgement &j);
+nlohmann::ordered_json known_problems_json(const torchconf::Judgement &j);
+// The text: "  known problems of torch 2.9.1:" and one line each, or "none".
+void print_known_problems(std::ostream &out, const torchconf::Judgement &j);
+
+}  // namespace cmg
