@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* cumemguard's C API: transport-aware cache cleanup for programs that adopt it. */
+/* cumemguard's C API: transport-aware cache cleanup for programs that adopt it, the shim's
+ * counters, and PyTorch's allocator settings changed at run time by the shim's own policy.
+ * From Python, the `cumemguard` package wraps all of it (docs/python.md). */
 #ifndef CUMEMGUARD_H
 #define CUMEMGUARD_H
 
@@ -12,9 +14,9 @@
  *
  *   C/C++:  f = (cumemguard_maybe_empty_cache_fn)dlsym(RTLD_DEFAULT,
  *                                                     "cumemguard_maybe_empty_cache");
- *   Python: f = ctypes.CDLL(None).cumemguard_maybe_empty_cache   (AttributeError: absent)
+ *   Python: import cumemguard   (the package finds them, and falls back when they are absent)
  *
- * docs/transport.md describes the whole feature.
+ * docs/transport.md describes the cleanup feature, docs/python.md the whole API.
  *
  * The contract (the one of seed 000, kept as it was proposed):
  *  - Opportunistic cleanup becomes *suppressed* when an NCCL communicator setup begins (seen by the
@@ -51,11 +53,53 @@ int cumemguard_opportunistic_cleanup_suppressed(void);
  * returns the bytes released. 0 when nothing is held. */
 size_t cumemguard_release_deferred(void);
 
+/* The shim's version ("0.1.0"); the string is static. */
+const char *cumemguard_version(void);
+
+/* The shim's counters as one JSON object, for a test that asserts a run had no findings:
+ *   {"version":"0.1.0","disabled":false,"findings":{"double-free":1},
+ *    "memory":[{"device":0,"kind":"linear","current":1048576,"peak":2097152,"total":3145728}],
+ *    "opportunistic_cleanup_suppressed":false}
+ * "findings" counts by class (classes without findings are left out); "memory" has one row per
+ * device (-1: host or none) and memory kind that ever held a byte, in bytes. Writes the text and a
+ * NUL to buf when len is larger than the text; returns the text's length (snprintf's contract: call
+ * again with a larger buffer when the result is >= len). */
+size_t cumemguard_stats_json(char *buf, size_t len);
+
+/* PyTorch's allocator configuration with overrides applied, by the shim's own parser (PyTorch
+ * 2.10/2.11 grammar and precedence, policy/torch_conf), for torch.cuda.memory._set_allocator_settings.
+ *   base:          the configuration in effect, as last passed to the setter; NULL for the one
+ *                  PyTorch read from the environment (the variable its common-key parser reads).
+ *   overrides:     "expandable_segments:False" (the CUMEMGUARD_TORCH_ALLOC_CONF syntax).
+ *   torch_version: the release to judge for ("2.11.0+cu130"); NULL or "" for the release whose
+ *                  libraries are loaded, else 2.11.
+ * The JSON object written to buf:
+ *   {"variable":"PYTORCH_CUDA_ALLOC_CONF"|null,"base":"...","result":"...","restore":"...",
+ *    "error":null|"...","expandable_before":true,"expandable_after":false,"changed":true,
+ *    "torch_version":"2.11.0","torch_version_source":"...","known_problems":["..."]}
+ * "result" changes only the overridden tokens of "base", in place; passing "restore" to the
+ * setter afterwards gives back every setting "base" had. Both were checked against the model of
+ * the setter; when "error" is not null neither may be used. Returns the text's length, as
+ * cumemguard_stats_json does. */
+size_t cumemguard_torch_alloc_conf(const char *base, const char *overrides,
+                                   const char *torch_version, char *buf, size_t len);
+
+/* Tells the shim that `conf` was just passed to PyTorch's allocator setter and accepted, so that
+ * its check of the allocator's path (cudaMalloc segments while expandable segments are asked for is
+ * a `config` finding) follows run-time changes. Returns 1 when expandable segments are in effect
+ * afterwards, 0 when not, -1 when the shim is disabled or models the string as rejected. */
+int cumemguard_torch_settings_applied(const char *conf);
+
 /* Types for dlsym. */
 typedef void (*cumemguard_suppress_opportunistic_cleanup_fn)(void);
 typedef int (*cumemguard_maybe_empty_cache_fn)(void (*)(void *), void *);
 typedef int (*cumemguard_opportunistic_cleanup_suppressed_fn)(void);
 typedef size_t (*cumemguard_release_deferred_fn)(void);
+typedef const char *(*cumemguard_version_fn)(void);
+typedef size_t (*cumemguard_stats_json_fn)(char *, size_t);
+typedef size_t (*cumemguard_torch_alloc_conf_fn)(const char *, const char *, const char *, char *,
+                                                 size_t);
+typedef int (*cumemguard_torch_settings_applied_fn)(const char *);
 
 #ifdef __cplusplus
 }

@@ -97,15 +97,13 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
   if (!m.ok()) return fail(m.error);
   r.result = m.value;
 
-  // The setter applied to the base string gives the state to restore (for an environment base it
-  // is the state the environment gave, the settings string aside).
-  Runtime as_base = rt;
-  set_allocator_settings(as_base, r.base);
+  // `rt` is the state to come back to: the environment as the judged release read it, or the base
+  // string applied by the setter.
   Runtime after = rt;
   if (SetResult s = set_allocator_settings(after, r.result); s.error)
     return fail("the result " + quote(r.result) + " would raise " + s.error->python());
   const std::array<bool, kKeyCount> named = named_keys(po);
-  if (std::string d = first_difference(as_base.settings, after.settings, named); !d.empty())
+  if (std::string d = first_difference(rt.settings, after.settings, named); !d.empty())
     return fail("the result would also change " + d);
   r.expandable_after = expandable_in_effect(after);
   r.changed = r.result != r.base;
@@ -118,14 +116,14 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
     Runtime back = after;
     if (SetResult s = set_allocator_settings(back, r.restore); s.error)
       return fail("the restore " + quote(r.restore) + " would raise " + s.error->python());
-    const std::string d = first_difference(as_base.settings, back.settings, {});
+    const std::string d = first_difference(rt.settings, back.settings, {});
     if (d.empty() && expandable_in_effect(back) == r.expandable_before) return r;
     if (attempt == 1) return fail("no string restores the original settings: " + d);
     std::string keep;
     for (const Override &o : po.items) {
       if (!keep.empty()) keep += ",";
       keep +=
-          std::string(key_info(*o.known).name) + ":" + effective_text(as_base.settings, *o.known);
+          std::string(key_info(*o.known).name) + ":" + effective_text(rt.settings, *o.known);
     }
     const MergeResult mb = merge(r.base, keep);
     if (!mb.ok()) return fail(mb.error);

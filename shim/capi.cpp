@@ -1,13 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// The C API of include/cumemguard.h: the seed's flush contract on the shim's transport registry.
-// It works whether or not the program makes CUDA calls, and with CUMEMGUARD_DISABLE (then it
-// writes nothing and only explicit suppression counts, since NCCL is no longer intercepted).
+// The C API of include/cumemguard.h: the seed's flush contract on the shim's transport registry,
+// the counters a test suite asserts on, and the PyTorch allocator-settings rewrite of the shim's
+// own policy (policy/torch_rewrite). It works whether or not the program makes CUDA calls, and
+// with CUMEMGUARD_DISABLE (then it writes nothing and only explicit suppression counts, since
+// NCCL is no longer intercepted).
 #include "cumemguard.h"
 
+#include <string>
+
+#include "cmg_config.h"
 #include "flush.h"
 #include "held.h"
 #include "loader.h"
 #include "state.h"
+#include "torch_host.h"
+#include "torch_rewrite.h"
+
+extern char **environ;
 
 using namespace cmg::shim;
 using cmg::EventRef;
@@ -55,4 +64,67 @@ CMG_EXPORT size_t cumemguard_release_deferred(void) {
   if (ev.seq)
     capi_call_record("cumemguard_release_deferred", ev, 0, now_ns() - ev.ts, "bytes", bytes);
   return static_cast<size_t>(bytes);
+}
+
+CMG_EXPORT const char *cumemguard_version(void) { return CMG_VERSION; }
+
+// Counters only: atomic loads, no lock, no CUDA call (callable from any thread at any time).
+CMG_EXPORT size_t cumemguard_stats_json(char *buf, size_t len) {
+  try {
+    State &s = state();
+    std::string j = "{\"version\":\"" CMG_VERSION "\",\"disabled\":";
+    j += disabled() || s.opts.disable ? "true" : "false";
+    j += ",\"findings\":{";
+    bool first = true;
+    for (std::size_t i = 0; i < cmg::kFindingClassCount; ++i) {
+      const std::uint64_t n = s.findings[i].load(std::memory_order_relaxed);
+      if (!n) continue;
+      j += std::string(first ? "" : ",") + "\"" +
+           std::string(cmg::finding_id(static_cast<cmg::FindingClass>(i))) +
+           "\":" + std::to_string(n);
+      first = false;
+    }
+    j += "},\"memory\":[";
+    first = true;
+    s.counters.visit([&](const cmg::ByteCounters::Row &r) {
+      j += std::string(first ? "" : ",") + "{\"device\":" + std::to_string(r.dev) +
+           ",\"kind\":\"" + std::string(cmg::mem_kind_name(r.kind)) +
+           "\",\"current\":" + std::to_string(r.current) + ",\"peak\":" +
+           std::to_string(r.peak) + ",\"total\":" + std::to_string(r.total) + "}";
+      first = false;
+    });
+    j += "],\"opportunistic_cleanup_suppressed\":";
+    j += s.transport.suppressed() ? "true" : "false";
+    j += "}";
+    return cmg::torchconf::copy_out(j, buf, len);
+  } catch (...) {
+    return cmg::torchconf::copy_out("{}", buf, len);
+  }
+}
+
+CMG_EXPORT size_t cumemguard_torch_alloc_conf(const char *base, const char *overrides,
+                                              const char *torch_version, char *buf, size_t len) {
+  namespace tc = cmg::torchconf;
+  try {
+    tc::RewriteRequest q;
+    if (base) q.base = base;
+    q.overrides = overrides ? overrides : "";
+    if (torch_version && *torch_version) {
+      if (auto v = tc::parse_torch_version(torch_version)) {
+        q.version = *v;
+        q.version_source = "given by the caller";
+      }
+    } else if (auto found = torch_loaded_version()) {
+      q.version = found->version;
+      q.version_source = found->source;
+    }
+    return tc::copy_out(tc::rewrite_json(tc::rewrite(tc::Env::from_envp(environ), q)), buf, len);
+  } catch (...) {
+    return tc::copy_out("{\"error\":\"internal error\"}", buf, len);
+  }
+}
+
+CMG_EXPORT int cumemguard_torch_settings_applied(const char *conf) {
+  if (disabled()) return -1;
+  return torch_settings_applied(conf);
 }

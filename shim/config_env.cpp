@@ -12,6 +12,7 @@
 #include "state.h"
 #include "summary.h"
 #include "torch_conf.h"
+#include "torch_host.h"
 
 extern char **environ;
 
@@ -108,6 +109,10 @@ void on_first_cuda_call() {
       report_finding_without_call(config_finding(pr.text), "(first CUDA call)", true);
   } catch (...) {
   }
+  // A PyTorch program has loaded libtorch by now: judge the environment for its release.
+  torch_release_check();
 }
+
+const tc::Env *torch_env_at_load() { return g_env_at_load; }
 
 }  // namespace cmg::shim

@@ -3,6 +3,7 @@
 // dynamic cudart, interposers.md 9.1). The driver calls cudart makes underneath are not recorded
 // again: the re-entry guard is held for the whole runtime call.
 #include "handlers.h"
+#include "torch_host.h"
 
 using namespace cmg::shim;
 using cmg::MemKind;
@@ -12,6 +13,7 @@ std::uintptr_t addr(void *p) { return reinterpret_cast<std::uintptr_t>(p); }
 }  // namespace
 
 CMG_EXPORT cudaError_t cudaMalloc(void **p, size_t n) {
+  torch_path_check(__builtin_return_address(0), n);  // PyTorch's allocator on its asked path?
   return linear_alloc<cudaError_t>(Api::cudaMalloc, MemKind::Linear, n,
                                    [&] { return CMG_REAL(cudaMalloc)(p, n); }, [&] { return addr(*p); });
 }

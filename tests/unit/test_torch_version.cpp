@@ -296,7 +296,11 @@ TEST_CASE("rewrite: unified variable, empty legacy shadowing, brackets", "[torch
   q.version = v("2.9.1");
   q.version_source = "torch.__version__";
   const Rewrite r29 = rewrite(env_of({{"PYTORCH_ALLOC_CONF", "expandable_segments:True"}}), q);
+  CHECK(r29.error.empty());
   CHECK_FALSE(r29.expandable_before);
+  // The setter does honour the string at run time, so the restore keeps what 2.9.1 had: off.
+  CHECK(r29.result == "expandable_segments:False");
+  CHECK(r29.restore == "expandable_segments:False");
   REQUIRE(r29.known.size() == 1);
   CHECK(r29.known[0].find("pytorch#183387") != std::string::npos);
 }
