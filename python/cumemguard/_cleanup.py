@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Optional cache flushes that step aside once a transport is live (seed 000's contract).
+
+With the shim preloaded the shim decides: it sees NCCL communicator setup itself and serialises the
+transition with a running flush (include/cumemguard.h). Without it, this module keeps the same
+contract in-process, with one limit: it cannot see a communicator being set up, so it counts a
+transport as started only when ``suppress_opportunistic_cleanup()`` is called or when an already
+imported ``torch.distributed`` reports an initialised process group with an NCCL or UCC backend
+(checked at each request, never importing anything).
+"""
+import sys
+import threading
+
+from . import _native
+
+
+class _Registry:
+    """Sticky suppression; a flush holds a share of the registry while it runs."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._running = 0
+        self._suppressed = False
+        self._local = threading.local()
+
+    def suppressed(self):
+        return self._suppressed
+
+    def suppress(self):
+        """Publishes first, then waits for the flushes already past their check."""
+        with self._cv:
+            was = self._suppressed
+            self._suppressed = True
+            if not getattr(self._local, "flushing", False):  # cannot wait for itself
+                self._cv.wait_for(lambda: self._running == 0)
+        return not was
+
+    def run(self, flush):
+        if getattr(self._local, "flushing", False):  # a request from inside its own flush
+            if self._suppressed:
+                return False
+            flush()
+            return True
+        with self._cv:
+            if self._suppressed:
+                return False
+            self._running += 1
+        self._local.flushing = True
+        try:
+            flush()
+        finally:
+            self._local.flushing = False
+            with self._cv:
+                self._running -= 1
+                self._cv.notify_all()
+        return True
+
+
+_registry = _Registry()
+
+
+def _transport_started():
+    """An initialised NCCL/UCC process group of an already imported torch.distributed."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return False
+    try:
+        if not dist.is_available() or not dist.is_initialized():
+            return False
+        backend = str(dist.get_backend()).lower()
+    except Exception:
+        return False
+    return "nccl" in backend or "ucc" in backend
+
+
+def _default_flush():
+    import torch  # the caller asked for PyTorch's flush: torch is in use
+
+    torch.cuda.empty_cache()
+
+
+def maybe_empty_cache(flush=None):
+    flush = _default_flush if flush is None else flush
+    api = _native.shim()
+    if api is not None:
+        errors = []
+
+        def call(_arg):
+            try:
+                flush()
+            except BaseException as e:  # raised again below, outside the C frame
+                errors.append(e)
+
+        cb = _native._ShimApi.FLUSH(call)  # alive for the duration of the call
+        ran = bool(api.maybe_empty_cache(cb, None))
+        if errors:
+            raise errors[0]
+        return ran
+    if _transport_started():
+        _registry.suppress()
+    return _registry.run(flush)
+
+
+def suppress_opportunistic_cleanup():
+    api = _native.shim()
+    if api is not None:
+        api.suppress()
+    else:
+        _registry.suppress()
+
+
+def opportunistic_cleanup_suppressed():
+    api = _native.shim()
+    if api is not None:
+        return bool(api.suppressed())
+    if _transport_started():
+        _registry.suppress()
+    return _registry.suppressed()
+
+
+def release_deferred():
+    api = _native.shim()
+    return int(api.release_deferred()) if api is not None else 0
