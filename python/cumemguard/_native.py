@@ -14,7 +14,7 @@ try:
 except ImportError:  # the source tree, not built: no library known
     _paths = None
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # policy() asks shim() under it
 _shim = None  # the _Api of the preloaded shim, or False when absent
 _policy = None  # the _Api of libcumemguard_policy.so (or of the shim), or False when absent
 _policy_error = ""
@@ -125,7 +125,8 @@ def _policy_candidates():
     if _paths is None:
         return []
     here = os.path.dirname(os.path.abspath(__file__))
-    return [_paths.POLICY, os.path.join(here, "libcumemguard_policy.so")]
+    near = os.path.normpath(os.path.join(here, _paths.LIBDIR_FROM_PACKAGE, "libcumemguard_policy.so"))
+    return [_paths.POLICY] + ([near] if near != _paths.POLICY else [])
 
 
 def call_json(fn, *args):

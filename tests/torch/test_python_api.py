@@ -1,0 +1,358 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The cumemguard Python package against the stand-in torch (tests/torch/standin), run twice by
+run_python_tests.py: without the shim (CMG_TEST_SHIM=0: the in-process fallback and
+libcumemguard_policy.so) and with it preloaded (CMG_TEST_SHIM=1: the shim's C API)."""
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import unittest
+import warnings
+
+import cumemguard
+import torch
+
+SHIM = os.environ.get("CMG_TEST_SHIM") == "1"
+BUILD = os.environ["CMG_TEST_BUILD"]
+MiB = 1 << 20
+VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+        "PYTORCH_NO_CUDA_MEMORY_CACHING")
+
+
+def fresh(**env):
+    """A process whose allocator read `env` at its first allocation."""
+    for v in VARS:
+        os.environ.pop(v, None)
+    os.environ.update(env)
+    torch._reset()
+
+
+def child_env(**env):
+    """This process's environment without the allocator variables a test set, plus `env`."""
+    out = {k: v for k, v in os.environ.items() if k not in VARS}
+    out.update(env)
+    return out
+
+
+def strings():
+    return [s for _api, s in torch.calls]
+
+
+def settings():
+    return torch.cuda.memory._snapshot()["allocator_settings"]
+
+
+class Import(unittest.TestCase):
+    def test_import_is_light(self):
+        code = ("import sys, cumemguard\n"
+                "print(sorted(m for m in ('torch', 'ctypes', 'json') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             check=True, timeout=120).stdout.strip()
+        self.assertEqual(out, "[]")
+
+    def test_active(self):
+        info = cumemguard.active()
+        self.assertEqual(bool(info), SHIM)
+        self.assertEqual(info.loaded, SHIM)
+        self.assertEqual(info.version, "0.1.0" if SHIM else None)
+        self.assertEqual(repr(info), f"ShimInfo(loaded={SHIM}, version={info.version!r})")
+
+
+class ExpandableSegments(unittest.TestCase):
+    """Seed 002's cases: the setter gets the full configuration, one token changed, and the full
+    original back; the allocator state after the block equals the state before it."""
+
+    def run_block(self, env, expect_inside, expect_after=None):
+        fresh(**env)
+        before = settings()
+        with cumemguard.expandable_segments(False) as block:
+            inside = settings()
+            self.assertEqual(strings(), expect_inside)
+        self.assertEqual(strings(), expect_inside + (expect_after or []))
+        self.assertEqual(settings(), before)
+        return before, inside, block
+
+    def test_mixed_legacy_configuration(self):
+        conf = ("max_split_size_mb:512,roundup_power2_divisions:4,"
+                "garbage_collection_threshold:0.8,expandable_segments:True")
+        before, inside, block = self.run_block(
+            {"PYTORCH_CUDA_ALLOC_CONF": conf},
+            [conf.replace("expandable_segments:True", "expandable_segments:False")], [conf])
+        self.assertTrue(before["expandable_segments"])
+        self.assertFalse(inside["expandable_segments"])
+        for k in ("max_split_size", "roundup_power2_divisions", "garbage_collection_threshold"):
+            self.assertEqual(inside[k], before[k], k)
+        self.assertEqual(inside["max_split_size"], 512 * MiB)
+        self.assertEqual(inside["garbage_collection_threshold"], 0.8)
+        self.assertEqual(block.plan["variable"], "PYTORCH_CUDA_ALLOC_CONF")
+        # The accelerator setter, without the deprecated wrapper's FutureWarning.
+        self.assertEqual({api for api, _s in torch.calls}, {"accelerator"})
+
+    def test_unified_variable_only(self):
+        conf = "expandable_segments:True,max_split_size_mb:256"
+        _before, inside, block = self.run_block(
+            {"PYTORCH_ALLOC_CONF": conf}, ["expandable_segments:False,max_split_size_mb:256"],
+            [conf])
+        self.assertEqual(block.plan["variable"], "PYTORCH_ALLOC_CONF")
+        self.assertEqual(inside["max_split_size"], 256 * MiB)
+
+    def test_empty_legacy_variable_shadows_the_unified_one(self):
+        # PyTorch reads the present but empty PYTORCH_CUDA_ALLOC_CONF: nothing is expandable.
+        self.run_block({"PYTORCH_CUDA_ALLOC_CONF": "",
+                        "PYTORCH_ALLOC_CONF": "expandable_segments:True"}, [])
+        self.assertFalse(settings()["expandable_segments"])
+
+    def test_bracketed_roundup_power2_divisions(self):
+        conf = "roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True"
+        _b, inside, _blk = self.run_block(
+            {"PYTORCH_CUDA_ALLOC_CONF": conf},
+            ["roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:False"], [conf])
+        self.assertEqual(inside["roundup_power2_divisions"], "[256:1,512:2,>:4]")
+
+    def test_exception_inside_the_block(self):
+        conf = "garbage_collection_threshold:0.7,expandable_segments:True"
+        fresh(PYTORCH_CUDA_ALLOC_CONF=conf)
+        before = settings()
+        with self.assertRaises(KeyError):
+            with cumemguard.expandable_segments(False):
+                self.assertFalse(settings()["expandable_segments"])
+                raise KeyError("capture failed")
+        self.assertEqual(strings(), ["garbage_collection_threshold:0.7,expandable_segments:False",
+                                     conf])
+        self.assertEqual(settings(), before)
+
+    def test_nested_use(self):
+        conf = "expandable_segments:True,max_split_size_mb:256"
+        off = "expandable_segments:False,max_split_size_mb:256"
+        fresh(PYTORCH_CUDA_ALLOC_CONF=conf)
+        before = settings()
+        with cumemguard.expandable_segments(False):
+            with cumemguard.expandable_segments(False) as inner:  # already off: a no-op
+                self.assertFalse(inner.applied)
+                self.assertEqual(strings(), [off])
+            with cumemguard.expandable_segments(True):  # on again inside
+                self.assertTrue(settings()["expandable_segments"])
+                self.assertEqual(strings(), [off, conf])
+            self.assertEqual(strings(), [off, conf, off])
+            self.assertFalse(settings()["expandable_segments"])
+        self.assertEqual(strings(), [off, conf, off, conf])
+        self.assertEqual(settings(), before)
+
+    def test_not_in_effect_is_a_no_op(self):
+        fresh(PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64")
+        with cumemguard.expandable_segments(False) as b:
+            self.assertFalse(b.applied)
+        fresh()
+        with cumemguard.expandable_segments(False):
+            pass
+        fresh(PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync,expandable_segments:True")
+        with cumemguard.expandable_segments(False):
+            pass
+        self.assertEqual(strings(), [])
+
+    def test_turning_them_on_is_undone(self):
+        # The setter keeps expandable_segments when a string omits it: the restore names it.
+        fresh(PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64")
+        before = settings()
+        with cumemguard.expandable_segments(True):
+            self.assertTrue(settings()["expandable_segments"])
+        self.assertEqual(strings(), ["max_split_size_mb:64,expandable_segments:True",
+                                     "max_split_size_mb:64,expandable_segments:False"])
+        after = settings()
+        self.assertEqual({k: v for k, v in after.items() if k != "PYTORCH_CUDA_ALLOC_CONF"},
+                         {k: v for k, v in before.items() if k != "PYTORCH_CUDA_ALLOC_CONF"})
+
+    def test_deprecated_setter_where_the_accelerator_one_is_missing(self):
+        fresh(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+        saved = torch._C._accelerator_setAllocatorSettings
+        del torch._C._accelerator_setAllocatorSettings
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # the stand-in of 2.9 has no warning to give
+                with cumemguard.expandable_segments(False):
+                    pass
+        finally:
+            torch._C._accelerator_setAllocatorSettings = saved
+        self.assertEqual(torch.calls, [("cuda", "expandable_segments:False"),
+                                       ("cuda", "expandable_segments:True")])
+
+    def test_first_call_of_a_fresh_process(self):
+        code = ("import cumemguard, torch\n"
+                "with cumemguard.expandable_segments(False):\n"
+                "    print(torch.calls)\n"
+                "print(torch.calls[-1])\n")
+        env = child_env(PYTORCH_ALLOC_CONF="expandable_segments:True")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=env, check=True, timeout=120).stdout.splitlines()
+        self.assertEqual(out, ["[('accelerator', 'expandable_segments:False')]",
+                               "('accelerator', 'expandable_segments:True')"])
+
+    def test_configuration_pytorch_rejects(self):
+        fresh(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:true")
+        with self.assertRaises(cumemguard.ConfigError) as e:
+            with cumemguard.expandable_segments(False):
+                self.fail("entered")
+        self.assertIn("already fails at the first CUDA allocation: ValueError: Expected 'True' "
+                      "or 'False'", str(e.exception))
+        self.assertEqual(strings(), [])
+
+    def test_release_that_ignores_the_unified_variable(self):
+        # torch 2.9.1 never enabled them from PYTORCH_ALLOC_CONF (pytorch#183387): nothing to do.
+        fresh(PYTORCH_ALLOC_CONF="expandable_segments:True")
+        saved = torch.__version__
+        torch.__version__ = "2.9.1+cu128"
+        try:
+            with cumemguard.expandable_segments(False) as b:
+                self.assertFalse(b.applied)
+        finally:
+            torch.__version__ = saved
+        self.assertEqual(strings(), [])
+        self.assertFalse(b.plan["expandable_before"])
+        self.assertIn("pytorch#183387", b.plan["known_problems"][0])
+
+    def test_other_settings_and_the_plan(self):
+        fresh(PYTORCH_ALLOC_CONF="max_split_size_mb:512,expandable_segments:True")
+        with cumemguard.allocator_settings("max_split_size_mb:20"):
+            self.assertEqual(settings()["max_split_size"], 20 * MiB)
+            self.assertTrue(settings()["expandable_segments"])
+        self.assertEqual(strings(), ["max_split_size_mb:20,expandable_segments:True",
+                                     "max_split_size_mb:512,expandable_segments:True"])
+        p = cumemguard.torch_alloc_conf("-max_split_size_mb")
+        self.assertEqual((p["variable"], p["result"], p["error"]),
+                         ("PYTORCH_ALLOC_CONF", "expandable_segments:True", None))
+        with self.assertRaises(cumemguard.ConfigError):
+            with cumemguard.allocator_settings("max_split_size_mb:1"):  # PyTorch: must be >= 20
+                pass
+
+
+class Cleanup(unittest.TestCase):
+    """Seed 000's contract; the process-wide suppression is sticky, so this class runs its tests
+    in order inside one test method."""
+
+    def test_contract(self):
+        ran = []
+        self.assertFalse(cumemguard.opportunistic_cleanup_suppressed())
+        self.assertTrue(cumemguard.maybe_empty_cache(lambda: ran.append(1)))
+        self.assertEqual(ran, [1])
+        # The default flush is torch.cuda.empty_cache.
+        torch._reset()
+        self.assertTrue(cumemguard.maybe_empty_cache())
+        self.assertEqual(torch.empty_cache_calls, 1)
+        # An exception of the flush reaches the caller.
+        with self.assertRaises(ZeroDivisionError):
+            cumemguard.maybe_empty_cache(lambda: 1 / 0)
+
+        # A flush running on another thread: suppression waits for it to finish.
+        started, release, order = threading.Event(), threading.Event(), []
+
+        def slow_flush():
+            started.set()
+            release.wait(60)
+            order.append("flush done")
+
+        t1 = threading.Thread(target=cumemguard.maybe_empty_cache, args=(slow_flush,))
+        t1.start()
+        self.assertTrue(started.wait(60))
+
+        def suppress():
+            cumemguard.suppress_opportunistic_cleanup()
+            order.append("suppressed")
+
+        t2 = threading.Thread(target=suppress)
+        t2.start()
+        t2.join(0.3)
+        self.assertTrue(t2.is_alive(), "suppression returned while a flush was running")
+        release.set()
+        t1.join(60)
+        t2.join(60)
+        self.assertEqual(order, ["flush done", "suppressed"])
+
+        # Sticky: nothing turns it off; intentional releases keep their direct call.
+        self.assertTrue(cumemguard.opportunistic_cleanup_suppressed())
+        self.assertFalse(cumemguard.maybe_empty_cache(lambda: ran.append(2)))
+        cumemguard.suppress_opportunistic_cleanup()
+        self.assertFalse(cumemguard.maybe_empty_cache(lambda: ran.append(3)))
+        self.assertEqual(ran, [1])
+        self.assertEqual(cumemguard.release_deferred(), 0)
+        if SHIM:
+            self.assertTrue(cumemguard.stats()["opportunistic_cleanup_suppressed"])
+
+    def test_transport_started_in_a_child(self):
+        """An NCCL communicator (shim: seen at its setup; fallback: an initialised NCCL process
+        group of torch.distributed) suppresses the next optional flush."""
+        code = ("import sys, torch, cumemguard\n"
+                "print(int(cumemguard.maybe_empty_cache(lambda: None)))\n")
+        if SHIM:
+            code += ("import ctypes\n"
+                     "class Id(ctypes.Structure): _fields_ = [('b', ctypes.c_char * 128)]\n"
+                     "nccl = ctypes.CDLL('libnccl.so.2')\n"
+                     "uid, comm = Id(), ctypes.c_void_p()\n"
+                     "assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0\n"
+                     "assert nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0\n"
+                     "assert nccl.ncclCommDestroy(comm) == 0\n")
+        else:
+            code += ("sys.modules['torch.distributed'] = torch.distributed\n"
+                     "torch.distributed._backend = 'cpu:gloo,cuda:nccl'\n")
+        code += ("print(int(cumemguard.maybe_empty_cache(lambda: None)))\n"
+                 "print(int(cumemguard.opportunistic_cleanup_suppressed()))\n")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=child_env(), check=True, timeout=120).stdout.split()
+        self.assertEqual(out, ["1", "0", "1"])
+
+
+class Findings(unittest.TestCase):
+    def test_findings_and_stats(self):
+        if not SHIM:
+            self.assertIsNone(cumemguard.findings())
+            self.assertIsNone(cumemguard.stats())
+            return
+        code = (
+            "import ctypes, cumemguard\n"
+            "print(cumemguard.findings())\n"
+            "rt = ctypes.CDLL('libcudart.so.13')\n"
+            "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+            "rt.cudaFree.argtypes = [ctypes.c_void_p]\n"
+            "a, b = ctypes.c_void_p(), ctypes.c_void_p()\n"
+            "assert rt.cudaMalloc(ctypes.byref(a), 1 << 20) == 0\n"
+            "assert rt.cudaMalloc(ctypes.byref(b), 2 << 20) == 0\n"
+            "assert rt.cudaFree(a) == 0\n"
+            "rt.cudaFree(a)\n"  # a double free: skipped by the shim, reported
+            "s = cumemguard.stats()\n"
+            "print(s['findings'])\n"
+            "print([(m['device'], m['kind'], m['current'], m['peak'], m['total'])"
+            " for m in s['memory']])\n"
+            "assert rt.cudaFree(b) == 0\n")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=child_env(), check=True,
+                             timeout=120)
+        self.assertEqual(out.stdout.splitlines(),
+                         ["{}", "{'double-free': 1}", "[(0, 'linear', 2097152, 3145728, 3145728)]"])
+        self.assertIn("double-free", out.stderr)
+
+    def test_path_check_follows_the_block(self):
+        """Under the shim, a cudaMalloc from PyTorch's allocator inside expandable_segments(False)
+        is the asked path; after the block it is a config finding."""
+        if not SHIM:
+            self.skipTest("the path check is the shim's")
+        lib = os.path.join(BUILD, "tests", "torch", "libc10_cuda.so")
+        code = (
+            "import ctypes, cumemguard, torch\n"
+            f"c10 = ctypes.CDLL({lib!r})\n"
+            "with cumemguard.expandable_segments(False):\n"
+            "    assert c10.fake_torch_segment(1 << 20, 0) == 0\n"
+            "    print(cumemguard.findings())\n"
+            "assert c10.fake_torch_segment(1 << 20, 0) == 0\n"
+            "print(cumemguard.findings())\n"
+            "assert c10.fake_torch_release_all() == 0\n")
+        env = child_env(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, check=True,
+                             timeout=120)
+        self.assertEqual(out.stdout.splitlines(), ["{}", "{'config': 1}"])
+        self.assertIn("although the settings applied at run time ask for expandable_segments:True",
+                      out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
