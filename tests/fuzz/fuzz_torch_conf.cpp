@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: the PyTorch allocator-config parser, merge and plan (policy/torch_conf.cpp), which
-// the shim runs at load on the host's environment. Input: up to four fields separated by NUL:
-// PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF, CUMEMGUARD_TORCH_ALLOC_CONF;
-// the first byte of each field says whether the variable is present ('-' absent).
-// Invariants (torch_conf.h): merge(x, "") == x; a plan that writes leads to an environment that
-// PyTorch accepts, with the settings the plan computed; nothing throws.
+// Fuzz target: the PyTorch allocator-config parser, merge and plan (policy/torch_conf_*.cpp), which
+// the shim runs at load on the host's environment, the release rules and the scoped rewrite of the
+// C API (policy/torch_rules, torch_rewrite), and the version readers (policy/torch_version). Input:
+// up to four fields separated by NUL: PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF,
+// PYTORCH_HIP_ALLOC_CONF, CUMEMGUARD_TORCH_ALLOC_CONF; the first byte of each field says whether
+// the variable is present ('-' absent). Invariants (torch_conf.h): merge(x, "") == x; a plan that
+// writes leads to an environment that PyTorch accepts, with the settings the plan computed; a
+// rewrite without error restores every setting; nothing throws.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +16,9 @@
 #include <string_view>
 
 #include "torch_conf.h"
+#include "torch_rewrite.h"
+#include "torch_rules.h"
+#include "torch_version.h"
 
 namespace tc = cmg::torchconf;
 
@@ -73,5 +78,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
     fail("writes in a plan that does not write");
   }
   (void)tc::diagnose_change(env, tc::apply(env, p));
+
+  // The override field read as version texts, the environment judged for several releases, and
+  // the rewrite from the environment and from the override field as a base.
+  (void)tc::parse_torch_version(overrides);
+  (void)tc::version_in_version_py(overrides);
+  (void)tc::version_in_dist_info(overrides);
+  (void)tc::version_in_library_name(overrides);
+  for (const char *v : {"2.2.0", "2.9.1", "2.11.0"})
+    (void)tc::judge(env, o, tc::torch_version(v), "f");
+  for (const std::optional<std::string> &base : {std::optional<std::string>(), field(f[1])}) {
+    tc::RewriteRequest q;
+    q.base = base;
+    q.overrides = overrides;
+    const tc::Rewrite r = tc::rewrite(env, q);
+    (void)tc::rewrite_json(r);
+    if (r.error.empty() && !o.error && !base) {
+      tc::Runtime rt = tc::runtime_from(tc::judge(env, o, q.version, "f").outcome);
+      const tc::Runtime before = rt;
+      if (tc::set_allocator_settings(rt, r.result).error) fail("a rewrite result PyTorch refuses");
+      if (tc::set_allocator_settings(rt, r.restore).error) fail("a restore PyTorch refuses");
+      for (const tc::KeyInfo &k : tc::keys())
+        if (tc::effective_text(rt.settings, k.key) != tc::effective_text(before.settings, k.key))
+          fail("the restore does not give back every setting");
+    }
+  }
   return 0;
 }
