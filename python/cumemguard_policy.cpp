@@ -12,7 +12,9 @@ extern char **environ;
 
 #define CMG_POLICY_EXPORT extern "C" __attribute__((visibility("default")))
 
-CMG_POLICY_EXPORT const char *cumemguard_version(void) { return CMG_VERSION; }
+CMG_POLICY_EXPORT const char *cumemguard_version(void) {
+  return CMG_VERSION;
+}
 
 // The same contract as the shim's (include/cumemguard.h); the release judged defaults to 2.11
 // unless the caller names it (the package passes torch.__version__).

@@ -66,7 +66,9 @@ CMG_EXPORT size_t cumemguard_release_deferred(void) {
   return static_cast<size_t>(bytes);
 }
 
-CMG_EXPORT const char *cumemguard_version(void) { return CMG_VERSION; }
+CMG_EXPORT const char *cumemguard_version(void) {
+  return CMG_VERSION;
+}
 
 // Counters only: atomic loads, no lock, no CUDA call (callable from any thread at any time).
 CMG_EXPORT size_t cumemguard_stats_json(char *buf, size_t len) {
@@ -87,10 +89,9 @@ CMG_EXPORT size_t cumemguard_stats_json(char *buf, size_t len) {
     j += "},\"memory\":[";
     first = true;
     s.counters.visit([&](const cmg::ByteCounters::Row &r) {
-      j += std::string(first ? "" : ",") + "{\"device\":" + std::to_string(r.dev) +
-           ",\"kind\":\"" + std::string(cmg::mem_kind_name(r.kind)) +
-           "\",\"current\":" + std::to_string(r.current) + ",\"peak\":" +
-           std::to_string(r.peak) + ",\"total\":" + std::to_string(r.total) + "}";
+      j += std::string(first ? "" : ",") + "{\"device\":" + std::to_string(r.dev) + ",\"kind\":\"" +
+           std::string(cmg::mem_kind_name(r.kind)) + "\",\"current\":" + std::to_string(r.current) +
+           ",\"peak\":" + std::to_string(r.peak) + ",\"total\":" + std::to_string(r.total) + "}";
       first = false;
     });
     j += "],\"opportunistic_cleanup_suppressed\":";

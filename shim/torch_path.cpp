@@ -10,6 +10,7 @@
 // Cost: the first kChecked cudaMalloc calls of the process take one dladdr each; after that (or
 // after the finding) a call costs one relaxed atomic load.
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <mutex>
@@ -36,16 +37,25 @@ std::atomic<bool> g_fired{false};
 struct Asked {
   std::mutex mu;
   bool ready = false;
-  tc::Env env;           // at the first CUDA allocation
-  tc::Outcome read;      // the environment through the 2.10/2.11 grammar
-  tc::Runtime runtime;   // and what the setter calls made of it since
+  tc::Env env;          // at the first CUDA allocation
+  tc::Outcome read;     // the environment through the 2.10/2.11 grammar
+  tc::Runtime runtime;  // and what the setter calls made of it since
   bool set_at_run_time = false;
   std::string last_set;  // the last string applied at run time
 };
 
+// Held across fork() so a child never inherits it locked by a thread that is gone (the child may
+// call cudaMalloc or the C API at once); nothing else is locked while it is held.
+Asked *g_asked = nullptr;  // leaked on purpose, like the state
+std::once_flag g_asked_once;
+
 Asked &asked() {
-  static Asked *a = new Asked;  // leaked on purpose, like the state
-  return *a;
+  std::call_once(g_asked_once, [] {
+    g_asked = new Asked;
+    pthread_atfork([] { g_asked->mu.lock(); }, [] { g_asked->mu.unlock(); },
+                   [] { g_asked->mu.unlock(); });
+  });
+  return *g_asked;
 }
 
 void ready_locked(Asked &a) {
@@ -80,8 +90,8 @@ std::string cause(const Asked &a, const std::optional<tc::FoundVersion> &found) 
       if (k.rule->adjust) return release + ": " + k.text;
   }
   if (a.set_at_run_time)
-    return "the settings applied at run time ('" + a.last_set +
-           "') ask for expandable segments; " + release + " did not take them";
+    return "the settings applied at run time ('" + a.last_set + "') ask for expandable segments; " +
+           release + " did not take them";
   return "possible causes: " + release +
          " was built without the CUDA driver API or the device has no VMM support (PyTorch "
          "warns 'expandable_segments not supported on this platform' and falls back), the "
@@ -104,6 +114,7 @@ void torch_path_check(void *caller, std::size_t size) {
   if (!tc::is_torch_allocator_library(info.dli_fname)) return;
   try {
     torch_release_check();  // the release is known by now: its own problems first
+    const std::optional<tc::FoundVersion> found = torch_loaded_version();
     Asked &a = asked();
     std::string msg;
     {
@@ -115,11 +126,10 @@ void torch_path_check(void *caller, std::size_t size) {
       const std::string where = a.set_at_run_time ? std::string("the settings applied at run time")
                                 : var == tc::Var::None ? std::string("the configuration")
                                                        : std::string(tc::var_name(var));
-      msg = "PyTorch's caching allocator makes segments with cudaMalloc (" +
-            std::to_string(size) + " bytes, called from " + info.dli_fname + ") although " +
-            where + (a.set_at_run_time ? " ask" : " asks") +
-            " for expandable_segments:True: expandable segments are not in use; " +
-            cause(a, torch_loaded_version());
+      msg = "PyTorch's caching allocator makes segments with cudaMalloc (" + std::to_string(size) +
+            " bytes, called from " + info.dli_fname + ") although " + where +
+            (a.set_at_run_time ? " ask" : " asks") +
+            " for expandable_segments:True: expandable segments are not in use; " + cause(a, found);
     }
     g_left.store(0, std::memory_order_relaxed);
     Finding f;

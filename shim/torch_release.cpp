@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <link.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -61,13 +62,17 @@ std::vector<std::string> loaded_torch_libraries() {
   return libs;
 }
 
-std::mutex g_mu;
+std::mutex g_mu;  // held across fork(), like torch_path.cpp's: nothing else is locked under it
+std::once_flag g_atfork;
 std::optional<tc::FoundVersion> *g_found = nullptr;  // leaked on purpose, like the state
 std::atomic<bool> g_reported{false};
 
 }  // namespace
 
 std::optional<tc::FoundVersion> torch_loaded_version() {
+  std::call_once(g_atfork, [] {
+    pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
+  });
   std::lock_guard lk(g_mu);
   if (g_found && *g_found) return *g_found;
   try {
@@ -91,8 +96,8 @@ void torch_release_check() {
   const std::optional<tc::FoundVersion> found = torch_loaded_version();
   if (!found || g_reported.exchange(true)) return;
   try {
-    note(LogLevel::Info, "PyTorch " + found->version.text + " is loaded (version from " +
-                             found->source + ")");
+    note(LogLevel::Info,
+         "PyTorch " + found->version.text + " is loaded (version from " + found->source + ")");
     const tc::Judgement j = tc::judge(*env, found->version, found->source);
     for (const tc::KnownProblem &k : j.known) {
       if (!k.rule->at_run_time) continue;
@@ -100,9 +105,8 @@ void torch_release_check() {
       f.cls = FindingClass::Config;
       f.msg = "torch " + found->version.text + " (" + found->source + "): " + k.text;
       f.state_json = "{\"torch_version\":\"" + json_escape(found->version.text) +
-                     "\",\"version_source\":\"" + json_escape(found->source) +
-                     "\",\"rule\":\"" + json_escape(k.rule->id) + "\",\"bug\":\"" +
-                     json_escape(k.rule->bug) + "\"}";
+                     "\",\"version_source\":\"" + json_escape(found->source) + "\",\"rule\":\"" +
+                     json_escape(k.rule->id) + "\",\"bug\":\"" + json_escape(k.rule->bug) + "\"}";
       report_finding_without_call(std::move(f), "(PyTorch loaded)", true);
     }
   } catch (...) {

@@ -36,8 +36,8 @@ try:
             "print(n.policy().origin.startswith(sys.argv[1]))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "CUMEMGUARD_"))}
     env.pop("LD_PRELOAD", None)
-    if os.environ.get("CMG_PRELOAD_FIRST"):
-        env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"]
+    if os.environ.get("CMG_PRELOAD_FIRST"):  # and libstdc++: run_python_tests.py says why
+        env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"] + ":libstdc++.so.6"
     env["PYTHONPATH"] = site
     env["PYTORCH_ALLOC_CONF"] = "max_split_size_mb:64,expandable_segments:True"
     out = subprocess.run([sys.executable, "-c", code, stage], env=env, stdout=subprocess.PIPE,

@@ -17,6 +17,12 @@ env["CMG_TEST_BUILD"] = build
 env["CMG_TEST_SHIM"] = "1" if mode == "shim" else "0"
 env["PYTHONDONTWRITEBYTECODE"] = "1"
 preload = [os.environ.get("CMG_PRELOAD_FIRST", "")]
+if preload[0]:
+    # A sanitized build links libstdc++ dynamically (shim/meson.build). AddressSanitizer resolves
+    # its __cxa_throw interceptor when it starts; libstdc++ arriving later with
+    # libcumemguard_policy.so (dlopen) would leave it unresolved, and the first throw fails its
+    # CHECK. The preloaded shim brings libstdc++ at start; without it, preload libstdc++ itself.
+    preload.append("libstdc++.so.6")
 if mode == "shim":
     preload.append(os.path.join(build, "shim", "libcumemguard.so"))
 env["LD_PRELOAD"] = ":".join(p for p in preload if p)
