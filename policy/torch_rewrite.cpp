@@ -10,7 +10,6 @@
 
 #include <cstring>
 
-#include "event.h"
 #include "torch_conf_impl.h"
 
 namespace cmg::torchconf {
@@ -41,8 +40,25 @@ std::string first_difference(const Settings &a, const Settings &b,
   return "";
 }
 
-std::string json_str(const std::string &s) {
-  return "\"" + json_escape(s) + "\"";
+// A JSON string, escaped here: this file is also linked without the rest of the model (the fuzz
+// target), so it does not borrow the tracker's helper.
+std::string json_str(std::string_view s) {
+  std::string r = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      r += '\\';
+      r += ch;
+    } else if (c < 0x20) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      r += "\\u00";
+      r += kHex[c >> 4];
+      r += kHex[c & 15];
+    } else {
+      r += ch;  // UTF-8 passes through; the reader replaces invalid bytes
+    }
+  }
+  return r + "\"";
 }
 
 }  // namespace
@@ -122,8 +138,7 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
     std::string keep;
     for (const Override &o : po.items) {
       if (!keep.empty()) keep += ",";
-      keep +=
-          std::string(key_info(*o.known).name) + ":" + effective_text(rt.settings, *o.known);
+      keep += std::string(key_info(*o.known).name) + ":" + effective_text(rt.settings, *o.known);
     }
     const MergeResult mb = merge(r.base, keep);
     if (!mb.ok()) return fail(mb.error);

@@ -346,3 +346,13 @@ TEST_CASE("copy_out follows snprintf's contract", "[torch_rewrite]") {
   CHECK(std::string(buf).empty());
   CHECK(copy_out("x", nullptr, 0) == 1);
 }
+
+TEST_CASE("rewrite_json escapes what the environment holds", "[torch_rewrite]") {
+  Rewrite r;
+  r.base = "a\"b\\c\x01\n";
+  r.error = "tab\there";
+  const std::string j = rewrite_json(r);
+  CHECK(j.find("\"base\":\"a\\\"b\\\\c\\u0001\\u000a\"") != std::string::npos);
+  CHECK(j.find("\"error\":\"tab\\u0009here\"") != std::string::npos);
+  CHECK(j.find("\"variable\":null") == 1);
+}
