@@ -67,7 +67,8 @@ const char *cumemguard_version(void);
 size_t cumemguard_stats_json(char *buf, size_t len);
 
 /* PyTorch's allocator configuration with overrides applied, by the shim's own parser (PyTorch
- * 2.10/2.11 grammar and precedence, policy/torch_conf), for torch.cuda.memory._set_allocator_settings.
+ * 2.10/2.11 grammar and precedence, policy/torch_conf), for PyTorch's allocator setter
+ * (torch.cuda.memory._set_allocator_settings).
  *   base:          the configuration in effect, as last passed to the setter; NULL for the one
  *                  PyTorch read from the environment (the variable its common-key parser reads).
  *   overrides:     "expandable_segments:False" (the CUMEMGUARD_TORCH_ALLOC_CONF syntax).

@@ -119,7 +119,7 @@ const VersionRule kRules[] = {
      "fixed by PR #120022, first in 2.3.0", max_split_assert_applies, max_split_assert_text,
      nullptr},
     {"expandable-near-oom-assert", "", "2.5.0", Severity::Warning, true, "PR #134338",
-     "fixed by PR #134338, first in 2.5.0", near_oom_applies, near_oom_text, nullptr},
+     "first in 2.5.0", near_oom_applies, near_oom_text, nullptr},
     {"no-caching-any-value", "", "2.7.0", Severity::Warning, true, "pytorch#145661",
      "fixed by PR #145905, first in 2.7.0, which reads the value", no_caching_value_applies,
      no_caching_value_text, nullptr},

@@ -35,7 +35,8 @@ def plan(overrides, base=None, torch_version=None):
     "base", "result", "restore", "error", "expandable_before", "expandable_after", ..."""
     api = _native.policy()
     if api is None:
-        raise ConfigError("cumemguard: cannot rewrite allocator settings: " + _native.policy_error())
+        raise ConfigError("cumemguard: cannot rewrite allocator settings: " +
+                          _native.policy_error())
     return _native.call_json(api.torch_alloc_conf, _native.encode(base), _native.encode(overrides),
                              _native.encode(torch_version))
 

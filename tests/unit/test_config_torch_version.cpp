@@ -116,7 +116,7 @@ TEST_CASE("config: every row of the version table in the listing", "[config_torc
        {"PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6,expandable_segments:True"},
        {"expandable-near-oom-assert"},
        "the allocator can fail an assertion when the device is nearly out of memory (PR #134338; "
-       "fixed by PR #134338, first in 2.5.0)"},
+       "first in 2.5.0)"},
       {"2.5.1",
        {"PYTORCH_NO_CUDA_MEMORY_CACHING=0"},
        {"no-caching-any-value"},
