@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "lock_within.h"
 #include "node_reuse.h"
 #include "text.h"
 
@@ -130,6 +131,20 @@ void LinearModel::for_each_live(const std::function<void(const LinearRec &)> &fn
     std::lock_guard lk(s.mu);
     for (const auto &[p, r] : s.live) fn(r);
   }
+}
+
+std::size_t LinearModel::for_each_live_within(const std::function<void(const LinearRec &)> &fn,
+                                              std::uint64_t patience_ns) const {
+  std::size_t skipped = 0;
+  for (const Shard &s : shards_) {
+    if (!lock_within(s.mu, patience_ns)) {
+      ++skipped;
+      continue;
+    }
+    std::lock_guard lk(s.mu, std::adopt_lock);
+    for (const auto &[p, r] : s.live) fn(r);
+  }
+  return skipped;
 }
 
 void LinearModel::fork_child() {

@@ -62,6 +62,10 @@ class LinearModel {
   std::optional<LinearRec> find_containing(std::uint64_t p) const;
   std::size_t live_count() const;
   void for_each_live(const std::function<void(const LinearRec &)> &fn) const;
+  // for_each_live for exit paths (lock_within.h): a shard whose lock stays taken for patience_ns
+  // is skipped. Returns the number of shards skipped.
+  std::size_t for_each_live_within(const std::function<void(const LinearRec &)> &fn,
+                                   std::uint64_t patience_ns) const;
   void clear();
   // fork(): the child does not own the parent's CUDA objects and starts with an empty model. The 64
   // shard locks are not held across fork (holding them all made fork's cost grow with the shards

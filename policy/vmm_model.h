@@ -209,6 +209,10 @@ class VmmModel {
   void for_each_alloc(const std::function<void(const PhysAlloc &)> &fn) const;
   void for_each_reservation(const std::function<void(const Reservation &)> &fn) const;
   void for_each_live_handle(const std::function<void(const HandleRec &)> &fn) const;
+  // The allocations, reservations and counts at once, for exit paths (lock_within.h): false,
+  // with nothing visited, when the lock stays taken for patience_ns.
+  bool visit_within(std::uint64_t patience_ns, const std::function<void(const PhysAlloc &)> &alloc,
+                    const std::function<void(const Reservation &)> &res, VmmCounts &counts) const;
   void clear();
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }

@@ -3,6 +3,7 @@
 // records): read under the model's lock, never on the path of a successful call.
 #include <algorithm>
 
+#include "lock_within.h"
 #include "node_reuse.h"
 #include "vmm_model.h"
 
@@ -111,6 +112,28 @@ void VmmModel::for_each_alloc(const std::function<void(const PhysAlloc &)> &fn) 
 void VmmModel::for_each_reservation(const std::function<void(const Reservation &)> &fn) const {
   std::lock_guard lk(mu_);
   for (const auto &[b, r] : res_) fn(r);
+}
+
+bool VmmModel::visit_within(std::uint64_t patience_ns,
+                            const std::function<void(const PhysAlloc &)> &alloc,
+                            const std::function<void(const Reservation &)> &res,
+                            VmmCounts &counts) const {
+  if (!lock_within(mu_, patience_ns)) return false;
+  std::lock_guard lk(mu_, std::adopt_lock);
+  counts = VmmCounts{};
+  counts.phys = allocs_.size();
+  for (const auto &[id, a] : allocs_) {
+    counts.phys_bytes += a.size;
+    alloc(a);
+  }
+  for (const auto &[v, h] : handles_) counts.handles += h.refs > 0;
+  counts.reservations = res_.size();
+  for (const auto &[b, r] : res_) {
+    counts.mappings += r.maps.size();
+    counts.va_bytes += r.size;
+    res(r);
+  }
+  return true;
 }
 
 void VmmModel::for_each_live_handle(const std::function<void(const HandleRec &)> &fn) const {

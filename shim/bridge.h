@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The legacy-IPC bridge's moving parts (docs/ipc-bridge.md): the exporter's broker thread and the
 // importer's client, with their socket I/O and their own driver calls (made through CMG_REAL, so
-// they are never recorded as the program's calls). The bookkeeping and every format live in
-// policy/ipc_bridge.h.
+// they are never recorded as the program's calls); bridge.cpp names the file of each. The
+// bookkeeping and every format live in policy/ipc_bridge.h.
 #pragma once
 
 #include <array>

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Crash summary (see crash.h). Everything reachable from the handler is async-signal-safe:
-// atomic loads, clock_gettime, write(2), sigaction, raise, nanosleep and the log's try-lock (a
-// single compare-and-swap in glibc; when another thread or the crashing one holds the log, the
-// buffered lines are given up and the crash lines are written directly). No allocation, no
-// stdio, no locale, no waiting on a lock. The models are not read (their locks may be held by the
-// thread that crashed), so the crash summary has counters and findings but no leak records.
+// Crash context and summary (see crash.h). Everything reachable from the handler is
+// async-signal-safe: atomic loads, clock_gettime, write(2), sigaction, raise, nanosleep, the log's
+// try-lock (a single compare-and-swap in glibc; when another thread or the crashing one holds the
+// log, the crashing one's unwritten bytes are finished or the buffered lines given up, and the
+// crash lines are written directly), JsonLine and the stack walk of crash_stack.cpp. No
+// allocation, no stdio, no locale, no waiting on a lock. The models are not read (their locks may
+// be held by the thread that crashed), so the crash summary has counters and findings but no leak
+// records.
 #include "clock.h"
 #include "crash.h"
 
@@ -18,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "crash_stack.h"
+#include "errors.h"
 #include "state.h"
 
 namespace cmg::shim {
@@ -87,14 +91,40 @@ void write_all(int fd, std::string_view s) {
   }
 }
 
-void write_crash_summary(int sig) {
+bool has_address(int sig) {
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE;
+}
+
+// The `crash` record (docs/log-format.md), after the module and stack records of the faulting
+// thread, into buf[used, cap).
+void crash_record(int sig, const siginfo_t *info, const void *uc, std::uint64_t ts, char *buf,
+                  std::size_t cap, std::size_t &used) {
+  const int frames = write_crash_stack(uc, buf, cap, used);
+  char line[256];
+  JsonLine j(line, sizeof line);
+  j.str("k", "crash").unum("ts", ts).num("tid", static_cast<std::int64_t>(syscall(SYS_gettid)))
+      .num("signal", sig).str("signal_name", signal_name(sig));
+  if (info && has_address(sig)) j.hex("addr", reinterpret_cast<std::uintptr_t>(info->si_addr));
+  if (frames) j.unum("stack", kCrashStackId);
+  const std::string_view rec = j.finish();
+  if (used + rec.size() > cap) return;
+  std::memcpy(buf + used, rec.data(), rec.size());
+  used += rec.size();
+}
+
+void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   State &s = state();
   if (!active() || s.summary_printed.load(std::memory_order_acquire)) return;
   const std::uint64_t ts = mono_ns() - s.start_mono_ns;
-  // Large enough for every API and finding class; a static buffer, since the crashing thread's
-  // stack may be nearly spent.
-  static char buf[16384];
-  Line l(buf, sizeof buf);
+  // Static buffers, since the crashing thread's stack may be nearly spent: the crash context
+  // (modules, the stack, the crash record) first, then the counters, large enough for every API
+  // and finding class.
+  static char ctx[48 * 1024];
+  std::size_t ctx_used = 0;
+  if (s.log.is_open()) crash_record(sig, info, uc, ts, ctx, sizeof ctx, ctx_used);
+  static char buf[64 * 1024];
+  std::memcpy(buf, ctx, ctx_used);
+  Line l(buf + ctx_used, sizeof buf - ctx_used);
   l.s("{\"k\":\"summary\",\"ts\":").u(ts).s(",\"calls\":{");
   bool first = true;
   for (std::size_t i = 0; i < kApiCount; ++i) {
@@ -126,7 +156,7 @@ void write_crash_summary(int sig) {
   if (!summary_len) l.truncate(0);
   l.s("{\"k\":\"end\",\"ts\":").u(ts).s(",\"signal\":").i(sig).s(",\"signal_name\":\"")
       .s(signal_name(sig)).s("\"}\n");
-  s.log.write_from_signal(l.view());
+  s.log.write_from_signal(std::string_view(buf, ctx_used + l.size()));
   if (s.opts.summary) {
     char msg[1024];
     Line m(msg, sizeof msg);
@@ -140,11 +170,12 @@ void write_crash_summary(int sig) {
   }
 }
 
-void on_fatal(int sig, siginfo_t *, void *) {
+void on_fatal(int sig, siginfo_t *info, void *uc) {
+  if (crash_stack_fault_in_walk()) return;  // not reached when it was: it jumps back to the walk
   const int saved = errno;
   int expected = 0;
   if (g_written.compare_exchange_strong(expected, 1)) {
-    write_crash_summary(sig);
+    write_crash_summary(sig, info, uc);
     g_written.store(2);
   } else {
     // Another thread is writing the summary: give it a moment before this signal ends the process.
@@ -179,8 +210,13 @@ void install_crash_handlers() {
     sigemptyset(&sa.sa_mask);
     sigaction(sig, &sa, nullptr);
   }
+  crash_stack_warm_up();
 }
 
-void crash_fork_child() { g_written.store(0); }
+void crash_fork_child() {
+  g_written.store(0);
+  forget_modules_written();
+  errors_fork_child();
+}
 
 }  // namespace cmg::shim

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The crash summary: when the program dies of a fatal signal it leaves to the default action, the
-// log still gets the counters and an `end` record naming the signal, written with async-signal-
-// safe code only; then the signal takes the process down exactly as it would have (docs/reliability.md).
+// The crash context and summary: when the program dies of a fatal signal it leaves to the default
+// action, the log still gets a `crash` record (signal, faulting thread and address, that thread's
+// stack), the counters and an `end` record naming the signal, written with async-signal-safe code
+// only; then the signal takes the process down exactly as it would have (docs/reliability.md).
 #pragma once
 
 namespace cmg::shim {

@@ -1,270 +1,75 @@
 // SPDX-License-Identifier: Apache-2.0
-// Event log writer and JSON-line builder (see eventlog.h).
+// Event log writer (see eventlog.h): opening with the planted-file checks, the buffer and its
+// flusher thread, descriptor ownership, and the exit and crash paths that never wait on a lock.
 #include "eventlog.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cinttypes>
-#include <new>
-#include <cstdio>
-#include <cstdlib>
+#include <chrono>
 #include <cstring>
+#include <new>
+
+#include "lock_within.h"
+#include "owned_fd.h"
 
 namespace cmg::shim {
-
-JsonLine::JsonLine(char *buf, std::size_t cap) : buf_(buf), cap_(cap) { buf_[len_++] = '{'; }
-
-// Room kept back so the closing brackets, a "cut" marker and the newline always fit.
-static constexpr std::size_t kReserve = 48;
-
-// Numbers are formatted by hand: snprintf costs about 400 instructions per number, and a call
-// record has eight to twelve of them (docs/performance.md: the log cost per call).
 namespace {
-int put_dec(char *out, std::uint64_t v) {
-  char tmp[20];
-  int n = 0;
-  do {
-    tmp[n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v);
-  for (int i = 0; i < n; ++i) out[i] = tmp[n - 1 - i];
-  return n;
+
+// Which thread holds a lock: the address of a thread-local byte (no call, no system call).
+const void *this_thread_mark() {
+  static thread_local __attribute__((tls_model("initial-exec"))) char mark;
+  return &mark;
 }
 
-int put_signed(char *out, std::int64_t v) {
-  if (v >= 0) return put_dec(out, static_cast<std::uint64_t>(v));
-  out[0] = '-';
-  return 1 + put_dec(out + 1, ~static_cast<std::uint64_t>(v) + 1);
+
+void sleep_ns(long ns) {
+  timespec t{0, ns};
+  nanosleep(&t, nullptr);
 }
 
-// "0x..." in quotes, lower case, as "%#" PRIx64 would write it (0 is "0x0").
-int put_hex_str(char *out, std::uint64_t v) {
-  static const char digits[] = "0123456789abcdef";
-  char tmp[16];
-  int n = 0;
-  do {
-    tmp[n++] = digits[v & 15];
-    v >>= 4;
-  } while (v);
-  out[0] = '"';
-  out[1] = '0';
-  out[2] = 'x';
-  for (int i = 0; i < n; ++i) out[3 + i] = tmp[n - 1 - i];
-  out[3 + n] = '"';
-  return n + 4;
-}
-}  // namespace
-
-bool JsonLine::room(std::size_t n) {
-  if (!cut_ && len_ + n + kReserve + static_cast<std::size_t>(depth_) < cap_) return true;
-  cut_ = true;
-  return false;
-}
-
-void JsonLine::put(std::string_view s) {
-  std::memcpy(buf_ + len_, s.data(), s.size());
-  len_ += s.size();
-}
-
-// Strings are escaped as JSON; bytes that are not valid UTF-8 (an argv in Latin-1, a path with a
-// stray byte) become \u00XX so the line stays valid JSON, and a multi-byte character is never cut.
-void JsonLine::put_escaped(std::string_view s) {
-  const auto *u = reinterpret_cast<const unsigned char *>(s.data());
-  const std::size_t n = s.size();
-  for (std::size_t i = 0; i < n;) {
-    if (len_ + 8 + kReserve + static_cast<std::size_t>(depth_) >= cap_) {
-      cut_ = true;
-      return;
-    }
-    const unsigned char c = u[i];
-    if (c < 0x80) {
-      switch (c) {
-        case '"': put("\\\""); break;
-        case '\\': put("\\\\"); break;
-        case '\n': put("\\n"); break;
-        case '\t': put("\\t"); break;
-        case '\r': put("\\r"); break;
-        default:
-          if (c < 0x20) {
-            len_ += static_cast<std::size_t>(
-                std::snprintf(buf_ + len_, 8, "\\u%04x", static_cast<unsigned>(c)));
-          } else {
-            buf_[len_++] = static_cast<char>(c);
-          }
-      }
-      ++i;
-      continue;
-    }
-    // A well-formed UTF-8 sequence of 2 to 4 bytes is copied whole.
-    std::size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
-    if (c >= 0xf5) len = 0;
-    bool ok = len && i + len <= n;
-    for (std::size_t k = 1; ok && k < len; ++k) ok = (u[i + k] & 0xc0) == 0x80;
-    if (ok && len == 3 && ((c == 0xe0 && u[i + 1] < 0xa0) || (c == 0xed && u[i + 1] >= 0xa0)))
-      ok = false;  // overlong, or a UTF-16 surrogate
-    if (ok && len == 4 && ((c == 0xf0 && u[i + 1] < 0x90) || (c == 0xf4 && u[i + 1] >= 0x90)))
-      ok = false;  // overlong, or beyond U+10FFFF
-    if (ok) {
-      std::memcpy(buf_ + len_, s.data() + i, len);
-      len_ += len;
-      i += len;
-    } else {
-      len_ += static_cast<std::size_t>(
-          std::snprintf(buf_ + len_, 8, "\\u%04x", static_cast<unsigned>(c)));
-      ++i;
-    }
+bool write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    ssize_t n = ::write(fd, s.data(), s.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    s.remove_prefix(static_cast<std::size_t>(n));
   }
-}
-
-// Writes `,"key":` only when the key and `extra` more bytes fit; once a value is left out, every
-// later one is too, so the line never holds a half-written member.
-bool JsonLine::key(std::string_view k, std::size_t extra) {
-  if (skip_ || !room(k.size() + 4 + extra)) return false;
-  if (!first_) buf_[len_++] = ',';
-  first_ = false;
-  buf_[len_++] = '"';
-  put(k);
-  put("\":");
   return true;
 }
 
-JsonLine &JsonLine::str(std::string_view k, std::string_view v) {
-  if (!key(k, 2)) return *this;
-  buf_[len_++] = '"';
-  put_escaped(v);  // may cut the text short, never the closing quote (kReserve)
-  buf_[len_++] = '"';
-  return *this;
+void warn_raw(std::string_view msg) {
+  const std::string line = "cumemguard: warning: " + std::string(msg) + "\n";
+  write_all(2, line);
 }
 
-JsonLine &JsonLine::hex(std::string_view k, std::uint64_t v) {
-  char tmp[24];
-  int n = put_hex_str(tmp, v);
-  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
+// Why an existing file at the log path is not ours to truncate, or empty. A file another user
+// owns was planted (in /tmp, or in any directory others may write, sticky or not); a file with
+// more than one link is also some other name, which a planted hard link would make us truncate.
+std::string not_ours(const struct stat &st) {
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+    return "it is a FIFO or socket (refused: a reader that stops would block the program)";
+  if (S_ISCHR(st.st_mode)) return {};
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (st.st_uid != geteuid())
+    return "the file belongs to another user (uid " + std::to_string(st.st_uid) +
+           "; refused: it may have been planted)";
+  if (st.st_nlink != 1)
+    return "the file has " + std::to_string(st.st_nlink) +
+           " links (refused: a hard link would make the log truncate another file)";
+  return {};
 }
 
-JsonLine &JsonLine::num(std::string_view k, std::int64_t v) {
-  char tmp[24];
-  int n = put_signed(tmp, v);
-  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
-}
-
-JsonLine &JsonLine::unum(std::string_view k, std::uint64_t v) {
-  char tmp[24];
-  int n = put_dec(tmp, v);
-  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
-}
-
-JsonLine &JsonLine::boolean(std::string_view k, bool v) {
-  if (key(k, 5)) put(v ? "true" : "false");
-  return *this;
-}
-
-JsonLine &JsonLine::raw(std::string_view k, std::string_view json) {
-  if (key(k, json.size())) put(json);
-  return *this;
-}
-
-JsonLine &JsonLine::begin_object(std::string_view k) {
-  if (!key(k, 2)) {
-    ++skip_;
-    return *this;
-  }
-  buf_[len_++] = '{';
-  first_ = true;
-  ++depth_;
-  return *this;
-}
-
-JsonLine &JsonLine::end_object() {
-  if (skip_) {
-    --skip_;
-    return *this;
-  }
-  --depth_;
-  buf_[len_++] = '}';
-  first_ = false;
-  return *this;
-}
-
-JsonLine &JsonLine::begin_array(std::string_view k) {
-  if (!key(k, 2)) {
-    ++skip_;
-    return *this;
-  }
-  buf_[len_++] = '[';
-  first_ = true;
-  ++depth_;
-  return *this;
-}
-
-JsonLine &JsonLine::end_array() {
-  if (skip_) {
-    --skip_;
-    return *this;
-  }
-  --depth_;
-  buf_[len_++] = ']';
-  first_ = false;
-  return *this;
-}
-
-bool JsonLine::elem(std::size_t n) {
-  if (skip_ || !room(n + 1)) return false;
-  if (!first_) buf_[len_++] = ',';
-  first_ = false;
-  return true;
-}
-
-JsonLine &JsonLine::elem_str(std::string_view v) {
-  if (!elem(2)) return *this;
-  buf_[len_++] = '"';
-  put_escaped(v);
-  buf_[len_++] = '"';
-  return *this;
-}
-
-JsonLine &JsonLine::elem_hex(std::uint64_t v) {
-  char tmp[24];
-  int n = put_hex_str(tmp, v);
-  if (elem(static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
-}
-
-JsonLine &JsonLine::elem_raw(std::string_view json) {
-  if (elem(json.size())) put(json);
-  return *this;
-}
-
-std::string_view JsonLine::finish() {
-  if (cut_) {
-    if (!first_) buf_[len_++] = ',';
-    put("\"cut\":true");
-  }
-  buf_[len_++] = '}';
-  buf_[len_++] = '\n';
-  return std::string_view(buf_, len_);
-}
-
-// ---------------------------------------------------------------------------------------------
-namespace {
-
-// A file another user owns in a world-writable sticky directory (/tmp): someone planted it to
-// read our log or to have us truncate a file they chose (the kernel's protected_regular rule,
-// applied whatever that sysctl says).
-bool planted_by_another_user(const std::string &path, const struct stat &st) {
-  if (st.st_uid == geteuid()) return false;
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  struct stat ds;
-  if (::stat(dir.c_str(), &ds) != 0) return true;  // cannot tell: refuse
-  return (ds.st_mode & S_ISVTX) && (ds.st_mode & S_IWOTH);
+std::string absolute(const std::string &path) {
+  if (!path.empty() && path[0] == '/') return path;
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd)) return path;
+  return std::string(cwd) + "/" + path;
 }
 
 }  // namespace
@@ -273,157 +78,387 @@ std::string EventLog::open(const std::string &path) {
   const std::string what = "cannot open event log " + path + ": ";
   // No O_TRUNC yet: nothing is changed before the file is known to be ours. O_NONBLOCK: a FIFO
   // planted at the path would otherwise block the host in open() until someone reads it.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
-  if (fd < 0) {
+  int raw = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (raw < 0) {
     int e = errno;
     std::string why = std::strerror(e);
     if (e == ELOOP) why = "it is a symbolic link (refused: a planted link could redirect the log)";
     if (e == ENXIO) why = "it is a FIFO or socket nobody reads (refused)";
     return what + why;
   }
+  OwnedFd fd = OwnedFd::adopt(raw);
+  if (!fd.valid()) return what + std::strerror(errno);
   struct stat st;
   std::string refuse;
-  if (fstat(fd, &st) != 0)
+  if (fstat(fd.fd, &st) != 0)
     refuse = std::strerror(errno);
-  else if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
-    refuse = "it is a FIFO or socket (refused: a reader that stops would block the program)";
-  else if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
-    refuse = "not a regular file";
-  else if (S_ISREG(st.st_mode) && planted_by_another_user(path, st))
-    refuse = "the file belongs to another user in a shared directory (refused: it may be planted)";
-  else if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
+  else
+    refuse = not_ours(st);
+  if (refuse.empty() && S_ISREG(st.st_mode) && ftruncate(fd.fd, 0) != 0)
     refuse = std::strerror(errno);
   if (!refuse.empty()) {
-    ::close(fd);
+    fd.close();
     return what + refuse;
   }
   // Writes block normally from here on (a character device such as /dev/full is allowed).
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  std::lock_guard lk(mu_);
+  fcntl(fd.fd, F_SETFL, fcntl(fd.fd, F_GETFL) & ~O_NONBLOCK);
+  lock();
   path_ = path;
-  used_ = 0;
+  abs_path_ = absolute(path);
+  dev_ = fd.dev;
+  ino_ = fd.ino;
+  pos_ = 0;
+  used_.store(0, std::memory_order_release);
   write_failed_ = false;
-  fd_.store(fd, std::memory_order_release);  // last: is_open() then sees the path too
+  fd_.store(fd.fd, std::memory_order_release);  // last: is_open() then sees the path too
+  unlock();
   return {};
 }
 
-void EventLog::write_locked(std::string_view data) {
-  std::size_t off = 0;
+// ---- the lock ----------------------------------------------------------------------------------
+bool EventLog::lock() {
+  if (!exiting_.load(std::memory_order_acquire)) {
+    mu_.lock();
+    owner_.store(this_thread_mark(), std::memory_order_release);
+    return true;
+  }
+  for (std::uint64_t waited = 0;; waited += 200'000) {
+    if (mu_.try_lock()) {
+      owner_.store(this_thread_mark(), std::memory_order_release);
+      return true;
+    }
+    // Held by this very thread: a signal handler interrupted it there and called exit().
+    if (owner_.load(std::memory_order_acquire) == this_thread_mark() || waited >= kExitPatienceNs)
+      return false;
+    sleep_ns(200'000);
+  }
+}
+
+void EventLog::unlock() {
+  owner_.store(nullptr, std::memory_order_release);
+  mu_.unlock();
+}
+
+// ---- writing -----------------------------------------------------------------------------------
+// The number may have been closed, or closed and reused, by the host (close_range before a
+// daemon's fork, dup2 over it): never written then. The file is opened again by its path if it is
+// still the same file (the log goes on); otherwise logging stops with one warning.
+bool EventLog::ours_locked() {
   const int fd = fd_.load(std::memory_order_relaxed);
-  while (off < data.size() && fd >= 0 && !write_failed_.load(std::memory_order_relaxed)) {
+  if (fd < 0) return false;
+  if (OwnedFd{fd, dev_, ino_}.still_ours()) return true;
+  OwnedFd again = OwnedFd::adopt(
+      ::open(abs_path_.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (again.valid() && again.dev == dev_ && again.ino == ino_) {
+    fcntl(again.fd, F_SETFL, fcntl(again.fd, F_GETFL) & ~O_NONBLOCK);
+    const off_t end = lseek(again.fd, 0, SEEK_END);
+    pos_ = end < 0 ? 0 : end;
+    fd_.store(again.fd, std::memory_order_release);
+    const std::string msg = "the event log's descriptor " + std::to_string(fd) +
+                            " was closed or replaced by the program; " + path_ +
+                            " was opened again (descriptor " + std::to_string(again.fd) + ")";
+    warn_raw(msg);
+    char buf[1024];
+    JsonLine j(buf, sizeof buf);
+    j.str("k", "note").str("level", "warning").str("msg", msg);
+    const std::string_view note = j.finish();
+    if (write_all(again.fd, note)) pos_ += static_cast<off_t>(note.size());
+    return true;
+  }
+  again.close();
+  fd_.store(-1, std::memory_order_release);
+  write_failed_ = true;
+  warn_raw("the event log's descriptor " + std::to_string(fd) +
+           " was closed or replaced by the program and " + path_ +
+           " is not the same file any more; further events are not logged");
+  return false;
+}
+
+void EventLog::write_locked(std::string_view data) {
+  if (data.empty() || write_failed_.load(std::memory_order_relaxed) || !ours_locked()) return;
+  const int fd = fd_.load(std::memory_order_relaxed);
+  out_ptr_ = data.data();
+  out_len_ = data.size();
+  out_start_ = pos_;
+  writing_.store(true, std::memory_order_release);
+  std::size_t off = 0;
+  while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
       // A full disk or a revoked file: drop the log, never the program.
-      static const char msg[] = "cumemguard: warning: event log write failed; further events "
-                                "are not logged\n";
-      ssize_t ignored = ::write(2, msg, sizeof msg - 1);
-      (void)ignored;
+      warn_raw("event log write failed; further events are not logged");
       write_failed_ = true;
       break;
     }
     off += static_cast<std::size_t>(n);
+    pos_ += n;
   }
+  writing_.store(false, std::memory_order_release);
 }
 
 void EventLog::flush_locked() {
-  write_locked(std::string_view(buf_, used_));
-  used_ = 0;
+  write_locked(std::string_view(buf_, used_.load(std::memory_order_relaxed)));
+  used_.store(0, std::memory_order_release);
+  if (partial_at_.load(std::memory_order_relaxed) >= 0)
+    partial_at_.store(-2, std::memory_order_release);  // the pieced line began in what went out
+}
+
+void EventLog::append_locked(std::string_view data) {
+  std::size_t used = used_.load(std::memory_order_relaxed);
+  if (data.size() > kBuf) {
+    // Straight from the caller's buffer: a line longer than ours (a header with a long argv, a
+    // finding quoting a huge environment value) must go out whole, never cut at kBuf.
+    flush_locked();
+    write_locked(data);
+    return;
+  }
+  if (used + data.size() > kBuf) {
+    flush_locked();
+    used = 0;
+  }
+  if (used == 0) {
+    if (!flusher_started_) start_flusher_locked();
+    if (flusher_idle_) flusher_cv_.notify_one();
+  }
+  std::memcpy(buf_ + used, data.data(), data.size());
+  used_.store(used + data.size(), std::memory_order_release);  // after the bytes (signal order)
 }
 
 void EventLog::write(std::string_view line, std::uint64_t now_ns) {
   if (!is_open() || write_failed_.load(std::memory_order_relaxed)) return;
-  std::lock_guard lk(mu_);
-  if (sealed_) return;
-  if (line.size() > kBuf) {
-    // Straight from the caller's buffer: a line longer than ours (a header with a long argv, a
-    // finding quoting a huge environment value) must go out whole, never cut at kBuf.
-    flush_locked();
-    write_locked(line);
+  if (!lock()) {
+    write_direct(line);
     return;
   }
-  if (used_ + line.size() > kBuf) flush_locked();
-  std::memcpy(buf_ + used_, line.data(), line.size());
-  used_ += line.size();
+  if (!sealed_.load(std::memory_order_relaxed)) {
+    append_locked(line);
+    if (now_ns - last_flush_ns_ > 1000000000ull) {
+      flush_locked();
+      last_flush_ns_ = now_ns;
+    }
+  }
+  unlock();
+}
+
+void EventLog::flush() {
+  if (!is_open()) return;
+  if (!lock()) {
+    write_direct({});
+    return;
+  }
+  flush_locked();
+  unlock();
+}
+
+EventLog::Pieces EventLog::begin_pieces() {
+  if (!is_open() || write_failed_.load(std::memory_order_relaxed)) return Pieces::Dropped;
+  if (!lock()) {
+    write_direct({});
+    return Pieces::Direct;
+  }
+  if (sealed_.load(std::memory_order_relaxed)) {
+    unlock();
+    return Pieces::Dropped;
+  }
+  partial_at_.store(static_cast<long>(used_.load(std::memory_order_relaxed)),
+                    std::memory_order_release);
+  return Pieces::Locked;
+}
+
+void EventLog::piece(Pieces how, std::string_view bytes) {
+  if (how == Pieces::Locked) append_locked(bytes);
+  if (how == Pieces::Direct) write_direct(bytes);
+}
+
+void EventLog::end_pieces(Pieces how, std::string_view last, std::uint64_t now_ns) {
+  piece(how, last);
+  if (how != Pieces::Locked) return;
+  partial_at_.store(-1, std::memory_order_release);
   if (now_ns - last_flush_ns_ > 1000000000ull) {
     flush_locked();
     last_flush_ns_ = now_ns;
   }
+  unlock();
 }
 
-void EventLog::flush() {
-  std::lock_guard lk(mu_);
-  flush_locked();
+// ---- the flusher
+// --------------------------------------------------------------------------------- A record that
+// no later record follows (the program hangs, or sleeps before it is killed) reaches the file
+// within a second: the flusher sleeps while the buffer is empty, is woken by the record that makes
+// it non-empty (one notify per write-out at most, not per call), and writes it out 0.9 s later.
+// Started at the first record, not at load; every signal blocked; never joined: it does not keep
+// the process alive, and exit never waits for it.
+void EventLog::start_flusher_locked() {
+  flusher_started_ = true;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  const int rc = pthread_create(
+      &t, &attr,
+      [](void *self) -> void * {
+        pthread_setname_np(pthread_self(), "cmg-log-flush");
+        static_cast<EventLog *>(self)->flusher_loop();
+        return nullptr;
+      },
+      this);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) warn_raw("event log: no flusher thread (" + std::string(std::strerror(rc)) +
+                        "); records are written when the buffer fills or a later one comes");
+}
+
+void EventLog::flusher_loop() {
+  while (!lock()) sleep_ns(1'000'000);  // exit began and a writer will not come back: idle
+  std::unique_lock<std::mutex> lk(mu_, std::adopt_lock);
+  while (!stopping_ && !sealed_.load(std::memory_order_relaxed) && is_open() &&
+         !write_failed_.load(std::memory_order_relaxed)) {
+    const bool idle = used_.load(std::memory_order_relaxed) == 0;
+    owner_.store(nullptr, std::memory_order_release);  // the wait gives the lock up
+    flusher_idle_ = idle;
+    if (idle)
+      flusher_cv_.wait(lk);
+    else
+      flusher_cv_.wait_until(lk, std::chrono::steady_clock::now() + std::chrono::milliseconds(900));
+    flusher_idle_ = false;
+    owner_.store(this_thread_mark(), std::memory_order_release);
+    if (!idle && used_.load(std::memory_order_relaxed) && !sealed_.load(std::memory_order_relaxed))
+      flush_locked();
+  }
+  flusher_started_ = false;
+  owner_.store(nullptr, std::memory_order_release);
+}
+
+EventLog::~EventLog() {
+  for (;;) {
+    mu_.lock();
+    const bool running = flusher_started_;
+    stopping_ = true;
+    flusher_cv_.notify_all();
+    mu_.unlock();
+    if (!running) break;
+    sleep_ns(1'000'000);
+  }
+  OwnedFd{fd_.load(), dev_, ino_}.close();
+}
+
+// ---- process life
+// --------------------------------------------------------------------------------
+void EventLog::fork_prepare() { locked_for_fork_ = lock(); }
+
+void EventLog::fork_parent() {
+  if (locked_for_fork_) unlock();
 }
 
 void EventLog::fork_child() {
-  mu_.unlock();
-  const int fd = fd_.exchange(-1);
-  if (fd >= 0) ::close(fd);
-  used_ = 0;
+  owner_.store(nullptr, std::memory_order_relaxed);
+  if (locked_for_fork_) mu_.unlock();
+  // The parent's flusher is not in this process; a waiter it left in the condition variable would
+  // confuse the next wait.
+  new (&flusher_cv_) std::condition_variable();
+  flusher_started_ = flusher_idle_ = false;
+  OwnedFd{fd_.exchange(-1), dev_, ino_}.close();
+  used_.store(0, std::memory_order_relaxed);
+  partial_at_.store(-1, std::memory_order_relaxed);
   path_.clear();
 }
 
 void EventLog::seal() {
-  std::lock_guard lk(mu_);
+  if (!lock()) {
+    write_direct({});
+    sealed_.store(true, std::memory_order_release);
+    return;
+  }
   flush_locked();
-  sealed_ = true;
+  sealed_.store(true, std::memory_order_release);
+  flusher_cv_.notify_all();
+  unlock();
+}
+
+// The lock is held by this thread, which a signal handler interrupted (and which will not return
+// to it): what it was writing is finished from where the file says it stopped, the complete
+// lines still buffered follow, and a line it was building in pieces is ended, so that the records
+// written next stand on lines of their own. Async-signal-safe.
+void EventLog::finish_interrupted() {
+  if (owner_.load(std::memory_order_acquire) != this_thread_mark()) return;
+  const int fd = fd_.load(std::memory_order_relaxed);
+  if (fd < 0 || !OwnedFd{fd, dev_, ino_}.still_ours()) return;
+  const long partial = partial_at_.load(std::memory_order_acquire);  // -2: begun on disk
+  std::size_t whole = partial >= 0 ? static_cast<std::size_t>(partial)
+                                   : used_.load(std::memory_order_acquire);
+  bool open_line = partial == -2;
+  if (writing_.load(std::memory_order_acquire)) {
+    const off_t now = lseek(fd, 0, SEEK_CUR);
+    if (now >= out_start_ && static_cast<std::size_t>(now - out_start_) <= out_len_)
+      write_all(fd, std::string_view(out_ptr_ + (now - out_start_),
+                                     out_len_ - static_cast<std::size_t>(now - out_start_)));
+    if (out_ptr_ == buf_) {  // the buffer itself was going out: nothing of it is left
+      open_line = partial != -1;
+      whole = 0;
+    }
+  }
+  if (open_line)
+    write_all(fd, "\n");  // the rest of that record is lost; the next lines are whole
+  else
+    write_all(fd, std::string_view(buf_, whole));
+}
+
+void EventLog::write_direct(std::string_view data) {
+  if (sealed_.load(std::memory_order_acquire)) return;
+  int expected = 0;
+  if (bypass_.compare_exchange_strong(expected, 1)) {
+    finish_interrupted();
+    bypass_.store(2, std::memory_order_release);
+  }
+  const int fd = fd_.load(std::memory_order_relaxed);
+  if (fd >= 0 && !data.empty() && OwnedFd{fd, dev_, ino_}.still_ours()) write_all(fd, data);
 }
 
 void EventLog::write_from_signal(std::string_view lines) {
   const int fd = fd_.load(std::memory_order_relaxed);
   if (fd < 0) return;
-  // A held lock means a writer was interrupted mid-line (possibly this very thread): its buffer
-  // is left alone and only the crash lines are written.
   if (mu_.try_lock()) {
-    if (sealed_) return;  // the exit summary was written: the log is complete
-    flush_locked();
-    sealed_ = true;
-  }
-  while (!lines.empty()) {
-    ssize_t n = ::write(fd, lines.data(), lines.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    lines.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
-
-std::string expand_log_path(std::string_view pattern, long pid, int rank) {
-  std::string out;
-  for (std::size_t i = 0; i < pattern.size(); ++i) {
-    char c = pattern[i];
-    if (c == '%' && i + 1 < pattern.size()) {
-      char n = pattern[i + 1];
-      if (n == 'p') {
-        out += std::to_string(pid);
-        ++i;
-        continue;
-      }
-      if (n == 'r') {
-        out += rank >= 0 ? std::to_string(rank) : std::string("na");
-        ++i;
-        continue;
-      }
-      if (n == '%') {
-        out += '%';
-        ++i;
-        continue;
-      }
+    owner_.store(this_thread_mark(), std::memory_order_release);
+    const bool sealed = sealed_.load(std::memory_order_relaxed);
+    if (!sealed) flush_locked();
+    sealed_.store(true, std::memory_order_release);
+    unlock();
+    if (sealed) return;  // the exit summary was written: the log is complete
+  } else {
+    // A held lock means a writer was interrupted mid-record (possibly this very thread: then its
+    // bytes are finished first) or is writing on another thread (its buffer is given up).
+    int expected = 0;
+    if (bypass_.compare_exchange_strong(expected, 1)) {
+      finish_interrupted();
+      bypass_.store(2, std::memory_order_release);
     }
-    out += c;
+    sealed_.store(true, std::memory_order_release);
   }
-  return out;
+  if (OwnedFd{fd, dev_, ino_}.still_ours()) write_all(fd, lines);
 }
 
-int rank_from_env() {
-  for (const char *v : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
-    const char *s = std::getenv(v);
-    if (!s || !*s) continue;
-    char *end = nullptr;
-    long r = std::strtol(s, &end, 10);
-    if (end && *end == '\0' && r >= 0 && r < (1L << 30)) return static_cast<int>(r);
+// ---- LogLine
+// -------------------------------------------------------------------------------------
+void LogLine::piece(std::string_view bytes) {
+  if (!spilled_) {
+    how_ = log_.begin_pieces();
+    spilled_ = true;
   }
-  return -1;
+  log_.piece(how_, bytes);
+}
+
+void LogLine::commit(std::uint64_t now_ns) {
+  if (done_) return;
+  done_ = true;
+  const std::string_view last = finish();
+  if (spilled_)
+    log_.end_pieces(how_, last, now_ns);
+  else
+    log_.write(last, now_ns);
 }
 
 }  // namespace cmg::shim

@@ -4,91 +4,125 @@
 // Never spdlog: its statics can be gone while frameworks still free memory from destructors.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <string_view>
 
+#include "jsonline.h"
+#include "logname.h"
+
 namespace cmg::shim {
-
-// Appends one JSON object to a caller-provided buffer without allocating. Strings are escaped;
-// when the buffer runs short, string values are cut and the object is still closed properly.
-class JsonLine {
- public:
-  JsonLine(char *buf, std::size_t cap);
-  JsonLine &str(std::string_view key, std::string_view v);
-  JsonLine &hex(std::string_view key, std::uint64_t v);
-  JsonLine &num(std::string_view key, std::int64_t v);
-  JsonLine &unum(std::string_view key, std::uint64_t v);
-  JsonLine &boolean(std::string_view key, bool v);
-  JsonLine &raw(std::string_view key, std::string_view json);  // an already-rendered JSON value
-  JsonLine &begin_object(std::string_view key);
-  JsonLine &end_object();
-  JsonLine &begin_array(std::string_view key);
-  JsonLine &end_array();
-  // Array elements (inside begin_array): a string or a hex string or raw JSON.
-  JsonLine &elem_str(std::string_view v);
-  JsonLine &elem_hex(std::uint64_t v);
-  JsonLine &elem_raw(std::string_view json);
-  // Closes the object and adds '\n'. The view stays valid while the buffer lives.
-  std::string_view finish();
-
- private:
-  bool room(std::size_t n);
-  void put(std::string_view s);
-  void put_escaped(std::string_view s);
-  bool key(std::string_view k, std::size_t extra);
-  bool elem(std::size_t n);
-  char *buf_;
-  std::size_t cap_, len_ = 0;
-  bool first_ = true;
-  int skip_ = 0;   // objects/arrays left out because they did not fit
-  int depth_ = 0;  // objects/arrays open: one closing byte each is kept free (fuzz_jsonline found
-                   // deep nesting writing its closing brackets past the buffer)
-  bool cut_ = false;
-};
 
 class EventLog {
  public:
-  // Opens path (O_NOFOLLOW, created with the caller's umask). Returns an error text on failure.
+  EventLog() = default;
+  // The shim's log is never destroyed (frees from static destructors are still logged); one that
+  // is (the unit tests') first stops its flusher.
+  ~EventLog();
+  EventLog(const EventLog &) = delete;
+  EventLog &operator=(const EventLog &) = delete;
+  // Opens path for a log of this process. Only a regular file the effective user owns with one
+  // link, a new file, or a character device (/dev/null) is used; a symbolic link, a FIFO or
+  // socket, a file of another user (planted in a shared directory) or with other names (a hard
+  // link to a file the attacker chose) is refused before anything is changed. Returns an error
+  // text on failure. The descriptor is kept above the host's range (owned_fd.h).
   std::string open(const std::string &path);
   bool is_open() const { return fd_.load(std::memory_order_acquire) >= 0; }
   const std::string &path() const { return path_; }
-  // Appends one complete line ('\n'-terminated). Flushes when the buffer fills or a second passed.
+  // Appends one complete line ('\n'-terminated). It reaches the file when the buffer fills, when a
+  // record comes more than a second after the last write-out, at flush(), and otherwise within a
+  // second from the flusher thread (started at the first record): a killed process loses at most
+  // the last second, with no cost per call.
   void write(std::string_view line, std::uint64_t now_ns);
   void flush();
-  // fork(): the lock is held across it; the child forgets the parent's descriptor and buffer
-  // (it writes a log of its own).
-  void fork_prepare() { mu_.lock(); }
-  void fork_parent() { mu_.unlock(); }
+  // A record written in pieces (LogLine below): the lock is held from the first piece to the last,
+  // so no other record comes between them.
+  enum class Pieces : std::uint8_t { Locked, Direct, Dropped };
+  Pieces begin_pieces();
+  void piece(Pieces how, std::string_view bytes);
+  void end_pieces(Pieces how, std::string_view last, std::uint64_t now_ns);
+  // fork(): the lock is held across it; the child forgets the parent's descriptor, buffer and
+  // flusher (it writes a log of its own).
+  void fork_prepare();
+  void fork_parent();
   void fork_child();
+  // Exit began (an exit handler of the shim runs): from now on no write waits long for the lock.
+  // A thread that holds it and runs exit() from a signal handler (a SIGTERM handler calling
+  // exit(), as many servers have) never gives it back; its records are finished from where it
+  // stopped and the exit records are written directly.
+  void exit_begin() { exiting_.store(true, std::memory_order_release); }
   // Exit: write everything; the `end` record was the last line, so later writes are dropped (calls
   // after the exit summary, from other threads or late destructors, are still handled, not logged).
   void seal();
-  // From a fatal-signal handler (crash.cpp): flushes the buffer if the lock is free (a try-lock,
-  // kept: the process is about to end) and appends `lines` with write(2). Async-signal-safe.
+  // From a fatal-signal handler (crash.cpp): writes out the buffer if the lock is free, or what a
+  // writer this thread interrupted had not written yet, then `lines`. Async-signal-safe.
   void write_from_signal(std::string_view lines);
 
  private:
+  static constexpr std::size_t kBuf = 1 << 16;
+  bool lock();  // false: exit began and the lock is held by a thread that will not let it go
+  void unlock();
   void flush_locked();
   void write_locked(std::string_view data);  // write(2) until done or failed
+  bool ours_locked();                        // the descriptor is still the log's (reopened if not)
+  void append_locked(std::string_view data);
+  void start_flusher_locked();
+  void flusher_loop();
+  void finish_interrupted();                 // the lock's holder is this thread, interrupted
+  void write_direct(std::string_view data);  // without the lock (exit, crash)
+
   // Atomic: hooks ask is_open() without the lock, and a failed write stops every later one.
   std::atomic<int> fd_{-1};
-  std::string path_;
+  dev_t dev_ = 0;  // what fd_ must still be (owned_fd.h)
+  ino_t ino_ = 0;
+  std::string path_, abs_path_;
   std::mutex mu_;
-  static constexpr std::size_t kBuf = 1 << 16;
+  std::atomic<const void *> owner_{nullptr};  // the thread holding mu_ (its marker), or null
   char buf_[kBuf];
-  std::size_t used_ = 0;
+  // What the writer has done, in the order a signal handler on its own thread can rely on.
+  std::atomic<std::size_t> used_{0};
+  std::atomic<long> partial_at_{-1};  // a pieced line begins at this offset; -2: before the buffer
+  std::atomic<bool> writing_{false};  // write_locked is writing [out_ptr_, +out_len_) at out_start_
+  const char *out_ptr_ = nullptr;
+  std::size_t out_len_ = 0;
+  off_t out_start_ = 0, pos_ = 0;
   std::uint64_t last_flush_ns_ = 0;
-  bool sealed_ = false;
+  std::atomic<bool> sealed_{false};
+  std::atomic<bool> exiting_{false};
+  std::atomic<int> bypass_{0};  // 1: finishing an interrupted writer's bytes; 2: done
   std::atomic<bool> write_failed_{false};
+  std::condition_variable flusher_cv_;
+  bool flusher_started_ = false, flusher_idle_ = false, stopping_ = false;
+  bool locked_for_fork_ = false;
 };
 
-// "%p" -> pid, "%r" -> rank ("na" without one), "%%" -> "%".
-std::string expand_log_path(std::string_view pattern, long pid, int rank);
-// RANK, then SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK; -1 when none is set.
-int rank_from_env();
+// One record written through a fixed buffer: a record longer than it (a finding quoting a long
+// value, a header with a long argv) reaches the log in pieces under the log's lock, so it stays
+// one whole line, with no heap string per record. commit() (or the destructor) writes it.
+struct LogLineBuffer {
+  char buf[4096];
+};
+class LogLine final : private LogLineBuffer, private JsonLine::Spill, public JsonLine {
+ public:
+  explicit LogLine(EventLog &log) : JsonLine(buf, sizeof buf, this), log_(log) {}
+  ~LogLine() {
+    if (!done_) commit(0);
+  }
+  LogLine(const LogLine &) = delete;
+  LogLine &operator=(const LogLine &) = delete;
+  void commit(std::uint64_t now_ns);
+
+ private:
+  void piece(std::string_view bytes) override;
+  EventLog &log_;
+  EventLog::Pieces how_ = EventLog::Pieces::Dropped;
+  bool spilled_ = false, done_ = false;
+};
 
 }  // namespace cmg::shim

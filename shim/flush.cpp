@@ -12,6 +12,7 @@
 
 #include "diag.h"
 #include "held.h"
+#include "lock_within.h"
 #include "stacks.h"
 #include "symtab.h"
 
@@ -194,7 +195,8 @@ std::string transport_summary_json() {
        policy_name(s.opts.opportunistic) + "\"" + ",\"deferred_released_bytes\":" +
        std::to_string(held().released_bytes(HoldReason::Deferred));
   Sites &st = sites();
-  std::lock_guard lk(st.mu);
+  if (!lock_within(st.mu)) return o + "}";  // exit: a thread kept the lock (lock_within.h)
+  std::lock_guard lk(st.mu, std::adopt_lock);
   o += ",\"flushes\":" + std::to_string(st.findings) + ",\"bytes\":" + std::to_string(st.bytes) +
        ",\"blocked_ns\":" + std::to_string(st.blocked_ns) + ",\"sites\":[";
   std::vector<const Site *> rows = most_blocked_first(st);
@@ -220,7 +222,8 @@ std::string transport_summary_text() {
   State &s = state();
   const Transport &t = s.transport;
   Sites &st = sites();
-  std::lock_guard lk(st.mu);
+  if (!lock_within(st.mu)) return {};  // exit: a thread kept the lock (lock_within.h)
+  std::lock_guard lk(st.mu, std::adopt_lock);
   if (!t.suppressed() && t.created_total() == 0 && st.rows.empty() && t.flushes_run() == 0)
     return {};
   std::string out = "  transport: ";
@@ -263,7 +266,8 @@ void flush_exit_line() {
   Sites &st = sites();
   std::string msg;
   {
-    std::lock_guard lk(st.mu);
+    if (!lock_within(st.mu)) return;  // exit: a thread kept the lock (lock_within.h)
+    std::lock_guard lk(st.mu, std::adopt_lock);
     if (st.findings == 0 || s.opts.summary) return;
     std::uint64_t held_back = 0;
     for (const Site &r : st.rows) held_back += r.deferred + r.skipped;

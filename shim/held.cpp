@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "loader.h"
+#include "lock_within.h"
 #include "state.h"
+#include "summary.h"
 
 namespace cmg::shim {
 
@@ -24,6 +26,7 @@ namespace {
 // runs it before cudart's own teardown (handlers run in reverse order of registration). A release
 // from the shim's destructor instead would meet cudaErrorCudartUnloading.
 void release_at_exit() {
+  exit_begun();
   ReentryGuard guard;
   held().close();
 }
@@ -64,12 +67,27 @@ bool HeldFrees::closed() const {
   return closed_;
 }
 
+// Exit: the lock with a bounded wait (lock_within.h). A thread that kept it (a signal handler
+// interrupted it there and called exit()) leaves the held frees to the end of the process, which
+// returns the memory to the driver anyway; a note says so.
 void HeldFrees::close() {
-  {
-    std::lock_guard lk(mu_);
+  exit_begun();
+  if (lock_within(mu_)) {
     closed_ = true;
+    mu_.unlock();
   }
-  release_all();
+  release_all_at_exit();
+}
+
+std::uint64_t HeldFrees::release_all_at_exit() {
+  const std::uint64_t n = release_down_to(HoldReason::Quarantine, 0, true) +
+                          release_down_to(HoldReason::Deferred, 0, true);
+  static std::atomic<bool> said{false};
+  if (gave_up_ && !said.exchange(true))
+    note(LogLevel::Warn, "exit: the held frees stayed locked by a thread that did not come back (a "
+                         "signal handler that called exit() interrupted it); they are returned "
+                         "with the process");
+  return n;
 }
 
 bool HeldFrees::hold_within(const Held &h, std::uint64_t limit) {
@@ -107,10 +125,15 @@ void HeldFrees::really_free(const Held &h) {
   s.log.write(j.finish(), ts);
 }
 
-std::uint64_t HeldFrees::release_down_to(HoldReason why, std::uint64_t keep_bytes) {
+std::uint64_t HeldFrees::release_down_to(HoldReason why, std::uint64_t keep_bytes, bool at_exit) {
   std::vector<Held> go;
   {
-    std::lock_guard lk(mu_);
+    if (at_exit && !lock_within(mu_)) {
+      gave_up_ = true;
+      return 0;
+    }
+    if (!at_exit) mu_.lock();
+    std::lock_guard lk(mu_, std::adopt_lock);
     auto &b = bytes_[static_cast<int>(why)];
     for (auto it = q_.begin(); it != q_.end() && b > keep_bytes;) {
       if (it->why != why) {
@@ -166,8 +189,7 @@ std::optional<Held> HeldFrees::find(std::uint64_t ptr) const {
 }
 
 std::uint64_t HeldFrees::released_bytes(HoldReason why) const {
-  std::lock_guard lk(mu_);
-  return released_[static_cast<int>(why)];
+  return released_[static_cast<int>(why)].load(std::memory_order_relaxed);
 }
 
 bool HeldFrees::empty() const {
@@ -180,7 +202,8 @@ void HeldFrees::fork_child() {
   closed_ = false;
   q_.clear();
   bytes_[0] = bytes_[1] = 0;
-  released_[0] = released_[1] = 0;
+  released_[0] = 0;
+  released_[1] = 0;
 }
 
 }  // namespace cmg::shim

@@ -7,6 +7,7 @@
 // once), on request, and at exit.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -36,10 +37,12 @@ class HeldFrees {
   // or once exit has begun (closed() tells which).
   bool hold_within(const Held &h, std::uint64_t limit);
   // Releases the oldest entries of `why` until at most `keep_bytes` of it remain; returns bytes.
-  std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes);
+  std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes, bool at_exit = false);
   // Releases everything (out-of-memory, explicit request, exit); returns bytes released.
   std::uint64_t release_all();
   std::uint64_t release_all(HoldReason why);
+  // The same at exit, never waiting long for the lock (close() uses it).
+  std::uint64_t release_all_at_exit();
   std::uint64_t bytes(HoldReason why) const;
   // The entry holding ptr, if the shim holds it (a free of it is then a proven double free).
   std::optional<Held> find(std::uint64_t ptr) const;
@@ -61,8 +64,9 @@ class HeldFrees {
   mutable std::mutex mu_;
   std::deque<Held> q_;
   std::uint64_t bytes_[2] = {0, 0};
-  std::uint64_t released_[2] = {0, 0};
+  std::atomic<std::uint64_t> released_[2] = {0, 0};  // read without the lock (exit summary)
   bool closed_ = false;
+  std::atomic<bool> gave_up_{false};
 };
 
 HeldFrees &held();

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "crash_stack.h"
 #include "loader.h"
 #include "objects.h"
 #include "stackwalk.h"
@@ -142,6 +143,7 @@ void ensure_module_locked(Table &t, std::uintptr_t pc) {
   t.modules.insert(std::upper_bound(t.modules.begin(), t.modules.end(), ctx.lo,
                                     [](std::uintptr_t v, const Module &m) { return v < m.lo; }),
                    Module{ctx.lo, ctx.hi});
+  remember_module_written(ctx.lo, ctx.hi);  // the crash handler writes only the others
   char buf[4096 + 256];
   JsonLine j(buf, sizeof buf);
   j.str("k", "module").str("path", ctx.path).hex("base", ctx.base).unum("size", ctx.hi - ctx.lo);

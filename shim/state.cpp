@@ -27,6 +27,7 @@
 #include "held.h"
 #include "interposers.h"
 #include "loader.h"
+#include "records.h"
 #include "stacks.h"
 #include "summary.h"
 #include "suppress.h"
@@ -57,65 +58,6 @@ std::mutex g_activate_mu;
 // its parent's log.
 std::string *g_parent_log = nullptr;
 
-std::vector<std::string> read_argv() {
-  std::vector<std::string> out;
-  int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  std::string all;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0 && all.size() < (1u << 16))
-    all.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
-  std::size_t pos = 0;
-  while (pos < all.size()) {
-    std::size_t z = all.find('\0', pos);
-    if (z == std::string::npos) z = all.size();
-    out.emplace_back(all, pos, z - pos);
-    pos = z + 1;
-  }
-  return out;
-}
-
-void write_header(const std::vector<Interposer> &before) {
-  State &s = state();
-  std::vector<std::string> argv = read_argv();
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  std::string buf(16384 + 64 * argv.size(), '\0');
-  JsonLine j(buf.data(), buf.size());
-  j.num("cumemguard_log", 1).str("tool", CMG_VERSION).num("pid", getpid())
-      .num("ppid", getppid()).num("rank", s.rank).str("host", host)
-      .unum("start_unix_ns", s.start_unix_ns).begin_array("argv");
-  for (const auto &a : argv) j.elem_str(a);
-  j.end_array();
-  // The mode, the profile and every option set in the environment (its own variable or an entry
-  // of CUMEMGUARD_OPTIONS), as given: the snapshot the options were parsed from, not the
-  // environment now (the program may have changed it since).
-  const ParsedOptions &p = parsed_options();
-  for (const auto &v : p.values)
-    if (v.spec->name == "MODE" || v.spec->name == "PROFILE")
-      j.str(v.spec->name == "MODE" ? "mode" : "profile", v.effective);
-  j.begin_object("options");
-  for (const auto &v : p.values)
-    if (v.source == OptionSource::Environment || v.source == OptionSource::Options)
-      j.str(std::string("CUMEMGUARD_") + std::string(v.spec->name), v.raw);
-  j.end_object();
-  if (!before.empty()) {
-    j.begin_array("interposers");
-    for (const Interposer &i : before) {
-      std::string one = "{\"path\":\"" + json_escape(i.path) + "\",\"symbols\":[";
-      for (std::size_t k = 0; k < i.names.size(); ++k)
-        one += (k ? ",\"" : "\"") + std::string(i.names[k]) + "\"";
-      j.elem_raw(one + "]}");
-    }
-    j.end_array();
-  }
-  s.log.write(j.finish(), 0);
-  // On disk at once: a log whose process is killed before the next flush still says whose it is,
-  // and the report reads it as cut off rather than as not a log.
-  s.log.flush();
-}
 
 // fork(): every lock of the shim but the linear shards' is held across it, taken in the one order
 // the code nests them (routing table, IPC imports, the IPC bridge, held frees, flush sites and
@@ -240,13 +182,13 @@ void activate_slow() {
   State &s = state();
   const std::vector<Interposer> before = interposers_before();
   if (!s.opts.log.empty()) {
-    std::string path = expand_log_path(s.opts.log, getpid(), s.rank);
+    std::string path = log_path_for(s.opts.log, s.rank);
     if (g_parent_log && path == *g_parent_log) path += "." + std::to_string(getpid());
     std::string err = s.log.open(path);
     if (!err.empty()) {
       note(LogLevel::Warn, err + "; continuing without an event log");
     } else {
-      write_header(before);
+      write_header_record(before);
     }
   }
   for (const Interposer &i : before) note(LogLevel::Warn, interposer_note(i));
@@ -354,44 +296,8 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
                                              : capture_stack(s.opts.stacks > 0
                                                                  ? static_cast<int>(s.opts.stacks)
                                                                  : kFindingFrames);
-    std::string buf(16384 + f.msg.size() + f.state_json.size(), '\0');
-    JsonLine j(buf.data(), buf.size());
-    j.str("k", "finding").unum("seq", seq).unum("ts", ts).unum("tid", thread_id())
-        .str("class", finding_id(f.cls)).str("api", api_name(c.api()))
-        .str("action", action_name(action)).num("res", res).begin_object("args");
-    for (int i = 0; i < args.n; ++i) {
-      const Args::A &a = args.a[i];
-      switch (a.t) {
-        case Args::T::Hex: j.hex(a.k, a.v); break;
-        case Args::T::U: j.unum(a.k, a.v); break;
-        case Args::T::I: j.num(a.k, static_cast<std::int64_t>(a.v)); break;
-        case Args::T::S: j.str(a.k, a.s ? a.s : ""); break;
-      }
-    }
-    j.end_object().str("msg", f.msg);
-    if (stack || sup.stack) j.unum("stack", stack ? stack : sup.stack);
-    if (sup) j.str("suppressed", sup.text);
-    j.unum("call_seq", c.ev().seq);
-    if (!f.related.empty()) {
-      j.begin_array("related");
-      for (const Related &r : f.related) {
-        std::string one = "{\"what\":\"" + json_escape(r.what) + "\"";
-        if (r.ev.known()) {
-          one += ",\"seq\":" + std::to_string(r.ev.seq) + ",\"ts\":" + std::to_string(r.ev.ts) +
-                 ",\"tid\":" + std::to_string(r.ev.tid);
-          if (r.ev.api) one += std::string(",\"api\":\"") + r.ev.api + "\"";
-          if (r.ev.stack) one += ",\"stack\":" + std::to_string(r.ev.stack);
-        }
-        one += "}";
-        j.elem_raw(one);
-      }
-      j.end_array();
-    }
-    if (!f.state_json.empty()) j.raw("state", f.state_json);
-    if (f.bytes) j.unum("bytes", f.bytes);
-    if (f.blocked_ns) j.unum("blocked_ns", f.blocked_ns);
-    s.log.write(j.finish(), ts);
-    s.log.flush();  // a finding must survive a crash that may follow it
+    write_finding_record(c, f, action, res, args, seq, ts, stack ? stack : sup.stack,
+                         sup ? sup.text.c_str() : nullptr);
   }
   if (!sup) print_finding(f, action, res, api_name(c.api()));
   if (action == Action::Abort) {
@@ -404,13 +310,8 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
 void report_finding_without_call(Finding f, const char *where, bool print) {
   State &s = state();
   s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
-  std::string buf(8192 + f.msg.size() + f.state_json.size(), '\0');
-  JsonLine j(buf.data(), buf.size());
-  j.str("k", "finding").unum("seq", s.seq.fetch_add(1, std::memory_order_relaxed) + 1)
-      .unum("ts", now_ns()).unum("tid", thread_id()).str("class", finding_id(f.cls))
-      .str("api", where).str("action", "forward").num("res", 0).str("msg", f.msg);
-  if (!f.state_json.empty()) j.raw("state", f.state_json);
-  write_or_keep(std::string(j.finish()));
+  const std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  write_finding_without_call(f, where, seq, now_ns());
   if (print) print_finding(f, Action::Forward, 0, where, /*from_call=*/false);
 }
 

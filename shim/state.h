@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "cuda_api.h"
+#include "errors.h"
 #include "event.h"
 #include "eventlog.h"
 #include "loader.h"
@@ -187,6 +188,7 @@ class Call {
   // three loads).
   void log(int res, const Args &args, const Extra &x) {
     if (!tracked_) return;
+    if (res != 0) [[unlikely]] note_cuda_error(api_, res, ev_);
     // Said here, after the forwarded call, never inside the lookup that noticed it.
     if (const char *n = take_origin_note()) note(LogLevel::Warn, n);
     if (state().log.is_open()) write_record(res, args, x);

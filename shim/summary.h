@@ -6,6 +6,9 @@
 namespace cmg::shim {
 
 void exit_summary(bool from_abort);
+// Every exit handler of the shim calls this first: from then on no log write waits long for the
+// log's lock (eventlog.h, exit_begin).
+void exit_begun();
 // Policies applied once at load, before any library reads the environment.
 void on_load();
 // At the first CUDA call: did the environment change since load (bug-patterns.md P21)?

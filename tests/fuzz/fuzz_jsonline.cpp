@@ -3,7 +3,9 @@
 // the host from a fixed buffer, with program-controlled text (argv, paths, messages) in it.
 // Input: a buffer size, then a script of fields built from the input bytes.
 // Invariants: whatever the text and however small the buffer, the result is exactly one line
-// holding one JSON object that parses, and it never writes past the buffer.
+// holding one JSON object that parses, and it never writes past the buffer. The same script is
+// built again with a spill target (the log's fixed-size line writer): the pieces and the last part
+// together are one line, one JSON object, and nothing is cut (in a buffer of 256 bytes or more).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -15,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eventlog.h"
+#include "jsonline.h"
 
 namespace {
 
@@ -25,18 +27,17 @@ namespace {
   std::abort();
 }
 
-}  // namespace
+struct Pieces final : cmg::shim::JsonLine::Spill {
+  std::string all;
+  std::size_t cap = 0;
+  void piece(std::string_view bytes) override {
+    if (bytes.size() > cap) fail("a piece longer than the buffer", bytes);
+    all.append(bytes);
+  }
+};
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size) {
-  if (size < 2) return 0;
-  // 64..4159 bytes: small enough to cut values often, large enough for real records.
-  const std::size_t cap = 64 + ((static_cast<std::size_t>(data[0]) << 4) | (data[1] & 15));
-  data += 2;
-  size -= 2;
-  // The buffer sits inside a larger one with guard bytes on both sides.
-  std::vector<char> mem(cap + 64, '\x5a');
-  char *buf = mem.data() + 32;
-  cmg::shim::JsonLine j(buf, cap);
+// Runs the script in data[0, size) on j.
+void build(cmg::shim::JsonLine &j, const std::uint8_t *data, std::size_t size) {
   std::size_t i = 0;
   int depth = 0;
   auto text = [&](std::size_t n) {
@@ -65,8 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
       case 3: if (!arr) j.unum(key(n), static_cast<std::uint64_t>(n) << 56); break;
       case 4: if (!arr) j.boolean(key(n), n & 1); break;
       case 5:
-        if (depth < 64 && !arr) {
-          j.begin_object(key(n));
+        if (depth < 64) {
+          arr ? (void)j.elem_object() : (void)j.begin_object(key(n));
           in_array.push_back(false);
           ++depth;
         }
@@ -92,13 +93,46 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
     in_array.back() ? (void)j.end_array() : (void)j.end_object();
     in_array.pop_back();
   }
-  const std::string_view line = j.finish();
-  for (std::size_t k = 0; k < 32; ++k)
-    if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("wrote outside the buffer", line);
-  if (line.data() != buf || line.size() > cap) fail("line outside the buffer", line);
+}
+
+void check_line(std::string_view line) {
   if (line.empty() || line.back() != '\n') fail("no newline at the end", line);
   if (line.substr(0, line.size() - 1).find('\n') != std::string_view::npos) fail("a newline inside", line);
   const auto parsed = nlohmann::json::parse(line.substr(0, line.size() - 1), nullptr, false);
   if (parsed.is_discarded() || !parsed.is_object()) fail("not one JSON object", line);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size) {
+  if (size < 2) return 0;
+  // 64..4159 bytes: small enough to cut values often, large enough for real records.
+  const std::size_t cap = 64 + ((static_cast<std::size_t>(data[0]) << 4) | (data[1] & 15));
+  data += 2;
+  size -= 2;
+  // The buffer sits inside a larger one with guard bytes on both sides.
+  std::vector<char> mem(cap + 64, '\x5a');
+  char *buf = mem.data() + 32;
+  cmg::shim::JsonLine j(buf, cap);
+  build(j, data, size);
+  const std::string_view line = j.finish();
+  for (std::size_t k = 0; k < 32; ++k)
+    if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("wrote outside the buffer", line);
+  if (line.data() != buf || line.size() > cap) fail("line outside the buffer", line);
+  check_line(line);
+  // With a spill target: nothing is cut, whatever the size.
+  std::fill(mem.begin(), mem.end(), '\x5a');
+  Pieces pieces;
+  pieces.cap = cap;
+  cmg::shim::JsonLine s(buf, cap, &pieces);
+  build(s, data, size);
+  pieces.all.append(s.finish());
+  for (std::size_t k = 0; k < 32; ++k)
+    if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("spilling wrote outside", pieces.all);
+  check_line(pieces.all);
+  // A buffer of 256 bytes leaves room for any key and number at the deepest nesting (64); the
+  // log's line writer has 4096.
+  if (cap >= 256 && pieces.all.find("\"cut\":true") != std::string::npos)
+    fail("cut with a spill target", pieces.all);
   return 0;
 }

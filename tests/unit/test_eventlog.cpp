@@ -7,10 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "eventlog.h"
@@ -221,4 +224,204 @@ TEST_CASE("EventLog refuses a FIFO without blocking, and a file planted in a sha
     unlink(planted.c_str());
   }
   rmdir(dir);
+}
+
+namespace {
+struct TempDir {
+  char path[32] = "/tmp/cmg-logtest-XXXXXX";
+  TempDir() { REQUIRE(mkdtemp(path)); }
+  ~TempDir() {
+    std::string cmd = std::string("rm -rf ") + path;
+    (void)!std::system(cmd.c_str());
+  }
+  std::string operator/(const char *name) const { return std::string(path) + "/" + name; }
+};
+
+std::vector<json> read_lines(const std::string &path) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<json> out;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+const char *test_env(const char *name) {
+  if (std::string(name) == "JOB") return "a/b\x01" "c";
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("Log names: every placeholder, values as one file-name component, unknown ones kept") {
+  cmg::shim::LogNameInputs in;
+  in.pid = 42;
+  in.rank = 3;
+  in.local_rank = -1;
+  in.host = "node/7";
+  in.program = "python3";
+  in.getenv = test_env;
+  auto n = cmg::shim::expand_log_name("cg.%p.%r.%l.%h.%e.%q{JOB}.%q{NONE}.%%", in);
+  CHECK(n.path == "cg.42.3.na.node_7.python3.a_b_c..%");
+  CHECK(n.problems.empty());
+  n = cmg::shim::expand_log_name("x.%x.%x.%q.%q{}.%", in);
+  CHECK(n.path == "x.%x.%x.%q.%q{}.%");
+  REQUIRE(n.problems.size() == 3);  // %x once, %q (both forms) once, the lone % once
+  CHECK(n.problems[0].find("'%x'") != std::string::npos);
+  CHECK(n.problems[1].find("'%q'") != std::string::npos);
+  CHECK(n.problems[2].find("'%'") != std::string::npos);
+}
+
+TEST_CASE("Local rank comes from LOCAL_RANK, then the launchers' variables") {
+  for (const char *v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                        "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+    unsetenv(v);
+  CHECK(cmg::shim::local_rank_from_env() == -1);
+  setenv("SLURM_LOCALID", "5", 1);
+  CHECK(cmg::shim::local_rank_from_env() == 5);
+  setenv("MPI_LOCALRANKID", "4", 1);
+  CHECK(cmg::shim::local_rank_from_env() == 4);
+  setenv("LOCAL_RANK", "1", 1);
+  CHECK(cmg::shim::local_rank_from_env() == 1);
+  // Slurm's global rank comes last: under torchrun in an sbatch job it is the launcher's.
+  setenv("SLURM_PROCID", "9", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "7", 1);
+  CHECK(cmg::shim::rank_from_env() == 7);
+  for (const char *v : {"LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "SLURM_PROCID",
+                        "OMPI_COMM_WORLD_RANK"})
+    unsetenv(v);
+}
+
+// A hard link at the log path was truncated (the link's other name lost its bytes).
+TEST_CASE("EventLog refuses a file with another link and a file of another user anywhere") {
+  TempDir d;
+  {
+    std::ofstream(d / "precious") << "precious\n";
+  }
+  REQUIRE(link((d / "precious").c_str(), (d / "log").c_str()) == 0);
+  EventLog l1;
+  CHECK(l1.open(d / "log").find("2 links") != std::string::npos);
+  std::ifstream in(d / "precious");
+  std::string content;
+  std::getline(in, content);
+  CHECK(content == "precious");
+  if (geteuid() == 0) {  // a directory that is not sticky: the owner rule applies all the same
+    {
+      std::ofstream(d / "theirs") << "theirs\n";
+    }
+    REQUIRE(chown((d / "theirs").c_str(), 65534, 65534) == 0);
+    EventLog l2;
+    CHECK(l2.open(d / "theirs").find("another user") != std::string::npos);
+  }
+}
+
+TEST_CASE("LogLine writes a record longer than its buffer as one line, whatever else is written") {
+  TempDir d;
+  EventLog log;
+  REQUIRE(log.open(d / "log").empty());
+  const std::string msg(100000, 'm');
+  std::string state = "{\"list\":[";
+  for (int i = 0; i < 5000; ++i) state += (i ? "," : "") + std::to_string(i);
+  state += "]}";
+  std::atomic<bool> stop{false};
+  std::thread other([&] {
+    char buf[128];
+    for (int i = 0; !stop; ++i) {
+      JsonLine j(buf, sizeof buf);
+      j.str("k", "call").num("i", i);
+      log.write(j.finish(), 0);
+    }
+  });
+  for (int r = 0; r < 20; ++r) {
+    cmg::shim::LogLine j(log);
+    j.str("k", "finding").str("msg", msg).raw("state", state).num("r", r);
+    j.commit(0);
+  }
+  stop = true;
+  other.join();
+  log.seal();
+  int findings = 0;
+  for (const json &v : read_lines(d / "log")) {
+    if (v["k"] != "finding") continue;
+    CHECK(v["msg"].get<std::string>() == msg);
+    CHECK(v["state"]["list"].size() == 5000);
+    CHECK_FALSE(v.contains("cut"));
+    CHECK(v["r"] == findings);
+    ++findings;
+  }
+  CHECK(findings == 20);
+}
+
+// The last records before a program went quiet stayed in the buffer until the next record, which
+// never came: a job killed while hung lost them.
+TEST_CASE("EventLog writes a quiet buffer out within a second, from its flusher") {
+  TempDir d;
+  EventLog log;
+  REQUIRE(log.open(d / "log").empty());
+  char buf[128];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "call").num("i", 1);
+  log.write(j.finish(), 0);
+  std::size_t n = 0;
+  for (int i = 0; i < 100 && n == 0; ++i) {  // well above the second: no tight timing
+    usleep(50000);
+    n = read_lines(d / "log").size();
+  }
+  CHECK(n == 1);
+}
+
+// A host closed the log's descriptor and opened files of its own, which got the number: records
+// went into the host's file.
+TEST_CASE("EventLog never writes to a number it lost; it opens its file again") {
+  TempDir d;
+  EventLog log;
+  REQUIRE(log.open(d / "log").empty());
+  int fd = -1;
+  for (int i = 0; i < 4096 && fd < 0; ++i) {
+    char link[64], target[512];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", i);
+    const ssize_t k = readlink(link, target, sizeof target - 1);
+    if (k > 0 && std::string(target, static_cast<std::size_t>(k)) == d / "log") fd = i;
+  }
+  REQUIRE(fd >= 64);  // above the range hosts use
+  const int host = ::open((d / "host").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  REQUIRE(dup2(host, fd) == fd);  // the host's file at the log's number
+  char buf[128];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "call").num("i", 7);
+  log.write(j.finish(), 0);
+  log.flush();
+  struct stat st;
+  REQUIRE(fstat(host, &st) == 0);
+  CHECK(st.st_size == 0);
+  const auto recs = read_lines(d / "log");
+  REQUIRE(recs.size() == 2);  // the note about the reopening, then the record
+  CHECK(recs[0]["k"] == "note");
+  CHECK(recs[1]["i"] == 7);
+  ::close(host);
+  ::close(fd);
+}
+
+// A SIGTERM handler that calls exit() runs the exit paths on a thread that may hold the log's
+// lock for good: they must not wait for it.
+TEST_CASE("After exit began, a write does not wait for a lock that is never given back") {
+  TempDir d;
+  EventLog log;
+  REQUIRE(log.open(d / "log").empty());
+  std::atomic<int> step{0};
+  std::thread holder([&] {
+    const auto how = log.begin_pieces();  // takes the lock, as a record built in pieces does
+    step = 1;
+    while (step != 2) usleep(1000);
+    log.end_pieces(how, "{\"k\":\"late\"}\n", 0);
+  });
+  while (step != 1) usleep(1000);
+  log.exit_begin();
+  char buf[128];
+  JsonLine j(buf, sizeof buf);
+  j.str("k", "end");
+  log.write(j.finish(), 0);  // returns after a bounded wait, written directly
+  const auto recs = read_lines(d / "log");
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0]["k"] == "end");
+  step = 2;
+  holder.join();
 }

@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: Apache-2.0
+// The JSON-line builder (see jsonline.h).
+#include "jsonline.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace cmg::shim {
+
+JsonLine::JsonLine(char *buf, std::size_t cap, Spill *spill)
+    : buf_(buf), cap_(cap), spill_(spill) {
+  buf_[len_++] = '{';
+}
+
+// Room kept back so the closing brackets, a "cut" marker and the newline always fit.
+static constexpr std::size_t kReserve = 48;
+
+// Numbers are formatted by hand: snprintf costs about 400 instructions per number, and a call
+// record has eight to twelve of them (docs/performance.md: the log cost per call).
+namespace {
+int put_dec(char *out, std::uint64_t v) {
+  char tmp[20];
+  int n = 0;
+  do {
+    tmp[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v);
+  for (int i = 0; i < n; ++i) out[i] = tmp[n - 1 - i];
+  return n;
+}
+
+int put_signed(char *out, std::int64_t v) {
+  if (v >= 0) return put_dec(out, static_cast<std::uint64_t>(v));
+  out[0] = '-';
+  return 1 + put_dec(out + 1, ~static_cast<std::uint64_t>(v) + 1);
+}
+
+// "0x..." in quotes, lower case, as "%#" PRIx64 would write it (0 is "0x0").
+int put_hex_str(char *out, std::uint64_t v) {
+  static const char digits[] = "0123456789abcdef";
+  char tmp[16];
+  int n = 0;
+  do {
+    tmp[n++] = digits[v & 15];
+    v >>= 4;
+  } while (v);
+  out[0] = '"';
+  out[1] = '0';
+  out[2] = 'x';
+  for (int i = 0; i < n; ++i) out[3 + i] = tmp[n - 1 - i];
+  out[3 + n] = '"';
+  return n + 4;
+}
+}  // namespace
+
+bool JsonLine::room(std::size_t n) {
+  const std::size_t keep = kReserve + static_cast<std::size_t>(depth_);
+  if (!cut_ && len_ + n + keep < cap_) return true;
+  // With a spill target the bytes so far go out and the record goes on in the emptied buffer.
+  if (spill_ && !cut_ && len_ > 0 && n + keep < cap_) {
+    spill_->piece(std::string_view(buf_, len_));
+    len_ = 0;
+    return true;
+  }
+  cut_ = true;
+  return false;
+}
+
+// A raw value of any length: in pieces of what fits, each handed to the spill target.
+void JsonLine::put_long(std::string_view s) {
+  const std::size_t keep = kReserve + static_cast<std::size_t>(depth_);
+  while (!s.empty()) {
+    if (len_ + keep >= cap_) {
+      spill_->piece(std::string_view(buf_, len_));
+      len_ = 0;
+    }
+    const std::size_t n = std::min(s.size(), cap_ - keep - len_);
+    put(s.substr(0, n));
+    s.remove_prefix(n);
+  }
+}
+
+void JsonLine::put(std::string_view s) {
+  std::memcpy(buf_ + len_, s.data(), s.size());
+  len_ += s.size();
+}
+
+void JsonLine::put_u00(unsigned char c) {
+  static const char digits[] = "0123456789abcdef";
+  const char u[6] = {'\\', 'u', '0', '0', digits[c >> 4], digits[c & 15]};
+  put(std::string_view(u, 6));
+}
+
+// Strings are escaped as JSON; bytes that are not valid UTF-8 (an argv in Latin-1, a path with a
+// stray byte) become \u00XX so the line stays valid JSON, and a multi-byte character is never cut.
+void JsonLine::put_escaped(std::string_view s) {
+  const auto *u = reinterpret_cast<const unsigned char *>(s.data());
+  const std::size_t n = s.size();
+  for (std::size_t i = 0; i < n;) {
+    if (len_ + 8 + kReserve + static_cast<std::size_t>(depth_) >= cap_) {
+      if (!spill_) {
+        cut_ = true;
+        return;
+      }
+      spill_->piece(std::string_view(buf_, len_));
+      len_ = 0;
+    }
+    const unsigned char c = u[i];
+    if (c < 0x80) {
+      switch (c) {
+        case '"': put("\\\""); break;
+        case '\\': put("\\\\"); break;
+        case '\n': put("\\n"); break;
+        case '\t': put("\\t"); break;
+        case '\r': put("\\r"); break;
+        default:
+          if (c < 0x20) {
+            put_u00(c);
+          } else {
+            buf_[len_++] = static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence of 2 to 4 bytes is copied whole.
+    std::size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    if (c >= 0xf5) len = 0;
+    bool ok = len && i + len <= n;
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (u[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3 && ((c == 0xe0 && u[i + 1] < 0xa0) || (c == 0xed && u[i + 1] >= 0xa0)))
+      ok = false;  // overlong, or a UTF-16 surrogate
+    if (ok && len == 4 && ((c == 0xf0 && u[i + 1] < 0x90) || (c == 0xf4 && u[i + 1] >= 0x90)))
+      ok = false;  // overlong, or beyond U+10FFFF
+    if (ok) {
+      std::memcpy(buf_ + len_, s.data() + i, len);
+      len_ += len;
+      i += len;
+    } else {
+      put_u00(c);
+      ++i;
+    }
+  }
+}
+
+// Writes `,"key":` only when the key and `extra` more bytes fit; once a value is left out, every
+// later one is too, so the line never holds a half-written member.
+bool JsonLine::key(std::string_view k, std::size_t extra) {
+  if (skip_ || !room(k.size() + 4 + extra)) return false;
+  if (!first_) buf_[len_++] = ',';
+  first_ = false;
+  buf_[len_++] = '"';
+  put(k);
+  put("\":");
+  return true;
+}
+
+JsonLine &JsonLine::str(std::string_view k, std::string_view v) {
+  if (!key(k, 2)) return *this;
+  buf_[len_++] = '"';
+  put_escaped(v);  // may cut the text short, never the closing quote (kReserve)
+  buf_[len_++] = '"';
+  return *this;
+}
+
+JsonLine &JsonLine::hex(std::string_view k, std::uint64_t v) {
+  char tmp[24];
+  int n = put_hex_str(tmp, v);
+  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::num(std::string_view k, std::int64_t v) {
+  char tmp[24];
+  int n = put_signed(tmp, v);
+  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::unum(std::string_view k, std::uint64_t v) {
+  char tmp[24];
+  int n = put_dec(tmp, v);
+  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::boolean(std::string_view k, bool v) {
+  if (key(k, 5)) put(v ? "true" : "false");
+  return *this;
+}
+
+JsonLine &JsonLine::raw(std::string_view k, std::string_view json) {
+  if (!spill_) {
+    if (key(k, json.size())) put(json);
+  } else if (key(k, 0)) {
+    put_long(json);
+  }
+  return *this;
+}
+
+JsonLine &JsonLine::begin_object(std::string_view k) {
+  if (!key(k, 2)) {
+    ++skip_;
+    return *this;
+  }
+  buf_[len_++] = '{';
+  first_ = true;
+  ++depth_;
+  return *this;
+}
+
+JsonLine &JsonLine::end_object() {
+  if (skip_) {
+    --skip_;
+    return *this;
+  }
+  --depth_;
+  buf_[len_++] = '}';
+  first_ = false;
+  return *this;
+}
+
+JsonLine &JsonLine::begin_array(std::string_view k) {
+  if (!key(k, 2)) {
+    ++skip_;
+    return *this;
+  }
+  buf_[len_++] = '[';
+  first_ = true;
+  ++depth_;
+  return *this;
+}
+
+JsonLine &JsonLine::end_array() {
+  if (skip_) {
+    --skip_;
+    return *this;
+  }
+  --depth_;
+  buf_[len_++] = ']';
+  first_ = false;
+  return *this;
+}
+
+bool JsonLine::elem(std::size_t n) {
+  if (skip_ || !room(n + 1)) return false;
+  if (!first_) buf_[len_++] = ',';
+  first_ = false;
+  return true;
+}
+
+JsonLine &JsonLine::elem_str(std::string_view v) {
+  if (!elem(2)) return *this;
+  buf_[len_++] = '"';
+  put_escaped(v);
+  buf_[len_++] = '"';
+  return *this;
+}
+
+JsonLine &JsonLine::elem_hex(std::uint64_t v) {
+  char tmp[24];
+  int n = put_hex_str(tmp, v);
+  if (elem(static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  return *this;
+}
+
+JsonLine &JsonLine::elem_raw(std::string_view json) {
+  if (!spill_) {
+    if (elem(json.size())) put(json);
+  } else if (elem(0)) {
+    put_long(json);
+  }
+  return *this;
+}
+
+JsonLine &JsonLine::elem_object() {
+  if (!elem(2)) {
+    ++skip_;
+    return *this;
+  }
+  buf_[len_++] = '{';
+  first_ = true;
+  ++depth_;
+  return *this;
+}
+
+std::string_view JsonLine::finish() {
+  if (cut_) {
+    if (!first_) buf_[len_++] = ',';
+    put("\"cut\":true");
+  }
+  buf_[len_++] = '}';
+  buf_[len_++] = '\n';
+  return std::string_view(buf_, len_);
+}
+
+}  // namespace cmg::shim

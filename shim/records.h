@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// The records that carry text of any length from the program or the policy (the header's argv and
+// options, a finding's message, related events and state), written through the log's fixed-size
+// line writer (LogLine): no heap string per record, and a long one still reaches the log whole.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "interposers.h"
+#include "state.h"
+
+namespace cmg::shim {
+
+// The first line of the log: format, tool, pid, ppid, rank, host, start time, argv, mode, the
+// options set in the environment and the interposers loaded before the shim. Written through to
+// the file at once.
+void write_header_record(const std::vector<Interposer> &before);
+
+// A finding at a call (seq, ts and its stack already taken for it); `suppressed` names the rule
+// (CLASS:PATTERN) that suppressed it, or is null.
+void write_finding_record(const Call &c, const Finding &f, Action action, int res,
+                          const Args &args, std::uint64_t seq, std::uint64_t ts,
+                          std::uint32_t stack, const char *suppressed);
+// A finding that belongs to no call (`where` names it); kept until the log opens when it is not
+// open yet.
+void write_finding_without_call(const Finding &f, const char *where, std::uint64_t seq,
+                                std::uint64_t ts);
+
+// CUMEMGUARD_LOG expanded for this process (logname.h); a placeholder kept as written is said
+// once on stderr and in the log.
+std::string log_path_for(std::string_view pattern, int rank);
+
+}  // namespace cmg::shim
