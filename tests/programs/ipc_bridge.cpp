@@ -12,17 +12,23 @@
 #include <grp.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_check.h"
@@ -281,6 +287,8 @@ int raw_request(const unsigned char *handle, const void *msg, size_t len, bool w
   std::memcpy(a.sun_path, name, static_cast<size_t>(n));
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
+  timeval tv{5, 0};  // a broker that never answers is a failure, not a hang
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   if (connect(fd, reinterpret_cast<sockaddr *>(&a),
               static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n)) != 0) {
     close(fd);
@@ -761,6 +769,400 @@ int forked() {
   return 0;
 }
 
+// ---- a hostile host (tests/reliability run_edges.py, docs/reliability.md) ----------------------
+// The kernel id of the calling thread, and the threads of this process named `comm`.
+long tid_now() { return syscall(SYS_gettid); }
+int threads_named(const char *comm) {
+  int n = 0;
+  if (DIR *d = opendir("/proc/self/task")) {
+    while (dirent *e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char name[32] = {};
+      const std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
+      if (FILE *f = std::fopen(path.c_str(), "r")) {
+        if (!std::fgets(name, sizeof name, f)) name[0] = 0;
+        std::fclose(f);
+      }
+      name[std::strcspn(name, "\n")] = 0;
+      if (std::strcmp(name, comm) == 0) ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+std::string fd_target(int fd) {
+  char link[64], target[512];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+}
+
+std::vector<int> open_fds() {
+  std::vector<int> out;
+  if (DIR *d = opendir("/proc/self/fd")) {
+    const int self = dirfd(d);
+    while (dirent *e = readdir(d))
+      if (e->d_name[0] != '.' && std::atoi(e->d_name) != self) out.push_back(std::atoi(e->d_name));
+    closedir(d);
+  }
+  return out;
+}
+
+// "socket:[N]" of this process's broker: its abstract name in /proc/net/unix gives the inode.
+std::string broker_socket() {
+  char want[64];
+  std::snprintf(want, sizeof want, "@cumemguard-ipc.%u.", static_cast<unsigned>(getpid()));
+  std::string inode;
+  if (FILE *f = std::fopen("/proc/net/unix", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strstr(line, want)) {
+        char path[256];
+        unsigned long long ino = 0;
+        if (std::sscanf(line, "%*s %*s %*s %*s %*s %*s %llu %255s", &ino, path) == 2)
+          inode = "socket:[" + std::to_string(ino) + "]";
+      }
+    std::fclose(f);
+  }
+  return inode;
+}
+
+bool same_file(int a, int b) {
+  struct stat sa, sb;
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// A daemon-like host: after one export it closes every descriptor it did not open (all but the
+// fake driver's: a real daemon detaches before it loads CUDA), reuses the numbers the shim had for
+// a TCP listener and a file of its own (and dup2s that file over the low numbers), and serves 20
+// TCP clients. Every client must reach the host, the host's file must keep its bytes, the broker
+// must stop instead of spinning, the log must go on, and a later export must work again.
+int fd_reuse() {
+  const unsigned seed = 0xfd00u;
+  Segment s = segment(1, {0}, seed);
+  CUipcMemHandle h{};
+  out("export", export_drv(h, s.v));
+  if (!is_bridge_handle(reinterpret_cast<unsigned char *>(h.reserved))) return 3;
+  const std::string broker = broker_socket();
+  int log_fd = -1, listen_fd = -1;
+  for (int fd : open_fds()) {
+    const std::string t = fd_target(fd);
+    if (t == broker) listen_fd = fd;
+    if (t.find("/log.") != std::string::npos) log_fd = fd;
+  }
+  out_n("found_shim_fds", log_fd >= 0 && listen_fd >= 0 ? 1 : 0);
+  out_n("shim_fds_high", log_fd >= 64 && listen_fd >= 64 ? 1 : 0);
+  for (int fd : open_fds())
+    if (fd > 2 && fd_target(fd).rfind("/memfd:fakecuda", 0) != 0) close(fd);
+  // The host's own objects, at the numbers the shim had.
+  int tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  if (tcp < 0 || bind(tcp, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 ||
+      listen(tcp, 64) != 0 || getsockname(tcp, reinterpret_cast<sockaddr *>(&a), &al) != 0)
+    return 4;
+  if (listen_fd >= 0 && dup2(tcp, listen_fd) < 0) return 4;
+  const char host_bytes[] = "the host's own file\n";
+  int file = open("host-file", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (file < 0 || !write_all(file, host_bytes, sizeof host_bytes - 1)) return 4;
+  if (log_fd >= 0) dup2(file, log_fd);
+  std::vector<int> low;
+  for (int fd = 3; fd < 40; ++fd)
+    if (fcntl(fd, F_GETFD) < 0 && dup2(file, fd) == fd) low.push_back(fd);
+  // A client at the broker's old address: the broker must not wake up on the host's objects.
+  out_n("old_address_refused",
+        raw_request(reinterpret_cast<unsigned char *>(h.reserved), nullptr, 0, false) < 0 ? 1 : 0);
+  int broker_threads = threads_named("cmg-ipc-broker");
+  for (int i = 0; i < 1000 && broker_threads; ++i) {
+    usleep(10000);
+    broker_threads = threads_named("cmg-ipc-broker");
+  }
+  out_n("broker_threads_after_close", broker_threads);
+  // 20 TCP clients; the host accepts on the number it chose.
+  const int served_on = listen_fd >= 0 ? listen_fd : tcp;
+  std::thread clients([&] {
+    for (int i = 0; i < 20; ++i) {
+      int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0) {
+        char byte;
+        (void)!read(c, &byte, 1);  // until the host closes it
+      }
+      close(c);
+    }
+  });
+  int accepted = 0;
+  for (int i = 0; i < 20; ++i) {
+    pollfd p{served_on, POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1) break;
+    int c = accept4(served_on, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) break;
+    ++accepted;
+    close(c);
+  }
+  clients.join();
+  out_n("host_accepted", accepted);
+  // Calls after the close: their records go to the log, never into the host's file.
+  int bad = 0;
+  for (int i = 0; i < 200; ++i) {
+    void *p = nullptr;
+    if (cudaMalloc(&p, 4096) != cudaSuccess || cudaFree(p) != cudaSuccess) ++bad;
+  }
+  void *p = nullptr;
+  cudaMalloc(&p, 4096);
+  cudaFree(p);
+  out_rt("double_free", cudaFree(p));  // a finding: written through at once
+  out_n("calls_failed", bad);
+  char back[256] = {};
+  const ssize_t n = pread(file, back, sizeof back, 0);
+  out_n("host_file_intact",
+        n == static_cast<ssize_t>(sizeof host_bytes - 1) && std::memcmp(back, host_bytes, n) == 0);
+  bool intact = same_file(file, log_fd >= 0 ? log_fd : file);
+  for (int fd : low) intact = intact && same_file(file, fd);
+  sockaddr_in now{};
+  socklen_t nl = sizeof now;
+  intact = intact && getsockname(served_on, reinterpret_cast<sockaddr *>(&now), &nl) == 0 &&
+           now.sin_port == a.sin_port;
+  out_n("host_fds_intact", intact ? 1 : 0);
+  // The next export starts a new broker, which serves.
+  Segment s2 = segment(1, {0}, seed ^ 1);
+  CUipcMemHandle h2{};
+  out("export_again", export_drv(h2, s2.v));
+  if (is_bridge_handle(reinterpret_cast<unsigned char *>(h2.reserved)))
+    import_in_child("fd-reuse", h2.reserved, 0, G, seed ^ 1, false);
+  release(s2);
+  release(s);
+  return 0;
+}
+
+// The exporter of fork-stall, in its own process: one export, the job to the parent, then it
+// waits (the parent stops and continues it) until told to exit.
+int exporter_stall(int rfd, int wfd) {
+  init_primary();
+  CUmemAllocationProp p = prop_for(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CHECK_CU(cuMemGetAllocationGranularity(&G, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const unsigned seed = 0x5a11u;
+  Segment s = segment(1, {0}, seed);
+  CUipcMemHandle h{};
+  export_drv(h, s.v);
+  Job j = job_for(reinterpret_cast<unsigned char *>(h.reserved), 0, G, seed, true);
+  write_all(wfd, &j, sizeof j);
+  wait_ack(rfd);
+  release(s);
+  return 0;
+}
+
+// Whether thread `tid` is blocked in poll (an open waiting for its broker's answer).
+bool blocked_in_poll(long tid) {
+  char path[96], sys[32] = {};
+  std::snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
+  if (FILE *f = std::fopen(path, "r")) {
+    if (!std::fgets(sys, sizeof sys, f)) sys[0] = 0;
+    std::fclose(f);
+  }
+  const long nr = std::strtol(sys, nullptr, 10);
+  return tid && (nr == SYS_poll || nr == SYS_ppoll);
+}
+
+// A thread opens a handle of an exporter that was stopped (SIGSTOP): it waits for the answer. A
+// fork() from another thread meanwhile must not wait for that open (the shim's fork handler takes
+// the importer's table lock, which the open must not hold across its socket wait).
+int fork_stall() {
+  Peer p = spawn("exporter-stall", "fork-stall");
+  Job j;
+  if (!read_all(p.from, &j, sizeof j)) return 3;
+  out_n("exporter_stopped", kill(p.pid, SIGSTOP) == 0 ? 1 : 0);
+  std::atomic<int> done{0};
+  std::atomic<long> opener{0};
+  CUresult r = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr q = 0;
+  std::thread t([&] {
+    opener = tid_now();
+    r = open_handle(j, j.handle, q);
+    done = 1;
+  });
+  // Until the opener waits in the driver-free part of the open: blocked in poll on the socket.
+  bool waiting = false;
+  for (int i = 0; i < 5000 && !waiting && !done; ++i) {
+    usleep(1000);
+    waiting = blocked_in_poll(opener.load());
+  }
+  out_n("opener_waiting", waiting ? 1 : 0);
+  std::fflush(stdout);
+  const pid_t c = fork();
+  if (c == 0) _exit(0);
+  // The fork came back while the open still waits for the stopped exporter (it waits 30 s).
+  const int pending = !done.load() && blocked_in_poll(opener.load()) ? 1 : 0;
+  int st = 0;
+  waitpid(c, &st, 0);
+  out_n("fork_returned_while_open_pending", pending);
+  out_n("fork_child_exit", WIFEXITED(st) ? WEXITSTATUS(st) : 128);
+  kill(p.pid, SIGCONT);
+  t.join();
+  print_open(j, "open", r);
+  if (r == CUDA_SUCCESS) {
+    check_pattern("", q, 0, G, j.seed);
+    print_open(j, "close", close_handle(j, q));
+  }
+  ack(p.to);
+  out_n("exporter_exit", finish(p));
+  return 0;
+}
+
+// The broker's address and a well-formed open request for the handle's export.
+struct RawTarget {
+  sockaddr_un addr{};
+  socklen_t len = 0;
+  unsigned char req[32] = {'C', 'M', 'G', 'Q', 1, 0, 1, 0};
+};
+RawTarget raw_target(const unsigned char *handle) {
+  RawTarget t;
+  char name[80];
+  int n = std::snprintf(name, sizeof name, "%ccumemguard-ipc.%u.%016llx", 0, le32(handle + 12),
+                        le64(handle + 16));
+  t.addr.sun_family = AF_UNIX;
+  std::memcpy(t.addr.sun_path, name, static_cast<size_t>(n));
+  t.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n);
+  std::memcpy(t.req + 8, handle + 24, 8);
+  std::memcpy(t.req + 16, handle + 32, 16);
+  return t;
+}
+
+// One raw open: the reply's status (-1: no reply) and the descriptors that came with it.
+// System calls only (it runs in a forked child of a threaded process).
+int raw_open(const RawTarget &t, int &nfds) {
+  nfds = 0;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<const sockaddr *>(&t.addr), t.len) != 0) {
+    close(fd);
+    return -1;
+  }
+  send(fd, t.req, sizeof t.req, MSG_NOSIGNAL);
+  unsigned char rep[64] = {};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 64)];
+  iovec iov{rep, sizeof rep};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = cbuf;
+  m.msg_controllen = sizeof cbuf;
+  const ssize_t r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+  for (cmsghdr *c = CMSG_FIRSTHDR(&m); r > 0 && c; c = CMSG_NXTHDR(&m, c))
+    if (c->cmsg_type == SCM_RIGHTS) nfds += static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+  if (r == 64 && rep[0] == 'C' && rep[3] == 'R' && nfds == 0) {
+    // An ok reply to an open: the page message with the descriptors follows.
+    unsigned char page[1040];
+    iovec iov2{page, sizeof page};
+    m.msg_iov = &iov2;
+    m.msg_controllen = sizeof cbuf;
+    if ((rep[6] | rep[7] << 8) == 0 && recvmsg(fd, &m, MSG_CMSG_CLOEXEC) > 0)
+      for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_type == SCM_RIGHTS)
+          nfds += static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+  }
+  close(fd);
+  if (r != 64 || std::memcmp(rep, "CMGR", 4) != 0) return -1;
+  return rep[6] | rep[7] << 8;
+}
+
+// A child of `uid` that runs `body` once the parent writes a byte to its pipe; its result comes
+// back as two ints.
+struct Child {
+  pid_t pid = -1;
+  int go = -1, result = -1;
+};
+template <class Body>
+Child child_of_user(int uid, Body &&body) {
+  int g[2], r[2];
+  if (pipe(g) != 0 || pipe(r) != 0) std::exit(4);
+  std::fflush(stdout);
+  Child c;
+  c.pid = fork_when_blocked("cmg-ipc-broker");
+  if (c.pid == 0) {
+    close(g[1]);
+    close(r[0]);
+    int res[2] = {-9, -9};
+    char byte;
+    if (setgroups(0, nullptr) == 0 && setgid(static_cast<gid_t>(uid)) == 0 &&
+        setuid(static_cast<uid_t>(uid)) == 0 && read(g[0], &byte, 1) == 1)
+      body(res);
+    (void)!write(r[1], res, sizeof res);
+    _exit(0);
+  }
+  close(g[0]);
+  close(r[1]);
+  c.go = g[1];
+  c.result = r[0];
+  return c;
+}
+void run_child(Child &c, int res[2]) {
+  (void)!write(c.go, "g", 1);
+  res[0] = res[1] = -9;
+  read_all(c.result, res, 2 * sizeof(int));
+  close(c.go);
+  close(c.result);
+  waitpid(c.pid, nullptr, 0);
+}
+
+// Another user's process connects to the broker in a loop for 2.5 s: every connection is refused,
+// and the log says so in a bounded number of lines that count them all.
+int flood() {
+  if (geteuid() != 0) {
+    std::fprintf(stderr, "flood needs root to run a client as another user\n");
+    return 77;
+  }
+  Segment s = segment(1, {0}, 0xf100u);
+  CUipcMemHandle h{};
+  out("export", export_drv(h, s.v));
+  const RawTarget t = raw_target(reinterpret_cast<unsigned char *>(h.reserved));
+  Child c = child_of_user(65534, [&](int res[2]) {
+    timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    res[0] = res[1] = 0;
+    do {
+      int nfds = 0;
+      ++res[0];
+      if (raw_open(t, nfds) == 4 && nfds == 0) ++res[1];
+      clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 < 2500);
+  });
+  int res[2];
+  run_child(c, res);
+  out_n("flood_attempts", res[0]);
+  out_n("flood_denied", res[1]);
+  release(s);
+  return 0;
+}
+
+// A root exporter drops to another user after its export; a client of that user asks for the
+// export with the right nonce: the broker must refuse it (memory exported as root is not handed
+// to uid 65534 because the process is 65534 now).
+int uid_change() {
+  if (geteuid() != 0) {
+    std::fprintf(stderr, "uid-change needs root to change users\n");
+    return 77;
+  }
+  Segment s = segment(1, {0}, 0x01d0u);
+  CUipcMemHandle h{};
+  out("export", export_drv(h, s.v));
+  const RawTarget t = raw_target(reinterpret_cast<unsigned char *>(h.reserved));
+  Child c = child_of_user(65534, [&](int res[2]) { res[0] = raw_open(t, res[1]); });
+  out_n("dropped", setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0 &&
+                           geteuid() == 65534
+                       ? 1
+                       : 0);
+  int res[2];
+  run_child(c, res);
+  out_n("raw_status", res[0]);
+  out_n("raw_fds", res[1]);
+  release(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -769,10 +1171,13 @@ int main(int argc, char **argv) {
     return importer(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
   if (argc == 5 && std::string(argv[1]) == "exporter-exit")
     return exporter_exit(std::atoi(argv[3]), std::atoi(argv[4]));
+  if (argc == 5 && std::string(argv[1]) == "exporter-stall")
+    return exporter_stall(std::atoi(argv[3]), std::atoi(argv[4]));
   if (argc != 2) {
     std::fprintf(
         stderr,
-        "usage: ipc_bridge P11|P12|P13|P14|P15|P15-host|P16|multi|forged|exited|peer-uid|fork\n");
+        "usage: ipc_bridge P11|P12|P13|P14|P15|P15-host|P16|multi|forged|exited|peer-uid|fork|"
+        "fd-reuse|fork-stall|flood|uid-change\n");
     return 64;
   }
   const std::string c = argv[1];
@@ -789,6 +1194,10 @@ int main(int argc, char **argv) {
   if (c == "forged") return forged();
   if (c == "peer-uid") return peer_uid();
   if (c == "fork") return forked();
+  if (c == "fd-reuse") return fd_reuse();
+  if (c == "fork-stall") return fork_stall();
+  if (c == "flood") return flood();
+  if (c == "uid-change") return uid_change();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }

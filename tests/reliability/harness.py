@@ -24,7 +24,10 @@ def scale():
 class Build:
     def __init__(self, build):
         self.root = os.path.abspath(build)
-        self.shim = os.path.join(self.root, "shim", "libcumemguard.so")
+        # CMG_TEST_SHIM runs the cases against another build of the shim (to see a regression
+        # test fail on the shim from before its fix).
+        self.shim = os.environ.get("CMG_TEST_SHIM") or os.path.join(self.root, "shim",
+                                                                     "libcumemguard.so")
         self.fake = os.path.join(self.root, "tests", "fakecuda")
         self.first = os.environ.get("CMG_PRELOAD_FIRST", "")
 

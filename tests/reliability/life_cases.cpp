@@ -9,13 +9,16 @@
 #include <dirent.h>
 #include <signal.h>
 #include <spawn.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -261,9 +264,14 @@ int idle() {
 }
 
 // A real fault, not undefined behaviour a sanitizer would report first: a store to a page that
-// exists and may not be written.
-void fault() {
+// exists and may not be written. The address and the thread are printed for the harness to find
+// in the crash record.
+__attribute__((noinline)) void fault() {
   void *page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  std::printf("fault_addr %llu\nfault_tid %ld\n",
+              static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(page)),
+              static_cast<long>(syscall(SYS_gettid)));
+  std::fflush(stdout);
   *static_cast<volatile int *>(page) = 1;
 }
 
@@ -296,6 +304,82 @@ int crash(const char *how, bool own_handler) {
     std::thread(fault).join();
   }
   fault();
+  return 0;
+}
+
+// A SIGTERM handler that calls exit(), as many servers have, while threads allocate: the signal
+// is sent to one of them, so the exit handlers (the shim's exit summary among them) run on a
+// thread interrupted wherever it was, inside the shim's locks included.
+int sigterm_exit() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { std::exit(0); };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  cudaFree(nullptr);
+  // Each round writes a finding, which the log writes through at once: the threads spend much of
+  // their time inside the log's lock, where the signal finds them often.
+  std::vector<std::thread> *ts = new std::vector<std::thread>;  // never joined
+  for (int i = 0; i < 4; ++i)
+    ts->emplace_back([] {
+      cudaFree(nullptr);
+      for (;;) {
+        void *p = nullptr;
+        if (cudaMalloc(&p, 4096) != cudaSuccess) continue;
+        cudaFree(p);
+        cudaFree(p);  // a double free: a finding record
+      }
+    });
+  usleep(100000);
+  std::fflush(stdout);
+  pthread_kill((*ts)[0].native_handle(), SIGTERM);
+  for (;;) pause();
+}
+
+// About 2,000 calls, then nothing until killed (run_life.py kills it 2 s later): every call must
+// be in the log by then, though no later record came to flush the buffer.
+int idle_calls() {
+  cudaFree(nullptr);
+  int bad = 0;
+  for (int i = 0; i < 1000; ++i) {
+    void *p = nullptr;
+    if (cudaMalloc(&p, 4096) != cudaSuccess || cudaFree(p) != cudaSuccess) ++bad;
+  }
+  out("calls", 2001);
+  out("failures", bad);
+  std::printf("idle\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+// Calls that fail (FAKECUDA_FAIL from run_life.py): out-of-memory twice, an illegal address, and
+// an invalid free through the runtime. Each distinct status is a `cuda_error` record, once.
+int errors() {
+  cudaFree(nullptr);
+  CUdeviceptr a = 0, b = 0, c = 0;
+  out("alloc1", cuMemAlloc(&a, 4096));
+  out("alloc2", cuMemAlloc(&b, 4096));
+  out("alloc3", cuMemAlloc(&c, 4096));
+  out("free1", cuMemFree(a));
+  out("free2", cuMemFree(a));
+  out("rt_free", cudaFree(reinterpret_cast<void *>(0x1234)));
+  return 0;
+}
+
+// Calls CUDA, then runs another program (argv[2..]) in a child that execs it: each writes its own
+// log, named after the program it is (CUMEMGUARD_LOG with %e).
+int exec_other(char **argv) {
+  cudaFree(nullptr);
+  traffic_round();
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  bool hung = false;
+  const int st = wait_child(pid, 30, &hung);
+  out("child_pid", pid);
+  out("child_status", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
   return 0;
 }
 
@@ -344,6 +428,10 @@ int main(int argc, char **argv) {
   if (c == "crash-thread") return crash("thread", false);
   if (c == "crash-own-handler") return crash("segv", true);
   if (c == "handler-first") return handler_first();
+  if (c == "sigterm-exit") return sigterm_exit();
+  if (c == "idle-calls") return idle_calls();
+  if (c == "errors") return errors();
+  if (c == "exec-other" && argc > 2) return exec_other(argv + 2);
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }

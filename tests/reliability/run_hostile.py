@@ -238,6 +238,86 @@ def case_log_planted_file(r):
     expect(not clean_lines(err, "own file") and os.path.getsize(mine) > 0, "own file not written")
 
 
+def case_log_planted_open_dir(r):
+    # Another user's world-writable directory without the sticky bit (a shared scratch space): the
+    # 0666 file it holds is that user's, planted or not; root's run must not write into it.
+    if os.geteuid() != 0:
+        print("log-planted-open-dir: needs root to plant files of another user")
+        raise SystemExit(77)
+    shared = os.path.join(r.tmp, "open")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    os.chown(shared, 65534, 65534)
+    planted = os.path.join(shared, "cg.log")
+    with open(planted, "w") as f:
+        f.write("planted\n")
+    os.chmod(planted, 0o666)
+    os.chown(planted, 65534, 65534)
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": planted}, "planted open dir", log=False)
+    lines = clean_lines(err, "planted open dir")
+    expect(len(lines) == 1 and "another user" in lines[0], f"planted open dir: {lines}")
+    expect(open(planted).read() == "planted\n", "the shim wrote into another user's file")
+
+
+def case_log_hardlink(r):
+    # A hard link at the log path to a file of ours elsewhere: truncating "the log" would empty
+    # that file. Refused for any file with more than one link.
+    d = tempfile.mkdtemp(dir=r.tmp)
+    precious = os.path.join(d, "precious")
+    with open(precious, "w") as f:
+        f.write("precious\n")
+    link = os.path.join(d, "cg.log")
+    os.link(precious, link)
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": link}, "hard link", log=False)
+    lines = clean_lines(err, "hard link")
+    expect(len(lines) == 1 and "links" in lines[0], f"hard link: {lines}")
+    expect(open(precious).read() == "precious\n", "the shim truncated a file through a hard link")
+    expect(os.stat(precious).st_nlink == 2, "the link was changed")
+
+
+def case_log_names(r):
+    b = r.b
+    d = tempfile.mkdtemp(dir=r.tmp)
+    host = os.uname().nodename.replace("/", "_")
+    # Every placeholder, each rank variable in its order, an unknown placeholder twice.
+    runs = [({"RANK": "3", "OMPI_COMM_WORLD_RANK": "7", "SLURM_PROCID": "9", "LOCAL_RANK": "1",
+              "CMG_JOB": "job/42"}, "a.%p.%r.%l.%h.%e.%q{CMG_JOB}.%%", "a.{pid}.3.1.{host}.runtime_cases.job_42.%"),
+            ({"OMPI_COMM_WORLD_RANK": "7", "PMI_RANK": "8", "SLURM_PROCID": "9",
+              "OMPI_COMM_WORLD_LOCAL_RANK": "2", "SLURM_LOCALID": "5"}, "b.%r.%l", "b.7.2"),
+            ({"PMI_RANK": "8", "SLURM_PROCID": "9", "MPI_LOCALRANKID": "4"}, "c.%r.%l", "c.8.4"),
+            ({"SLURM_PROCID": "9", "SLURM_LOCALID": "5"}, "d.%r.%l", "d.9.5"),
+            ({}, "e.%r.%l.%q{CMG_UNSET}.", "e.na.na.."),
+            ({}, "f.%x.%x.%q.%", "f.%x.%x.%q.%")]
+    for env, pattern, want in runs:
+        sub = tempfile.mkdtemp(dir=d)
+        _, err, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(sub, pattern), **env}, pattern, log=False)
+        names = os.listdir(sub)
+        expect(len(names) == 1, f"{pattern}: logs {names}")
+        pid = read_log(os.path.join(sub, names[0]))[0][0]["pid"]
+        expect(names[0] == want.format(pid=pid, host=host), f"{pattern}: {names[0]}, expected {want}")
+        lines = clean_lines(err, pattern)
+        if pattern.startswith("f."):
+            # Each placeholder kept as written is said once, however often it appears.
+            expect(len(lines) == 3 and sum("'%x'" in l for l in lines) == 1 and
+                   sum("'%q'" in l for l in lines) == 1 and sum("'%'" in l for l in lines) == 1,
+                   f"{pattern}: {lines}")
+        else:
+            expect(not lines, f"{pattern}: {lines}")
+    # A child that execs another program is named after that program, not after its parent.
+    sub = tempfile.mkdtemp(dir=d)
+    argv = [b.prog("tests", "reliability", "life_cases"), "exec-other",
+            b.prog("tests", "integration", "runtime_cases"), "basic"]
+    out, _, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(sub, "log.%e.%p")}, "exec", argv=argv,
+                         log=False)
+    s = steps(out)
+    expect(s.get("child_status") == "0", f"exec: the child failed: {out}")
+    names = sorted(os.listdir(sub))
+    parent = [n for n in names if n.startswith("log.life_cases.")]
+    expect(len(names) == 2 and f"log.runtime_cases.{s.get('child_pid')}" in names and
+           len(parent) == 1 and read_log(os.path.join(sub, parent[0]))[0][0]["pid"] ==
+           int(parent[0].rsplit(".", 1)[1]), f"exec: logs {names}, child {s.get('child_pid')}")
+
+
 def case_log_umask(r):
     for mask, mode in ((0o077, 0o600), (0o022, 0o644), (0o002, 0o664)):
         _, _, d, _ = r.run({}, f"umask {mask:o}", preexec=lambda m=mask: os.umask(m))
@@ -350,6 +430,9 @@ def main():
         "log-fifo": case_log_fifo,
         "log-directory": case_log_directory,
         "log-planted-file": case_log_planted_file,
+        "log-planted-open-dir": case_log_planted_open_dir,
+        "log-hardlink": case_log_hardlink,
+        "log-names": case_log_names,
         "log-umask": case_log_umask,
         "log-pattern": case_log_pattern,
         "log-long-path": case_log_long_path,

@@ -230,6 +230,66 @@ def case_kill_idle(b, tmp):
            f"cumemguard report on the killed log: exit {rc}\n{out[:1500]}{err}")
 
 
+def case_kill_idle_calls(b, tmp, sig):
+    # About 2,000 calls, then quiet: killed 2 s later, the log holds every call, written by the
+    # log's flusher within a second though no later record came (no flush cost per call).
+    argv = [b.prog("tests", "reliability", "life_cases"), "idle-calls"]
+    p = subprocess.Popen(argv, env=b.env(log=os.path.join(tmp, "log.%p")),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = b""
+    while not out.endswith(b"idle\n"):
+        line = p.stdout.readline()
+        if not line:
+            break
+        out += line
+    expect(out.endswith(b"idle\n"), f"the program did not reach its idle point: {out!r}")
+    s = steps(out.decode())
+    expect(s.get("failures") == "0", f"calls failed: {s}")
+    time.sleep(2.0)
+    p.send_signal(sig)
+    p.wait(timeout=30 * scale())
+    expect(p.returncode == -sig, f"exit {p.returncode}, expected death by signal {sig}")
+    (log,) = logs_in(tmp)
+    recs, _ = read_log(log, allow_cut_last=True)
+    calls = [r for r in recs if r.get("k") == "call"]
+    expect(len(calls) == int(s["calls"]),
+           f"{len(calls)} call records in the log, the program made {s['calls']} calls")
+    expect([r["seq"] for r in calls] == list(range(1, len(calls) + 1)), "call records missing")
+
+
+def check_crash_record(recs, out, case, want_sig):
+    """The crash context: one `crash` record before the summary, naming the signal, the faulting
+    thread and address, with the stack of that thread whose every address has its module."""
+    crashes = [r for r in recs if r.get("k") == "crash"]
+    expect(len(crashes) == 1, f"{len(crashes)} crash records")
+    c = crashes[0]
+    kinds = [r.get("k") for r in recs]
+    expect(kinds[-3:] == ["crash", "summary", "end"], f"the log ends {kinds[-3:]}")
+    names = {signal.SIGSEGV: "SIGSEGV", signal.SIGABRT: "SIGABRT"}
+    expect(c["signal"] == want_sig and c["signal_name"] == names[want_sig], f"crash record {c}")
+    s = steps(out)
+    if want_sig == signal.SIGSEGV:
+        expect(c.get("tid") == int(s["fault_tid"]), f"crash tid {c.get('tid')}, faulted in {s}")
+        expect(c.get("addr") == hex(int(s["fault_addr"])), f"crash addr {c.get('addr')}, {s}")
+    else:
+        expect("addr" not in c, f"an address for {names[want_sig]}: {c}")
+    stack = [r for r in recs[:recs.index(c)] if r.get("k") == "stack" and r["id"] == c.get("stack")]
+    expect(len(stack) == 1 and len(stack[0]["pcs"]) >= 2, f"no stack record for {c}")
+    mods = [r for r in recs[:recs.index(stack[0])] if r.get("k") == "module"]
+    def module_of(pc):
+        pc = int(pc, 16)
+        for m in mods:
+            if int(m["base"], 16) <= pc < int(m["base"], 16) + m["size"]:
+                return m["path"]
+        return None
+    where = [module_of(pc) for pc in stack[0]["pcs"]]
+    expect(all(where), f"addresses without a module record: {list(zip(stack[0]['pcs'], where))}")
+    first_program = next(i for i, w in enumerate(where) if w.endswith("/life_cases"))
+    # SIGSEGV: the faulting instruction itself (in the program); SIGABRT: raise/abort in libc.
+    expect(first_program == 0 if want_sig == signal.SIGSEGV else first_program > 0,
+           f"the stack does not start where the signal came from: {where}")
+
+
 def case_crash(b, tmp, case, want_sig, own=False, off=False):
     argv = [b.prog("tests", "reliability", "life_cases"), case]
     base_env = b.env(shim=False)
@@ -267,6 +327,7 @@ def case_crash(b, tmp, case, want_sig, own=False, off=False):
            f"bytes live at the crash: {summ[0]['bytes']}")
     lines = [l for l in stderr_lines(err) if "killed by" in l]
     expect(len(lines) == 1, f"stderr crash line: {stderr_lines(err)}")
+    check_crash_record(recs, out, case, want_sig)
     # The report reads a crashed log.
     rc2, out2, err2 = b.run([b.prog("tools", "cumemguard"), "report", "--no-symbolize", log],
                             b.env(shim=False))
@@ -293,6 +354,8 @@ def main():
         "sigterm": lambda: case_kill(b, tmp, signal.SIGTERM),
         "sigkill": lambda: case_kill(b, tmp, signal.SIGKILL),
         "kill-idle": lambda: case_kill_idle(b, tmp),
+        "kill-idle-calls": lambda: case_kill_idle_calls(b, tmp, signal.SIGKILL),
+        "term-idle-calls": lambda: case_kill_idle_calls(b, tmp, signal.SIGTERM),
         "crash-segv": lambda: case_crash(b, tmp, "crash-segv", signal.SIGSEGV),
         "crash-abort": lambda: case_crash(b, tmp, "crash-abort", signal.SIGABRT),
         "crash-thread": lambda: case_crash(b, tmp, "crash-thread", signal.SIGSEGV),
