@@ -572,7 +572,10 @@ void broker_fork_child() {
   g_stop.store(false);
   g_serving.store(false);
   g_thread_done.store(false);
-  new (&refusals()) Refusals();
+  Refusals &r = refusals();  // its lock may have been held by the parent's broker thread
+  new (&r.mu) std::mutex();
+  r.total = r.unsaid = r.last_note_ns = 0;
+  r.last.clear();
 }
 
 }  // namespace cmg::shim::bridge

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
 
@@ -488,11 +489,13 @@ void import_fork_parent() { g_imp_mu.unlock(); }
 
 void import_fork_child() {
   g_imp_mu.unlock();
-  // The child owns none of the parent's imports or connections. The old tables are left as they
-  // are (another thread may have held a connection's lock at the fork); only the descriptors still
-  // the shim's are closed.
+  // The child owns none of the parent's imports or connections; only the descriptors still the
+  // shim's are closed. (A connection's lock another thread held at the fork goes with its entry.)
   for (auto &[k, p] : g_tables->peers) p->fd.close();
-  g_tables = new Tables;
+  g_tables->peers.clear();
+  g_tables->imports.clear();
+  g_tables->opening.clear();
+  new (&g_tables->opened) std::condition_variable();  // waiters of the parent are not here
 }
 
 }  // namespace cmg::shim::bridge

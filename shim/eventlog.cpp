@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <new>
@@ -43,9 +44,15 @@ bool write_all(int fd, std::string_view s) {
   return true;
 }
 
+// One stderr line without allocating (it may be said from the crash handler's write-out).
 void warn_raw(std::string_view msg) {
-  const std::string line = "cumemguard: warning: " + std::string(msg) + "\n";
-  write_all(2, line);
+  char line[1024];
+  constexpr std::string_view head = "cumemguard: warning: ";
+  const std::size_t n = std::min(msg.size(), sizeof line - head.size() - 1);
+  std::memcpy(line, head.data(), head.size());
+  std::memcpy(line + head.size(), msg.data(), n);
+  line[head.size() + n] = '\n';
+  write_all(2, std::string_view(line, head.size() + n + 1));
 }
 
 // Why an existing file at the log path is not ours to truncate, or empty. A file another user
@@ -424,7 +431,8 @@ void EventLog::write_from_signal(std::string_view lines) {
   if (mu_.try_lock()) {
     owner_.store(this_thread_mark(), std::memory_order_release);
     const bool sealed = sealed_.load(std::memory_order_relaxed);
-    if (!sealed) flush_locked();
+    // Only a descriptor that is still the log's: opening it again allocates, not for a handler.
+    if (!sealed && OwnedFd{fd, dev_, ino_}.still_ours()) flush_locked();
     sealed_.store(true, std::memory_order_release);
     unlock();
     if (sealed) return;  // the exit summary was written: the log is complete
