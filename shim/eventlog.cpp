@@ -81,6 +81,30 @@ std::string absolute(const std::string &path) {
 
 }  // namespace
 
+// ---- the lock ----------------------------------------------------------------------------------
+inline bool EventLog::lock() {
+  if (!exiting_.load(std::memory_order_acquire)) {
+    mu_.lock();
+    owner_.store(this_thread_mark(), std::memory_order_release);
+    return true;
+  }
+  for (std::uint64_t waited = 0;; waited += 200'000) {
+    if (mu_.try_lock()) {
+      owner_.store(this_thread_mark(), std::memory_order_release);
+      return true;
+    }
+    // Held by this very thread: a signal handler interrupted it there and called exit().
+    if (owner_.load(std::memory_order_acquire) == this_thread_mark() || waited >= kExitPatienceNs)
+      return false;
+    sleep_ns(200'000);
+  }
+}
+
+inline void EventLog::unlock() {
+  owner_.store(nullptr, std::memory_order_release);
+  mu_.unlock();
+}
+
 std::string EventLog::open(const std::string &path) {
   const std::string what = "cannot open event log " + path + ": ";
   // No O_TRUNC yet: nothing is changed before the file is known to be ours. O_NONBLOCK: a FIFO
@@ -120,30 +144,6 @@ std::string EventLog::open(const std::string &path) {
   fd_.store(fd.fd, std::memory_order_release);  // last: is_open() then sees the path too
   unlock();
   return {};
-}
-
-// ---- the lock ----------------------------------------------------------------------------------
-bool EventLog::lock() {
-  if (!exiting_.load(std::memory_order_acquire)) {
-    mu_.lock();
-    owner_.store(this_thread_mark(), std::memory_order_release);
-    return true;
-  }
-  for (std::uint64_t waited = 0;; waited += 200'000) {
-    if (mu_.try_lock()) {
-      owner_.store(this_thread_mark(), std::memory_order_release);
-      return true;
-    }
-    // Held by this very thread: a signal handler interrupted it there and called exit().
-    if (owner_.load(std::memory_order_acquire) == this_thread_mark() || waited >= kExitPatienceNs)
-      return false;
-    sleep_ns(200'000);
-  }
-}
-
-void EventLog::unlock() {
-  owner_.store(nullptr, std::memory_order_release);
-  mu_.unlock();
 }
 
 // ---- writing -----------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ void EventLog::flush_locked() {
     partial_at_.store(-2, std::memory_order_release);  // the pieced line began in what went out
 }
 
-void EventLog::append_locked(std::string_view data) {
+inline void EventLog::append_locked(std::string_view data) {
   std::size_t used = used_.load(std::memory_order_relaxed);
   if (data.size() > kBuf) {
     // Straight from the caller's buffer: a line longer than ours (a header with a long argv, a

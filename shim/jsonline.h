@@ -48,6 +48,8 @@ class JsonLine {
 
  private:
   bool room(std::size_t n);
+  __attribute__((noinline, cold)) bool room_full(std::size_t n);
+  __attribute__((noinline, cold)) bool spill_now();  // false without a spill target
   void put(std::string_view s);
   void put_long(std::string_view s);  // a raw value that may exceed the buffer (spill target)
   void put_escaped(std::string_view s);
