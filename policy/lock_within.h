@@ -12,8 +12,9 @@
 namespace cmg {
 
 // How long an exit path waits for one lock: a thread that is running holds any of ours for
-// microseconds, so a lock still taken after this belongs to a thread that will not come back.
-inline constexpr std::uint64_t kExitPatienceNs = 100'000'000;
+// microseconds, so a lock still taken after this belongs to a thread that will not come back
+// (half a second: a holder descheduled on a loaded machine, under ThreadSanitizer, is back by then).
+inline constexpr std::uint64_t kExitPatienceNs = 500'000'000;
 
 // Takes m within patience_ns (tries, with 200 us pauses), or returns false.
 template <class Mutex>

@@ -3,6 +3,7 @@
 // flusher thread, descriptor ownership, and the exit and crash paths that never wait on a lock.
 #include "eventlog.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -182,7 +183,29 @@ bool EventLog::ours_locked() {
 }
 
 void EventLog::write_locked(std::string_view data) {
-  if (data.empty() || write_failed_.load(std::memory_order_relaxed) || !ours_locked()) return;
+  // Nothing follows `end`: a writer that held the lock while exit wrote around it (it was slower
+  // than the exit path's patience) gives its bytes up rather than put them after the last line.
+  if (data.empty() || sealed_.load(std::memory_order_acquire) ||
+      write_failed_.load(std::memory_order_relaxed))
+    return;
+  // write(2) is a cancellation point: a thread cancelled there would keep the lock for good.
+  int cancel = 0;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
+  if (ours_locked()) write_out(data);
+  pthread_setcancelstate(cancel, nullptr);
+}
+
+void EventLog::write_out(std::string_view data) {
+  // Once exit began, writes take turns with the exit path's direct ones, so that none comes after
+  // the seal (write_direct).
+  std::unique_lock<std::mutex> turn(direct_mu_, std::defer_lock);
+  if (exiting_.load(std::memory_order_acquire)) {
+    if (in_signal_)  // the crash handler: its thread may hold the turn already
+      (void)turn.try_lock();
+    else
+      turn.lock();
+    if (sealed_.load(std::memory_order_acquire)) return;
+  }
   const int fd = fd_.load(std::memory_order_relaxed);
   out_ptr_ = data.data();
   out_len_ = data.size();
@@ -240,7 +263,7 @@ void EventLog::write(std::string_view line, std::uint64_t now_ns) {
   }
   if (!sealed_.load(std::memory_order_relaxed)) {
     append_locked(line);
-    if (now_ns - last_flush_ns_ > 1000000000ull) {
+    if (now_ns - last_flush_ns_ > 1000000000ull || write_through_) {
       flush_locked();
       last_flush_ns_ = now_ns;
     }
@@ -261,7 +284,8 @@ void EventLog::flush() {
 EventLog::Pieces EventLog::begin_pieces() {
   if (!is_open() || write_failed_.load(std::memory_order_relaxed)) return Pieces::Dropped;
   if (!lock()) {
-    write_direct({});
+    direct_mu_.lock();  // held to the last piece: no other direct line comes between
+    direct_locked({});
     return Pieces::Direct;
   }
   if (sealed_.load(std::memory_order_relaxed)) {
@@ -275,11 +299,12 @@ EventLog::Pieces EventLog::begin_pieces() {
 
 void EventLog::piece(Pieces how, std::string_view bytes) {
   if (how == Pieces::Locked) append_locked(bytes);
-  if (how == Pieces::Direct) write_direct(bytes);
+  if (how == Pieces::Direct) direct_locked(bytes);
 }
 
 void EventLog::end_pieces(Pieces how, std::string_view last, std::uint64_t now_ns) {
   piece(how, last);
+  if (how == Pieces::Direct) direct_mu_.unlock();
   if (how != Pieces::Locked) return;
   partial_at_.store(-1, std::memory_order_release);
   if (now_ns - last_flush_ns_ > 1000000000ull) {
@@ -289,15 +314,22 @@ void EventLog::end_pieces(Pieces how, std::string_view last, std::uint64_t now_n
   unlock();
 }
 
-// ---- the flusher
-// --------------------------------------------------------------------------------- A record that
-// no later record follows (the program hangs, or sleeps before it is killed) reaches the file
-// within a second: the flusher sleeps while the buffer is empty, is woken by the record that makes
-// it non-empty (one notify per write-out at most, not per call), and writes it out 0.9 s later.
+// ---- the flusher ---------------------------------------------------------------------------------
+// A record that no later record follows (the program hangs, or sleeps before it is killed)
+// reaches the file within a second: the flusher sleeps while the buffer is empty, is woken by the
+// record that makes it non-empty (one notify per write-out at most, not per call), and writes it
+// out 0.9 s later.
 // Started at the first record, not at load; every signal blocked; never joined: it does not keep
 // the process alive, and exit never waits for it.
 void EventLog::start_flusher_locked() {
   flusher_started_ = true;
+  // ThreadSanitizer ends a child of a threaded parent that starts a thread ("not supported"): a
+  // forked child under it writes each record through instead (what it logs reaches the file at
+  // once, at a write(2) per record; a forked child of a CUDA process rarely makes calls).
+  if (forked_ && dlsym(RTLD_DEFAULT, "__tsan_init")) {
+    write_through_ = true;
+    return;
+  }
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -368,19 +400,24 @@ void EventLog::fork_child() {
   // confuse the next wait.
   new (&flusher_cv_) std::condition_variable();
   flusher_started_ = flusher_idle_ = false;
+  forked_ = true;
   OwnedFd{fd_.exchange(-1), dev_, ino_}.close();
   used_.store(0, std::memory_order_relaxed);
   partial_at_.store(-1, std::memory_order_relaxed);
   path_.clear();
 }
 
-void EventLog::seal() {
+void EventLog::seal() { write_last({}); }
+
+void EventLog::write_last(std::string_view line) {
   if (!lock()) {
-    write_direct({});
-    sealed_.store(true, std::memory_order_release);
+    write_direct(line, /*then_seal=*/true);
     return;
   }
-  flush_locked();
+  if (!sealed_.load(std::memory_order_relaxed)) {
+    append_locked(line);
+    flush_locked();
+  }
   sealed_.store(true, std::memory_order_release);
   flusher_cv_.notify_all();
   unlock();
@@ -414,7 +451,16 @@ void EventLog::finish_interrupted() {
     write_all(fd, std::string_view(buf_, whole));
 }
 
-void EventLog::write_direct(std::string_view data) {
+// Writers without the lock take turns on a lock of their own (and, once exit began, so do the
+// write-outs under the lock: write_out), so that nothing is written after the seal. It is taken
+// only after exit began: no thread a signal interrupts in the normal path holds it.
+void EventLog::write_direct(std::string_view data, bool then_seal) {
+  std::lock_guard g(direct_mu_);
+  direct_locked(data);
+  if (then_seal) sealed_.store(true, std::memory_order_release);
+}
+
+void EventLog::direct_locked(std::string_view data) {
   if (sealed_.load(std::memory_order_acquire)) return;
   int expected = 0;
   if (bypass_.compare_exchange_strong(expected, 1)) {
@@ -432,7 +478,9 @@ void EventLog::write_from_signal(std::string_view lines) {
     owner_.store(this_thread_mark(), std::memory_order_release);
     const bool sealed = sealed_.load(std::memory_order_relaxed);
     // Only a descriptor that is still the log's: opening it again allocates, not for a handler.
+    in_signal_ = true;
     if (!sealed && OwnedFd{fd, dev_, ino_}.still_ours()) flush_locked();
+    in_signal_ = false;
     sealed_.store(true, std::memory_order_release);
     unlock();
     if (sealed) return;  // the exit summary was written: the log is complete

@@ -60,6 +60,8 @@ class EventLog {
   // Exit: write everything; the `end` record was the last line, so later writes are dropped (calls
   // after the exit summary, from other threads or late destructors, are still handled, not logged).
   void seal();
+  // The `end` record and the seal at once: nothing can come between them or after them.
+  void write_last(std::string_view line);
   // From a fatal-signal handler (crash.cpp): writes out the buffer if the lock is free, or what a
   // writer this thread interrupted had not written yet, then `lines`. Async-signal-safe.
   void write_from_signal(std::string_view lines);
@@ -70,12 +72,14 @@ class EventLog {
   void unlock();
   void flush_locked();
   void write_locked(std::string_view data);  // write(2) until done or failed
+  void write_out(std::string_view data);
   bool ours_locked();                        // the descriptor is still the log's (reopened if not)
   void append_locked(std::string_view data);
   void start_flusher_locked();
   void flusher_loop();
   void finish_interrupted();                 // the lock's holder is this thread, interrupted
-  void write_direct(std::string_view data);  // without the lock (exit, crash)
+  void write_direct(std::string_view data, bool then_seal = false);  // without the lock (exit)
+  void direct_locked(std::string_view data);                         // direct_mu_ held
 
   // Atomic: hooks ask is_open() without the lock, and a failed write stops every later one.
   std::atomic<int> fd_{-1};
@@ -83,6 +87,7 @@ class EventLog {
   ino_t ino_ = 0;
   std::string path_, abs_path_;
   std::mutex mu_;
+  std::mutex direct_mu_;  // writes without mu_, at exit (write_direct)
   std::atomic<const void *> owner_{nullptr};  // the thread holding mu_ (its marker), or null
   char buf_[kBuf];
   // What the writer has done, in the order a signal handler on its own thread can rely on.
@@ -100,6 +105,8 @@ class EventLog {
   std::condition_variable flusher_cv_;
   bool flusher_started_ = false, flusher_idle_ = false, stopping_ = false;
   bool locked_for_fork_ = false;
+  bool forked_ = false, write_through_ = false;  // a forked child; one without a flusher
+  bool in_signal_ = false;  // write_from_signal is writing out (under mu_)
 };
 
 // One record written through a fixed buffer: a record longer than it (a finding quoting a long

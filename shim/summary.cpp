@@ -215,8 +215,7 @@ void exit_summary(bool from_abort) {
     JsonLine j(buf, sizeof buf);
     j.str("k", "end").unum("ts", now_ns());
     if (from_abort) j.boolean("aborted", true);
-    s.log.write(j.finish(), now_ns());
-    s.log.seal();
+    s.log.write_last(j.finish());
   }
   if (s.opts.summary) print_summary(s, live);
   flush_exit_line();
