@@ -3,7 +3,6 @@
 // flusher thread, descriptor ownership, and the exit and crash paths that never wait on a lock.
 #include "eventlog.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,6 +18,10 @@
 
 #include "lock_within.h"
 #include "owned_fd.h"
+
+// Defined when the ThreadSanitizer runtime is loaded (weak: null otherwise; no dlsym, whose
+// failure leaves an error buffer LeakSanitizer reports in forked children).
+extern "C" void __tsan_init() __attribute__((weak));
 
 namespace cmg::shim {
 namespace {
@@ -326,7 +329,7 @@ void EventLog::start_flusher_locked() {
   // ThreadSanitizer ends a child of a threaded parent that starts a thread ("not supported"): a
   // forked child under it writes each record through instead (what it logs reaches the file at
   // once, at a write(2) per record; a forked child of a CUDA process rarely makes calls).
-  if (forked_ && dlsym(RTLD_DEFAULT, "__tsan_init")) {
+  if (forked_ && __tsan_init) {
     write_through_ = true;
     return;
   }
@@ -415,7 +418,7 @@ void EventLog::write_last(std::string_view line) {
     return;
   }
   if (!sealed_.load(std::memory_order_relaxed)) {
-    append_locked(line);
+    if (!line.empty()) append_locked(line);
     flush_locked();
   }
   sealed_.store(true, std::memory_order_release);

@@ -77,8 +77,11 @@ def case_fork_stall(b, tmp):
 def case_flood(b, tmp):
     s, logs, err = ipc(b, tmp, "flood")
     attempts, denied = int(s.get("flood_attempts", 0)), int(s.get("flood_denied", -1))
-    expect(attempts >= 100 and denied == attempts,
-           f"flood: {denied} of {attempts} connections refused with status 4")
+    # Every connection is refused; a few may see the refusal as a reset instead of the answer (the
+    # broker closes at once), none gets a descriptor.
+    expect(s.get("flood_fds") == "0", f"flood: descriptors handed to another user: {s}")
+    expect(attempts >= 100 and attempts - 10 <= denied <= attempts,
+           f"flood: {denied} of {attempts} connections answered with status 4")
     recs = own_log(logs)
     one_by_one = notes(recs, "ipc bridge: refused a connection")
     counted = [int(m.group(1)) for n in notes(recs, "more connections refused")
@@ -87,9 +90,10 @@ def case_flood(b, tmp):
     # at exit: every refusal is counted, in a bounded number of lines.
     expect(len(one_by_one) == 8, f"{len(one_by_one)} single refusal notes, expected 8")
     expect(1 <= len(counted) <= 5, f"{len(counted)} count notes: {counted}")
-    expect(8 + sum(counted) == attempts, f"the notes count {8 + sum(counted)} refusals of {attempts}")
-    totals = re.findall(r"\((\d+) in all", " ".join(notes(recs, "in all")))
-    expect(totals and int(totals[-1]) == attempts, f"the last count says {totals[-1:]} in all")
+    totals = [int(t) for t in re.findall(r"\((\d+) in all", " ".join(notes(recs, "in all")))]
+    expect(totals and denied <= totals[-1] <= attempts,
+           f"the last count says {totals[-1:]} in all, of {attempts} connections ({denied} answered)")
+    expect(8 + sum(counted) == totals[-1], f"the notes count {8 + sum(counted)} of {totals[-1]}")
     loud = [l for l in stderr_lines(err) if "refused" in l]
     expect(len(loud) <= 10, f"{len(loud)} refusal lines on stderr")
 
