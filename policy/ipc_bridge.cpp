@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The legacy-IPC bridge without CUDA (see ipc_bridge.h and docs/ipc-bridge.md).
 #include "ipc_bridge.h"
+
+#include "lock_within.h"
 #include "text.h"
 #include "units.h"
 
@@ -350,6 +352,7 @@ bool ExportTable::commit_open(std::uint64_t id, std::uint64_t conn) {
   auto it = exports_.find(id);
   if (it == exports_.end() || it->second.dying) return false;
   ++it->second.importers[conn];
+  ++it->second.opens;
   return true;
 }
 
@@ -401,10 +404,31 @@ std::vector<ExportTable::Dropped> ExportTable::end_unmap(const UnmapToken &t, bo
     Dropped now = d;
     now.importers = it->second.importer_count();  // opens that arrived before it began dying
     out.push_back(now);
+    if (it->second.opens == 0) {
+      if (!dropped_.never_opened || it->second.made.seq < dropped_.first.seq)
+        dropped_.first = it->second.made;
+      ++dropped_.never_opened;
+      dropped_.never_opened_bytes += it->second.bytes();
+    }
     exports_.erase(it);
   }
   count_.store(exports_.size(), std::memory_order_relaxed);
   return out;
+}
+
+std::optional<ExportTable::Unopened> ExportTable::unopened_within(
+    std::uint64_t patience_ns) const {
+  if (!lock_within(mu_, patience_ns)) return std::nullopt;
+  std::lock_guard lk(mu_, std::adopt_lock);
+  Unopened u = dropped_;
+  u.made = next_id_ - 1;
+  for (const auto &[id, e] : exports_) {
+    if (e.opens) continue;
+    if (!u.never_opened || e.made.seq < u.first.seq) u.first = e.made;
+    ++u.never_opened;
+    u.never_opened_bytes += e.bytes();
+  }
+  return u;
 }
 
 std::size_t ExportTable::size() const {
@@ -415,6 +439,7 @@ std::size_t ExportTable::size() const {
 void ExportTable::clear() {
   std::lock_guard lk(mu_);
   exports_.clear();
+  dropped_ = Unopened{};
   next_id_ = 1;
   count_.store(0, std::memory_order_relaxed);
 }

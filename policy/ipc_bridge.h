@@ -164,6 +164,7 @@ struct Export {
   int dev = -1;        // device of the pages (for a context if the driver asks for one)
   bool dying = false;  // an unmap of one of its pages is in flight
   std::map<std::uint64_t, unsigned> importers;  // connection id -> open count
+  std::uint64_t opens = 0;  // opens ever served: none means no peer under the shim asked for it
   unsigned importer_count() const;
   std::uint64_t bytes() const;
 };
@@ -209,6 +210,17 @@ class ExportTable {
   // Returns the exports that were dropped (empty when the driver refused the unmap).
   std::vector<Dropped> end_unmap(const UnmapToken &t, bool unmapped);
 
+  // Exports made and exports no importer ever opened, live and dropped together: a bridge handle
+  // opens only in a process under the shim (its bytes mean nothing to the driver), so a peer that
+  // runs without it fails its open with the driver's error and tells nobody. nullopt when the lock
+  // was not had within patience_ns (exit paths, lock_within.h).
+  struct Unopened {
+    std::size_t made = 0, never_opened = 0;
+    std::uint64_t never_opened_bytes = 0;
+    EventRef first;  // the call that made the first export never opened
+  };
+  std::optional<Unopened> unopened_within(std::uint64_t patience_ns) const;
+
   std::size_t size() const;
   bool any() const { return count_.load(std::memory_order_relaxed) != 0; }
   void clear();
@@ -224,6 +236,7 @@ class ExportTable {
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, Export> exports_;  // by id
   std::atomic<std::size_t> count_{0};
+  Unopened dropped_;  // of the exports erased so far (made counts every export)
 };
 
 // ---- the importer's table ---------------------------------------------------------------------

@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // The exporter's driver calls (docs/ipc-bridge.md, "Wire protocol"): a POSIX-fd export of each
 // page's physical allocation, made by the broker from the mapped address, and the device
-// attribute that decides whether bridge mode widens a cuMemCreate's handle types.
+// attribute that decides whether bridge mode widens a cuMemCreate's handle types; and what the exit
+// summary says of exports no peer opened.
 #include <unistd.h>
 
 #include <atomic>
 
+#include <fmt/format.h>
+
 #include "bridge.h"
 #include "bridge_io.h"
+#include "lock_within.h"
+#include "units.h"
 
 namespace cmg::shim::bridge {
 namespace {
@@ -33,8 +38,8 @@ CUresult export_one(std::uint64_t va, int &fd) {
 // driver ask for one, the broker borrows the device's primary context for this request.
 bool borrow_context(int dev) {
   auto retain =
-      unwrapped<PFN_cuDevicePrimaryCtxRetain_v7000>(g_prim_retain, "cuDevicePrimaryCtxRetain");
-  auto set = unwrapped<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent");
+      driver_fn<PFN_cuDevicePrimaryCtxRetain_v7000>(g_prim_retain, "cuDevicePrimaryCtxRetain");
+  auto set = driver_fn<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent");
   CUcontext ctx = nullptr;
   if (!retain || !set || retain(&ctx, dev) != CUDA_SUCCESS) return false;
   set(ctx);
@@ -42,8 +47,8 @@ bool borrow_context(int dev) {
 }
 
 void return_context(int dev) {
-  if (auto set = unwrapped<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent")) set(nullptr);
-  if (auto rel = unwrapped<PFN_cuDevicePrimaryCtxRelease_v11000>(g_prim_release,
+  if (auto set = driver_fn<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent")) set(nullptr);
+  if (auto rel = driver_fn<PFN_cuDevicePrimaryCtxRelease_v11000>(g_prim_release,
                                                                  "cuDevicePrimaryCtxRelease_v2"))
     rel(dev);
 }
@@ -77,7 +82,7 @@ bool device_supports_posix_fd(int dev) {
   if (dev < 0 || dev >= 64) return false;
   const signed char v = cache[dev].load(std::memory_order_relaxed);
   if (v) return v > 0;
-  auto f = unwrapped<PFN_cuDeviceGetAttribute_v2000>(g_dev_attr, "cuDeviceGetAttribute");
+  auto f = driver_fn<PFN_cuDeviceGetAttribute_v2000>(g_dev_attr, "cuDeviceGetAttribute");
   int val = 0;
   const bool yes = f &&
                    f(&val, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) ==
@@ -85,6 +90,29 @@ bool device_supports_posix_fd(int dev) {
                    val != 0;
   cache[dev].store(yes ? 1 : -1, std::memory_order_relaxed);
   return yes;
+}
+
+std::string unopened_summary_json() {
+  const auto u = exports().unopened_within(kExitPatienceNs);
+  if (!u || !u->made) return {};
+  return fmt::format("{{\"exports\":{},\"never_opened\":{},\"never_opened_bytes\":{}{}}}", u->made,
+                     u->never_opened, u->never_opened_bytes,
+                     u->never_opened ? fmt::format(",\"first_never_opened_seq\":{}", u->first.seq)
+                                     : std::string());
+}
+
+std::string unopened_summary_text() {
+  const auto u = exports().unopened_within(kExitPatienceNs);
+  if (!u || !u->made) return {};
+  std::string out = fmt::format("  bridge: {} export{}", u->made, u->made == 1 ? "" : "s");
+  if (!u->never_opened) return out + ", every one opened by a peer\n";
+  // The peer's open failed (or never happened) and it could not say why: the bytes of a bridge
+  // handle mean nothing to a driver, so only a peer under the shim opens one.
+  return out + fmt::format(
+                   ", {} never opened ({}; the first made by {} at seq {}): a bridge handle opens "
+                   "only in a process under the shim; a peer without it gets the driver's error\n",
+                   u->never_opened, human_bytes(static_cast<std::int64_t>(u->never_opened_bytes)),
+                   u->first.api ? u->first.api : "?", u->first.seq);
 }
 
 }  // namespace cmg::shim::bridge

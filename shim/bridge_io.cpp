@@ -170,7 +170,7 @@ std::atomic<void *> g_err_name{nullptr};
 
 std::string cu_text(CUresult r) {
   const char *s = nullptr;
-  auto f = unwrapped<PFN_cuGetErrorName_v6000>(g_err_name, "cuGetErrorName");
+  auto f = driver_fn<PFN_cuGetErrorName_v6000>(g_err_name, "cuGetErrorName");
   if (f && f(r, &s) == CUDA_SUCCESS && s) return s;
   return "CUresult " + std::to_string(static_cast<int>(r));
 }

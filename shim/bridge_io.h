@@ -51,18 +51,6 @@ int recv_msg(int fd, std::size_t max, Msg &out, int timeout_ms);
 // The peer's credentials (SO_PEERCRED); false when the socket has none (not a Unix socket).
 bool peer_cred(int fd, ipc::PeerCred &out);
 
-// Driver functions the shim does not wrap, each with a single ABI variant, looked up in libcuda
-// once.
-template <class F>
-F unwrapped(std::atomic<void *> &slot, const char *name) {
-  void *p = slot.load(std::memory_order_acquire);
-  if (!p) {
-    void *h = libcuda_handle();
-    p = h ? real_dlsym(h, name) : nullptr;
-    if (p) slot.store(p, std::memory_order_release);
-  }
-  return reinterpret_cast<F>(p);
-}
 std::string cu_text(CUresult r);  // "CUDA_ERROR_ILLEGAL_ADDRESS", or the number
 
 #define CMG_REAL_OR(name, err)     \

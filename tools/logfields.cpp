@@ -398,6 +398,7 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
       case pack("applied"): f.applied = bool_of(v); return true;
       case pack("level"): f.level = str_of(v); return true;
       case pack("calls"): f.calls = counts_of(v); return true;
+      case pack("bridge"): f.bridge = counts_of(v); return true;
       case pack("signal"): f.signal = i64_of(v); return true;
       case pack("aborted"): f.aborted = bool_of(v); return true;
       case pack("addr"): f.addr = u64_of(v); return true;

@@ -51,7 +51,7 @@ struct Fields {
   std::vector<Related> related;
   bool have_pcs = false, pcs_ok = true;
   std::vector<std::uint64_t> pcs;
-  std::vector<std::pair<std::string, std::int64_t>> calls, findings, live_counts;
+  std::vector<std::pair<std::string, std::int64_t>> calls, findings, live_counts, bridge;
   std::vector<SummaryBytes> summary_bytes;
   std::vector<SuppressedRule> rules;
   ArgsInfo call_args;

@@ -451,6 +451,7 @@ struct LogReader::Impl {
       s.live = std::move(f.live_counts);
       s.findings = std::move(f.findings);
       s.suppressed = std::move(f.rules);
+      s.bridge = std::move(f.bridge);
       log.summary = std::move(s);
     } else if (k == "end"sv) {
       log.end_ts = f.ts.value_or(0);

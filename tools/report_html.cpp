@@ -175,7 +175,9 @@ void outcomes_html(const Model &m, std::ostream &out) {
       out << "</table>";
     }
     if (!o.asleep.empty()) {
-      out << fmt::format("<div>VMM ranges asleep at the end of the log: {}</div><ul>",
+      out << fmt::format("<div>VMM ranges asleep {}: {}</div><ul>",
+                         o.asleep_at_error ? "when the first sticky CUDA error was returned"
+                                           : "at the end of the log",
                          o.asleep_total);
       for (const auto &a : o.asleep)
         out << fmt::format("<li><code>{} +{}</code> in reservation <code>{}</code>, unmapped at "

@@ -83,7 +83,8 @@ Json outcome_json(const Model &m, std::size_t li) {
                       {"reservation", hex(a.reservation)},
                       {"reservation_size", a.reservation_size},
                       {"unmap_seq", a.unmap_seq},
-                      {"unmap_tid", a.unmap_tid}});
+                      {"unmap_tid", a.unmap_tid},
+                      {"unmap_stack", stack_json(m.stack(li, a.unmap_stack))}});
   return {{"status", status_name(o.status)},
           {"signal", o.signal ? Json(*o.signal) : Json(nullptr)},
           {"signal_name", o.signal_name.empty() ? Json(nullptr) : Json(o.signal_name)},
@@ -95,6 +96,7 @@ Json outcome_json(const Model &m, std::size_t li) {
           {"lifecycle_before", o.lifecycle_before_error ? "first_sticky_error" : "end"},
           {"lifecycle", std::move(lifecycle)},
           {"asleep_total", o.explain() ? o.asleep_total : 0},
+          {"asleep_at", o.asleep_at_error ? "first_sticky_error" : "end"},
           {"asleep", std::move(asleep)}};
 }
 
@@ -123,6 +125,12 @@ Json log_json(const Model &m, std::size_t i) {
     notes.push_back({{"t_ns", m.time(i, n.ts)}, {"level", n.level}, {"msg", n.msg}});
   Json warnings = Json::array();
   for (const auto &w : m.symbolizer(i).warnings()) warnings.push_back(w);
+  // The exporter's bridge exports and those no peer opened (null when it exported nothing).
+  Json bridge = nullptr;
+  if (l.summary && l.summary->bridge_count("exports"))
+    bridge = {{"exports", l.summary->bridge_count("exports")},
+              {"never_opened", l.summary->bridge_count("never_opened")},
+              {"never_opened_bytes", l.summary->bridge_count("never_opened_bytes")}};
   return {{"label", m.label(i)},
           {"file", l.file},
           {"format", h.format},
@@ -143,6 +151,7 @@ Json log_json(const Model &m, std::size_t i) {
           {"has_end", l.end_ts.has_value()},
           {"partial_last_line", l.partial_last_line},
           {"has_summary", l.summary.has_value()},
+          {"bridge", bridge},
           {"records", l.records},
           {"malformed_lines", l.malformed},
           {"unknown_kinds", std::move(unknown)},

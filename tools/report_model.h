@@ -176,12 +176,14 @@ struct LifeEvent {
   bool skipped = false;
 };
 
-// A VMM range mapped, then unmapped, whose reservation was not freed: asleep at the end of the log.
+// A VMM range mapped, then unmapped, whose reservation was not freed: asleep when the first sticky
+// CUDA error was returned (or at the end of the log when there was none).
 struct AsleepRange {
   std::uint64_t ptr = 0, size = 0;
   std::uint64_t reservation = 0, reservation_size = 0;
   std::uint64_t unmap_seq = 0;
   std::int64_t unmap_tid = 0;
+  std::optional<std::uint64_t> unmap_stack;  // the stack id of the unmap that put it to sleep
 };
 
 struct ErrorPoint {
@@ -200,8 +202,9 @@ struct Outcome {
   std::optional<ErrorPoint> first_sticky;
   std::vector<LifeEvent> lifecycle;  // oldest first, at most 8
   bool lifecycle_before_error = false;
-  std::vector<AsleepRange> asleep;
+  std::vector<AsleepRange> asleep;  // the last sleep first, at most 16
   std::size_t asleep_total = 0;
+  bool asleep_at_error = false;  // taken when the first sticky error was returned
   // Leads the text report: not complete, or a context poisoned by a sticky error.
   bool explain() const { return status != Status::Complete || first_sticky.has_value(); }
 };

@@ -2,7 +2,8 @@
 // How each process ended, for the "What happened" block: its status, the fatal signal, the first
 // CUDA errors (a sticky one poisons the context: every later call fails, so the first is the one
 // that explains the crash), the memory lifecycle calls just before, and the VMM ranges asleep at
-// the end. It follows what is live only: reservations and their mapped ranges, and 8 calls.
+// the first sticky error (or at the end), the last sleep first with its stack. It follows what is
+// live only: reservations and their mapped ranges, and 8 calls.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -26,6 +27,7 @@ struct Range {
   bool mapped = true;
   std::uint64_t unmap_seq = 0;
   std::int64_t unmap_tid = 0;
+  std::optional<std::uint64_t> unmap_stack;
 };
 
 struct Reservation {
@@ -51,6 +53,9 @@ struct OutcomeTracker::Impl {
   std::vector<ErrorPoint> errors;
   std::optional<ErrorPoint> first_sticky;
   std::map<std::uint64_t, Reservation> reservations;
+  // The reservations as they stood at the first sticky error: what the faulting kernel may have
+  // touched is what was asleep then, not what is asleep at the end.
+  std::optional<std::map<std::uint64_t, Reservation>> at_error;
 
   Reservation *holding(std::uint64_t ptr) {
     auto it = reservations.upper_bound(ptr);
@@ -72,7 +77,7 @@ struct OutcomeTracker::Impl {
       // A new mapping replaces whatever slept in its span.
       auto it = r->ranges.lower_bound(*c.ptr);
       while (it != r->ranges.end() && it->first - *c.ptr < *c.size) it = r->ranges.erase(it);
-      r->ranges[*c.ptr] = Range{*c.size, true, 0, 0};
+      r->ranges[*c.ptr] = Range{*c.size, true, 0, 0, std::nullopt};
     } else if (c.api == "cuMemUnmap" && c.size) {
       Reservation *r = holding(*c.ptr);
       if (!r) return;
@@ -82,6 +87,7 @@ struct OutcomeTracker::Impl {
         it->second.mapped = false;
         it->second.unmap_seq = e.seq;
         it->second.unmap_tid = e.tid;
+        it->second.unmap_stack = e.stack;
       }
     }
   }
@@ -116,6 +122,7 @@ void OutcomeTracker::event(const Event &e, std::int64_t t) {
       // Calls with a lower seq only: the failing call's own record may follow its error record.
       for (const auto &l : d.recent())
         if (l.seq < e.seq) d.before_error.push_back(l);
+      d.at_error = d.reservations;
     }
     const bool known = std::any_of(d.errors.begin(), d.errors.end(), [&](const ErrorPoint &x) {
       return x.error.res == ce->res && x.error.api == ce->api;
@@ -143,13 +150,20 @@ Outcome OutcomeTracker::finish(const Log &log) {
   } else {
     o.lifecycle = d.recent();
   }
-  for (const auto &[base, r] : d.reservations)
-    for (const auto &[ptr, range] : r.ranges) {
-      if (range.mapped) continue;
-      ++o.asleep_total;
-      if (o.asleep.size() < kAsleepShown)
-        o.asleep.push_back({ptr, range.size, base, r.size, range.unmap_seq, range.unmap_tid});
-    }
+  o.asleep_at_error = d.at_error.has_value();
+  std::vector<AsleepRange> all;
+  for (const auto &[base, r] : d.at_error ? *d.at_error : d.reservations)
+    for (const auto &[ptr, range] : r.ranges)
+      if (!range.mapped)
+        all.push_back({ptr, range.size, base, r.size, range.unmap_seq, range.unmap_tid,
+                       range.unmap_stack});
+  o.asleep_total = all.size();
+  // The last sleep first: the one a stale kernel most likely ran into.
+  std::stable_sort(all.begin(), all.end(), [](const AsleepRange &a, const AsleepRange &b) {
+    return a.unmap_seq > b.unmap_seq;
+  });
+  if (all.size() > kAsleepShown) all.resize(kAsleepShown);
+  o.asleep = std::move(all);
   return o;
 }
 

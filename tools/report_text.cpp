@@ -125,6 +125,16 @@ void write_logs(const Model &m, std::ostream &out) {
     out << fmt::format("    log      format {}, written by cumemguard {}, {}\n", h.format,
                        h.tool.empty() ? "?" : h.tool, plural(l.records, "record", "records"));
     out << fmt::format("    status   {}\n", status_text(l));
+    if (l.summary && l.summary->bridge_count("exports")) {
+      const auto &sm = *l.summary;
+      const std::int64_t never = sm.bridge_count("never_opened");
+      out << fmt::format("    bridge   {}{}\n", plural(sm.bridge_count("exports"), "export", "exports"),
+                         never ? fmt::format(", {} never opened ({} bytes): a bridge handle opens "
+                                             "only in a process under the shim, so the peer ran "
+                                             "without it or never tried",
+                                             never, sm.bridge_count("never_opened_bytes"))
+                               : std::string(", every one opened by a peer"));
+    }
     if (!l.unknown_kinds.empty()) {
       std::vector<std::string> kinds;
       std::size_t n = 0;
@@ -443,13 +453,17 @@ void write_outcomes(const Model &m, std::ostream &out) {
     }
     if (!o.asleep.empty()) {
       out << fmt::format(
-          "  VMM ranges asleep at the end of the log (mapped, then unmapped; reservation not "
-          "freed): {}\n",
+          "  VMM ranges asleep {} (mapped, then unmapped; reservation not freed): {}\n",
+          o.asleep_at_error ? "when the first sticky CUDA error was returned"
+                            : "at the end of the log",
           o.asleep_total);
       for (const auto &a : o.asleep)
         out << fmt::format(
             "    {} +{} bytes in reservation {} ({} bytes), unmapped at seq {} by thread {}\n",
             hex(a.ptr), a.size, hex(a.reservation), a.reservation_size, a.unmap_seq, a.unmap_tid);
+      out << fmt::format("  the last sleep (unmap at seq {}) was called from\n",
+                         o.asleep.front().unmap_seq);
+      print_stack(out, m.stack(i, o.asleep.front().unmap_stack), "    ");
       if (o.asleep_total > o.asleep.size())
         out << fmt::format("    ({} more)\n", o.asleep_total - o.asleep.size());
     }

@@ -344,6 +344,13 @@ CASES = {
                              "imp.reserved_after": "0", "imp.mappings_after": "0",
                              "imp.fd_delta": "0", "importer_exit": "0"},
                        findings=[], child_findings=[]),
+    # The peer runs without the shim: its driver refuses the bridge's bytes, and the exporter's
+    # summary names the export nobody opened.
+    "ipc-one-sided": dict(prog="ipc_bridge", args=["one-sided"], real=True, bridge=True,
+                          base={"export": RIV, "bridge_handle": "0", "imp.open": None},
+                          shim={"export": RS, "bridge_handle": "1", "imp.open": RIV,
+                                "importer_exit": "0"},
+                          findings=[], child_findings=None),
     "P12": dict(prog="ipc_bridge", args=["P12"], real=True,
                 base={"base_is_reservation": "0", "export": RIV}, shim={},
                 findings=[("ipc-vmm", "forward")]),
@@ -884,6 +891,18 @@ def ipc_checks(name, recs, children):
         summ = next(r for ch in children for r in ch if r.get("k") == "summary")
         ipc_rows = [b for b in summ["bytes"] if b["mem"] == "ipc"]
         expect(ipc_rows and ipc_rows[0]["current"] == 0, f"{name}: ipc bytes {ipc_rows}")
+    summ = next((r for r in recs if r.get("k") == "summary"), {})
+    if name == "ipc-one-sided":
+        expect(not children, f"{name}: the peer without the shim wrote a log")
+        expect(summ.get("bridge") == {"exports": 1, "never_opened": 1,
+                                      "never_opened_bytes": 2 * (2 << 20),
+                                      "first_never_opened_seq": summ.get("bridge", {}).get(
+                                          "first_never_opened_seq")} and
+               by_seq[summ["bridge"]["first_never_opened_seq"]]["api"] == "cudaIpcGetMemHandle",
+               f"{name}: the summary's bridge {summ.get('bridge')}")
+    elif name in ("P11-bridge", "P12-bridge"):
+        expect(summ.get("bridge", {}).get("exports") == 1 and
+               summ["bridge"]["never_opened"] == 0, f"{name}: the summary's bridge {summ.get('bridge')}")
     if name == "P16":
         f = next(f for f in findings if f["class"] == "free-exported")
         expect(f["api"] == "cuMemUnmap" and f["state"]["importer_opens"] == 1 and

@@ -202,6 +202,8 @@ Peer spawn(const char *role, const char *cas, int uid_to_drop = -1) {
           setuid(static_cast<uid_t>(uid_to_drop)) != 0)
         _exit(5);
     }
+    // A one-sided bridge: the peer runs without the shim (its driver sees the bridge's bytes).
+    if (std::strcmp(cas, "one-sided") == 0) unsetenv("LD_PRELOAD");
     std::string rfd = std::to_string(a[0]), wfd = std::to_string(b[1]);
     execl("/proc/self/exe", "ipc_bridge", role, cas, rfd.c_str(), wfd.c_str(), nullptr);
     if (uid_to_drop >= 0) {
@@ -1198,7 +1200,7 @@ int main(int argc, char **argv) {
     std::fprintf(
         stderr,
         "usage: ipc_bridge P11|P12|P13|P14|P15|P15-host|P16|multi|forged|exited|peer-uid|fork|"
-        "fd-reuse|fork-stall|flood|uid-change\n");
+        "fd-reuse|fork-stall|flood|uid-change|one-sided\n");
     return 64;
   }
   const std::string c = argv[1];
@@ -1206,7 +1208,7 @@ int main(int argc, char **argv) {
   CUmemAllocationProp p = prop_for(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   CHECK_CU(cuMemGetAllocationGranularity(&G, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   if (c == "exited") return exited();
-  if (c == "P11" || c == "P12") return vllm_flow(c);
+  if (c == "P11" || c == "P12" || c == "one-sided") return vllm_flow(c);
   if (c == "P13") return p13();
   if (c == "P14") return p14();
   if (c == "P15" || c == "P15-host") return p15(c);
