@@ -28,7 +28,7 @@ cat "$out/environment.txt"
 
 : > "$out/cases.txt"
 for c in P11 P11-torch P11-deny P11-bridge P12 P12-bridge P13 P14 P15 P16 ipc-multi ipc-forged \
-         ipc-exited ipc-peer-uid ipc-fork; do
+         ipc-exited ipc-peer-uid ipc-fork ipc-one-sided; do
   timeout 60 python3 "$here/../integration/run_case.py" --build "$build" --real "$c" >> "$out/cases.txt" 2>&1
   rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1

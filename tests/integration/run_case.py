@@ -348,7 +348,7 @@ CASES = {
     # summary names the export nobody opened.
     "ipc-one-sided": dict(prog="ipc_bridge", args=["one-sided"], real=True, bridge=True,
                           base={"export": RIV, "bridge_handle": "0", "imp.open": None},
-                          shim={"export": RS, "bridge_handle": "1", "imp.open": RIV,
+                          shim={"export": RS, "bridge_handle": "1", "imp.open": ANY_ERROR,
                                 "importer_exit": "0"},
                           findings=[], child_findings=None),
     "P12": dict(prog="ipc_bridge", args=["P12"], real=True,
