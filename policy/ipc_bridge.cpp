@@ -352,8 +352,12 @@ bool ExportTable::commit_open(std::uint64_t id, std::uint64_t conn) {
   auto it = exports_.find(id);
   if (it == exports_.end() || it->second.dying) return false;
   ++it->second.importers[conn];
-  ++it->second.opens;
   return true;
+}
+
+void ExportTable::note_request(std::uint64_t id) {
+  std::lock_guard lk(mu_);
+  if (auto it = exports_.find(id); it != exports_.end()) ++it->second.requests;
 }
 
 void ExportTable::release(std::uint64_t id, std::uint64_t conn) {
@@ -404,11 +408,11 @@ std::vector<ExportTable::Dropped> ExportTable::end_unmap(const UnmapToken &t, bo
     Dropped now = d;
     now.importers = it->second.importer_count();  // opens that arrived before it began dying
     out.push_back(now);
-    if (it->second.opens == 0) {
-      if (!dropped_.never_opened || it->second.made.seq < dropped_.first.seq)
+    if (it->second.requests == 0) {
+      if (!dropped_.never_requested || it->second.made.seq < dropped_.first.seq)
         dropped_.first = it->second.made;
-      ++dropped_.never_opened;
-      dropped_.never_opened_bytes += it->second.bytes();
+      ++dropped_.never_requested;
+      dropped_.never_requested_bytes += it->second.bytes();
     }
     exports_.erase(it);
   }
@@ -416,17 +420,17 @@ std::vector<ExportTable::Dropped> ExportTable::end_unmap(const UnmapToken &t, bo
   return out;
 }
 
-std::optional<ExportTable::Unopened> ExportTable::unopened_within(
+std::optional<ExportTable::Unrequested> ExportTable::unrequested_within(
     std::uint64_t patience_ns) const {
   if (!lock_within(mu_, patience_ns)) return std::nullopt;
   std::lock_guard lk(mu_, std::adopt_lock);
-  Unopened u = dropped_;
+  Unrequested u = dropped_;
   u.made = next_id_ - 1;
   for (const auto &[id, e] : exports_) {
-    if (e.opens) continue;
-    if (!u.never_opened || e.made.seq < u.first.seq) u.first = e.made;
-    ++u.never_opened;
-    u.never_opened_bytes += e.bytes();
+    if (e.requests) continue;
+    if (!u.never_requested || e.made.seq < u.first.seq) u.first = e.made;
+    ++u.never_requested;
+    u.never_requested_bytes += e.bytes();
   }
   return u;
 }
@@ -439,7 +443,7 @@ std::size_t ExportTable::size() const {
 void ExportTable::clear() {
   std::lock_guard lk(mu_);
   exports_.clear();
-  dropped_ = Unopened{};
+  dropped_ = Unrequested{};
   next_id_ = 1;
   count_.store(0, std::memory_order_relaxed);
 }

@@ -164,7 +164,9 @@ struct Export {
   int dev = -1;        // device of the pages (for a context if the driver asks for one)
   bool dying = false;  // an unmap of one of its pages is in flight
   std::map<std::uint64_t, unsigned> importers;  // connection id -> open count
-  std::uint64_t opens = 0;  // opens ever served: none means no peer under the shim asked for it
+  // Requests for it from peers (under the shim: only there is a bridge handle opened), served or
+  // not: none means its peer ran without the shim, or never tried.
+  std::uint64_t requests = 0;
   unsigned importer_count() const;
   std::uint64_t bytes() const;
 };
@@ -189,6 +191,8 @@ class ExportTable {
   // After the broker exported the pages' descriptors: counts one open for `conn`, unless the
   // export was dropped or began dying meanwhile (then the descriptors must not be sent).
   bool commit_open(std::uint64_t id, std::uint64_t conn);
+  // A peer asked for export `id` with its right nonce (whatever the answer will be).
+  void note_request(std::uint64_t id);
   void release(std::uint64_t id, std::uint64_t conn);
   void drop_connection(std::uint64_t conn);
 
@@ -214,12 +218,12 @@ class ExportTable {
   // opens only in a process under the shim (its bytes mean nothing to the driver), so a peer that
   // runs without it fails its open with the driver's error and tells nobody. nullopt when the lock
   // was not had within patience_ns (exit paths, lock_within.h).
-  struct Unopened {
-    std::size_t made = 0, never_opened = 0;
-    std::uint64_t never_opened_bytes = 0;
-    EventRef first;  // the call that made the first export never opened
+  struct Unrequested {
+    std::size_t made = 0, never_requested = 0;
+    std::uint64_t never_requested_bytes = 0;
+    EventRef first;  // the call that made the first export never requested
   };
-  std::optional<Unopened> unopened_within(std::uint64_t patience_ns) const;
+  std::optional<Unrequested> unrequested_within(std::uint64_t patience_ns) const;
 
   std::size_t size() const;
   bool any() const { return count_.load(std::memory_order_relaxed) != 0; }
@@ -236,7 +240,7 @@ class ExportTable {
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, Export> exports_;  // by id
   std::atomic<std::size_t> count_{0};
-  Unopened dropped_;  // of the exports erased so far (made counts every export)
+  Unrequested dropped_;  // of the exports erased so far (made counts every export)
 };
 
 // ---- the importer's table ---------------------------------------------------------------------

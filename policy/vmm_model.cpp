@@ -299,13 +299,12 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
     ts.pending = true;
     ts.base = va;
     ts.size = size;
-    ts.nlast = 0;
+    ts.last.clear();
     ts.noop_unmap = ev;
     for (auto it = first_after(r->asleep, off); it != r->asleep.end() && it->second.off < end;
          ++it) {
       const Sleeper &s = it->second;
-      if (ts.nlast < ts.last.size())
-        ts.last[ts.nlast++] = ThreadVmmState::Last{s.handle, s.gen, s.alloc_id, s.unmapped};
+      ts.last.push_back(ThreadVmmState::Last{s.handle, s.gen, s.alloc_id, s.unmapped});
       asleep.push_back(&s);
     }
     t.finding = vmm_findings::unmap_unmapped(va, size, *r, asleep);
@@ -388,9 +387,10 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   t.op = VmmTicket::Op::Release;
   t.value = handle;
   t.ev = ev;
+  // Not ended here: the next release of this thread may pair with the same no-op unmap.
   const bool paired = ts.pending;
-  ts.pending = false;
   std::lock_guard lk(mu_);
+  t.gen_floor = next_gen_;
   auto it = handles_.find(handle);
   if (it == handles_.end()) {
     t.finding = vmm_findings::release_unknown(handle);
@@ -399,7 +399,7 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   }
   HandleRec &h = it->second;
   if (h.refs > 0) {
-    for (unsigned i = 0; paired && i < ts.nlast; ++i) {
+    for (std::size_t i = 0; paired && i < ts.last.size(); ++i) {
       const ThreadVmmState::Last &l = ts.last[i];
       if (l.handle != handle || l.gen == h.gen) continue;
       // The value was issued again since the range went to sleep. Issued to another thread, the
@@ -461,8 +461,11 @@ void VmmModel::end_release_locked(VmmTicket &t, bool ok) {
   // live value again: a retain of the same allocation (real-driver.md D16) that the model took
   // for a re-issue because it had noted the reference gone. It is the same issue: the reference
   // goes back to it. Any other newer generation is not this release's to touch.
+  // Generations, not sequence numbers: a retain is stamped when it enters the shim, possibly
+  // before this release began, yet the model hears of it after this release noted the reference
+  // gone; its generation is then at least the floor this release saw.
   const bool same_issue = h->second.gen == t.gen || (h->second.alloc_id == t.alloc_id &&
-                                                     h->second.issued.seq > t.ev.seq);
+                                                     h->second.gen >= t.gen_floor);
   if (!same_issue) return;
   undo_drops_locked(t);
   if (h->second.refs++ == 0) h->second.released = {};

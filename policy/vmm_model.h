@@ -96,7 +96,8 @@ struct Reservation {
 
 // Per-thread record of the last no-op unmap, for the stale-release pairing rule: vLLM's
 // unmap_and_release() issues the unmap and the release back to back on one thread. Every model
-// entry point takes it and ends the pairing itself, except the release that it pairs with.
+// entry point takes it and ends the pairing itself, except releases: the releases that follow
+// the no-op unmap (one per sleeping range it covered) are all paired with it.
 struct ThreadVmmState {
   bool pending = false;
   std::uint64_t base = 0, size = 0;
@@ -104,8 +105,9 @@ struct ThreadVmmState {
     std::uint64_t handle, gen, alloc_id;
     EventRef unmapped;
   };
-  std::array<Last, 8> last{};
-  unsigned nlast = 0;
+  // Every sleeping range the no-op unmap covered, however many: an unmap of several ranges is
+  // followed by one release per range, and each of them is judged.
+  std::vector<Last> last;
   EventRef noop_unmap;
 };
 
@@ -149,6 +151,7 @@ struct VmmTicket {
   std::uint64_t gen = 0;             // release: the generation whose reference it dropped; map:
                                      // the generation it mapped
   std::uint64_t res_gen = 0;         // map, unmap: the reservation's generation
+  std::uint64_t gen_floor = 0;       // release: the first generation issued after it began
   std::uint64_t alloc_id = 0;        // release: the allocation of the reference it dropped
   int dev = -1;                      // unmap: the device of the memory it unmapped (-1: host, unknown)
   EventRef mapped;                   // unmap: the map that made the (first) mapping it took away

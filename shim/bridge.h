@@ -41,10 +41,10 @@ struct Exported {
 Exported export_pages(std::uint64_t res_base, std::uint64_t res_size,
                       const std::vector<ipc::ExportPage> &pages, int dev, const EventRef &made);
 
-// The exit summary's account of exports no peer opened (ExportTable::unopened_within): a JSON
+// The exit summary's account of exports no peer opened (ExportTable::unrequested_within): a JSON
 // object for the summary record and a line for stderr; empty when nothing was exported.
-std::string unopened_summary_json();
-std::string unopened_summary_text();
+std::string unrequested_summary_json();
+std::string unrequested_summary_text();
 
 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cached per device.
 bool device_supports_posix_fd(int dev);

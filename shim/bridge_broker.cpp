@@ -169,7 +169,11 @@ int send_export(int fd, const ipc::Export &e, const std::vector<int> &fds) {
 // Serves one open. Returns false when the connection must be dropped.
 bool serve_open(const Conn &c, const ipc::Request &req) {
   ipc::Export e;
-  switch (exports().lookup(req.export_id, req.nonce, &e)) {
+  const auto found = exports().lookup(req.export_id, req.nonce, &e);
+  // A peer under the shim asked for it: the export is not one-sided, whatever the answer.
+  if (found == ipc::ExportTable::Lookup::Ok || found == ipc::ExportTable::Lookup::Dying)
+    exports().note_request(req.export_id);
+  switch (found) {
     case ipc::ExportTable::Lookup::Unknown:
     case ipc::ExportTable::Lookup::Dying:
       send_status(c.fd.fd, ipc::ReplyStatus::UnknownExport, req.export_id);

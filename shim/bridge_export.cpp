@@ -92,26 +92,26 @@ bool device_supports_posix_fd(int dev) {
   return yes;
 }
 
-std::string unopened_summary_json() {
-  const auto u = exports().unopened_within(kExitPatienceNs);
+std::string unrequested_summary_json() {
+  const auto u = exports().unrequested_within(kExitPatienceNs);
   if (!u || !u->made) return {};
-  return fmt::format("{{\"exports\":{},\"never_opened\":{},\"never_opened_bytes\":{}{}}}", u->made,
-                     u->never_opened, u->never_opened_bytes,
-                     u->never_opened ? fmt::format(",\"first_never_opened_seq\":{}", u->first.seq)
+  return fmt::format("{{\"exports\":{},\"never_requested\":{},\"never_requested_bytes\":{}{}}}", u->made,
+                     u->never_requested, u->never_requested_bytes,
+                     u->never_requested ? fmt::format(",\"first_never_requested_seq\":{}", u->first.seq)
                                      : std::string());
 }
 
-std::string unopened_summary_text() {
-  const auto u = exports().unopened_within(kExitPatienceNs);
+std::string unrequested_summary_text() {
+  const auto u = exports().unrequested_within(kExitPatienceNs);
   if (!u || !u->made) return {};
   std::string out = fmt::format("  bridge: {} export{}", u->made, u->made == 1 ? "" : "s");
-  if (!u->never_opened) return out + ", every one opened by a peer\n";
+  if (!u->never_requested) return out + ", every one requested by a peer\n";
   // The peer's open failed (or never happened) and it could not say why: the bytes of a bridge
   // handle mean nothing to a driver, so only a peer under the shim opens one.
   return out + fmt::format(
-                   ", {} never opened ({}; the first made by {} at seq {}): a bridge handle opens "
+                   ", {} never requested ({}; the first made by {} at seq {}): a bridge handle opens "
                    "only in a process under the shim; a peer without it gets the driver's error\n",
-                   u->never_opened, human_bytes(static_cast<std::int64_t>(u->never_opened_bytes)),
+                   u->never_requested, human_bytes(static_cast<std::int64_t>(u->never_requested_bytes)),
                    u->first.api ? u->first.api : "?", u->first.seq);
 }
 

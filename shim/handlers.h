@@ -138,9 +138,12 @@ R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
                        c.ev()})) {
     s.counters.add(v.rec.dev, v.rec.kind, delta);
     args.s("held", "quarantine");
-    if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, 0);
-    c.log(0, args, freed);
+    // The older frees the quarantine gives back now are where a flush blocks (each cudaFree
+    // waits for the device): their time is this flush's.
+    const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
     held().release_down_to(HoldReason::Quarantine, quarantine_limit(v.rec.dev));
+    if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, now_ns() - t0);
+    c.log(0, args, freed);
     return R(0);
   }
   const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;

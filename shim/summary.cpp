@@ -109,7 +109,7 @@ void write_summary_record(State &s, const Live &live) {
   j.end_object();
   if (const std::string sup = suppressed_json(); !sup.empty()) j.raw("suppressed", sup);
   j.raw("transport", transport_summary_json());
-  if (const std::string b = bridge::unopened_summary_json(); !b.empty()) j.raw("bridge", b);
+  if (const std::string b = bridge::unrequested_summary_json(); !b.empty()) j.raw("bridge", b);
   j.commit(now_ns());
 }
 
@@ -180,7 +180,7 @@ void print_summary(State &s, const Live &live) {
   }
   out += suppressed_text();
   out += transport_summary_text();
-  out += bridge::unopened_summary_text();
+  out += bridge::unrequested_summary_text();
   if (s.log.is_open())
     out += fmt::format("  log: {} (cumemguard report {})\n", s.log.path(), s.log.path());
   // The program's own output first: exit() flushes stdio only after every exit handler, this one

@@ -177,7 +177,7 @@ struct Summary {
   std::vector<std::pair<std::string, std::int64_t>> live;
   std::vector<std::pair<std::string, std::int64_t>> findings;
   std::vector<SuppressedRule> suppressed;
-  // The exporter's bridge: exports, never_opened, never_opened_bytes (docs/log-format.md).
+  // The exporter's bridge: exports, never_requested, never_requested_bytes (docs/log-format.md).
   std::vector<std::pair<std::string, std::int64_t>> bridge;
   std::int64_t bridge_count(std::string_view k) const {
     for (const auto &[n, v] : bridge)

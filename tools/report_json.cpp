@@ -129,8 +129,8 @@ Json log_json(const Model &m, std::size_t i) {
   Json bridge = nullptr;
   if (l.summary && l.summary->bridge_count("exports"))
     bridge = {{"exports", l.summary->bridge_count("exports")},
-              {"never_opened", l.summary->bridge_count("never_opened")},
-              {"never_opened_bytes", l.summary->bridge_count("never_opened_bytes")}};
+              {"never_requested", l.summary->bridge_count("never_requested")},
+              {"never_requested_bytes", l.summary->bridge_count("never_requested_bytes")}};
   return {{"label", m.label(i)},
           {"file", l.file},
           {"format", h.format},

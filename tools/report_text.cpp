@@ -127,13 +127,13 @@ void write_logs(const Model &m, std::ostream &out) {
     out << fmt::format("    status   {}\n", status_text(l));
     if (l.summary && l.summary->bridge_count("exports")) {
       const auto &sm = *l.summary;
-      const std::int64_t never = sm.bridge_count("never_opened");
+      const std::int64_t never = sm.bridge_count("never_requested");
       out << fmt::format("    bridge   {}{}\n", plural(sm.bridge_count("exports"), "export", "exports"),
-                         never ? fmt::format(", {} never opened ({} bytes): a bridge handle opens "
+                         never ? fmt::format(", {} never requested ({} bytes): a bridge handle opens "
                                              "only in a process under the shim, so the peer ran "
                                              "without it or never tried",
-                                             never, sm.bridge_count("never_opened_bytes"))
-                               : std::string(", every one opened by a peer"));
+                                             never, sm.bridge_count("never_requested_bytes"))
+                               : std::string(", every one requested by a peer"));
     }
     if (!l.unknown_kinds.empty()) {
       std::vector<std::string> kinds;

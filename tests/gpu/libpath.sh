@@ -17,4 +17,8 @@ except Exception:
 print(":".join(dict.fromkeys(dirs)))
 PY
 )
+# A bundle's own libraries (tools/gpu-bundle): BUILD is the sourcing script's $build or its $1.
+for d in "${build:-}" "${1:-}"; do
+  if [ -n "$d" ] && [ -d "$d/lib" ]; then libs="$(cd "$d/lib" && pwd)${libs:+:$libs}"; break; fi
+done
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -64,7 +64,9 @@ def workload():
         torch.cuda.synchronize()
         out["export_inside"] = export(inside)
     out["after"] = settings()
-    outside = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    # Larger than what is left of the block's segment (20 MiB, 8 MiB used): a segment made now,
+    # with the settings restored (a smaller one would be carved from the block's segment).
+    outside = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     out["export_outside"] = export(outside)
     out["segment_inside_expandable"] = expandable_segment_of(inside)

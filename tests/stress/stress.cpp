@@ -52,10 +52,11 @@ thread_local bool t_skipped = false;  // the last checked() call was answered wi
 // sequence is the same. Linear-memory calls in between do not end the pairing, VMM calls do.
 thread_local bool t_pairing_before = false, t_pairing = false;
 
-// Whether a call ends the pairing: any map, unmap, release or address free, and a create, reserve,
-// retain or import that succeeded (a failed one issued nothing).
+// Whether a call ends the pairing: any map, unmap or address free, and a create, reserve, retain
+// or import that succeeded (a failed one issued nothing). Releases do not: the releases that
+// follow a no-op unmap of several sleeping ranges all pair with it (one per range).
 bool ends_pairing(const char *exact, bool ok) {
-  for (const char *n : {"cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree"})
+  for (const char *n : {"cuMemMap", "cuMemUnmap", "cuMemAddressFree"})
     if (std::strcmp(exact, n) == 0) return true;
   for (const char *n : {"cuMemCreate", "cuMemAddressReserve", "cuMemRetainAllocationHandle",
                         "cuMemImportFromShareableHandle"})

@@ -54,6 +54,7 @@ struct Thread {
   VmmTicket ticket;
   CUresult res = CUDA_SUCCESS;
   bool called = false;
+  EventRef issue_ev;  // an issuing call's stamp, taken at its first step
 };
 
 int steps_of(OpKind k) {
@@ -104,6 +105,12 @@ struct World {
     if (issuing) {
       if (t.step == 0) {
         t.called = true;
+        // Stamped when the call enters, as the shim stamps it (Call's constructor), not when
+        // the model hears of it.
+        t.issue_ev = ev(o.kind == OpKind::Create    ? "cuMemCreate"
+                        : o.kind == OpKind::Reserve ? "cuMemAddressReserve"
+                                                    : "cuMemRetainAllocationHandle",
+                        t.tid);
         if (o.kind == OpKind::Create) t.res = create(&h);
         if (o.kind == OpKind::Reserve) {
           CUdeviceptr p = 0;
@@ -117,10 +124,9 @@ struct World {
         }
       } else if (t.res == CUDA_SUCCESS) {
         if (o.kind == OpKind::Create)
-          m.on_create(h, G, Location::Device, 0, 0, false, ev("cuMemCreate", t.tid), t.ts);
-        if (o.kind == OpKind::Reserve) m.on_reserve(r, G, ev("cuMemAddressReserve", t.tid), t.ts);
-        if (o.kind == OpKind::Retain)
-          m.on_retain(h, r, ev("cuMemRetainAllocationHandle", t.tid), t.ts);
+          m.on_create(h, G, Location::Device, 0, 0, false, t.issue_ev, t.ts);
+        if (o.kind == OpKind::Reserve) m.on_reserve(r, G, t.issue_ev, t.ts);
+        if (o.kind == OpKind::Retain) m.on_retain(h, r, t.issue_ev, t.ts);
       }
     } else if (t.step == 0) {
       switch (o.kind) {

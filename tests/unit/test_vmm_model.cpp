@@ -485,3 +485,45 @@ TEST_CASE("A skipped release changes nothing, whatever other threads do meanwhil
   CHECK(t.m.handle(H)->refs == 0);
   CHECK(t.m.counts().phys == 1);  // the mapping keeps the allocation (D13)
 }
+
+TEST_CASE("Every release after a no-op unmap of several sleeping ranges is paired with it") {
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000, W = 0x7f1000000000;
+  // Ten ranges: more than any fixed per-thread record would keep.
+  constexpr int kRanges = 10;
+  auto handle = [](int i) { return 0x55d0c0a0ull + 0x10ull * static_cast<unsigned>(i); };
+  t.reserve(V, kRanges * G);
+  for (int i = 0; i < kRanges; ++i) {
+    t.create(handle(i));
+    REQUIRE_FALSE(t.map(V + i * G, G, handle(i)));
+  }
+  // Thread 1 sleeps: one unmap of the whole tiled range, one release per handle.
+  REQUIRE_FALSE(t.unmap(V, kRanges * G).finding);
+  for (int i = 0; i < kRanges; ++i) REQUIRE_FALSE(t.release(handle(i)).finding);
+  // Thread 2 gets every value again from the driver and maps it elsewhere.
+  ThreadVmmState thread1 = t.ts;
+  t.ts = ThreadVmmState{};
+  t.tid = 2;
+  t.reserve(W, kRanges * G);
+  for (int i = 0; i < kRanges; ++i) {
+    t.create(handle(i));
+    REQUIRE_FALSE(t.map(W + i * G, G, handle(i)));
+  }
+  // Thread 1 frees while asleep: a no-op unmap, then every release is stale.
+  t.ts = thread1;
+  t.tid = 1;
+  CHECK(cls(t.unmap(V, kRanges * G)) == FindingClass::UnmapUnmapped);
+  for (int i = 0; i < kRanges; ++i) {
+    auto r = t.release(handle(i));
+    CHECK(cls(r) == FindingClass::StaleRelease);
+    CHECK(r.skipped);
+  }
+  // Thread 2's memory is whole: every handle live and mapped.
+  for (int i = 0; i < kRanges; ++i) {
+    auto h = t.m.handle(handle(i));
+    REQUIRE(h.has_value());
+    CHECK(h->refs == 1);
+    CHECK(t.m.mapped_at(W + i * G).has_value());
+  }
+  CHECK(t.vmm_bytes() == static_cast<std::int64_t>(kRanges * G));
+}

@@ -28,7 +28,7 @@ for _ in $(seq 100); do grep -q '^idle' "$work/idle-calls/out" && break; sleep 0
 sleep 2
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
-python3 - "$work" > "$out/edges.txt" <<'EOF' || status=1
+python3 - "$work" > "$out/edges-checks.txt" <<'EOF' || status=1
 import glob, json, os, sys
 work = sys.argv[1]
 def recs(case):
@@ -66,6 +66,6 @@ if str(len(calls)) != steps("idle-calls").get("calls"):
 print("edges:", "ok" if not bad else "FAILED: " + "; ".join(bad))
 sys.exit(1 if bad else 0)
 EOF
-cat "$out/edges.txt"
+cat "$out/edges-checks.txt"
 rm -rf "$work"
 exit $status
