@@ -404,6 +404,7 @@ void EventLog::fork_child() {
   new (&flusher_cv_) std::condition_variable();
   flusher_started_ = flusher_idle_ = false;
   forked_ = true;
+  line_ended_ = false;
   OwnedFd{fd_.exchange(-1), dev_, ino_}.close();
   used_.store(0, std::memory_order_relaxed);
   partial_at_.store(-1, std::memory_order_relaxed);
@@ -465,12 +466,24 @@ void EventLog::write_direct(std::string_view data, bool then_seal) {
 
 void EventLog::direct_locked(std::string_view data) {
   if (sealed_.load(std::memory_order_acquire)) return;
-  int expected = 0;
-  if (bypass_.compare_exchange_strong(expected, 1)) {
-    finish_interrupted();
-    bypass_.store(2, std::memory_order_release);
-  }
   const int fd = fd_.load(std::memory_order_relaxed);
+  if (owner_.load(std::memory_order_acquire) == this_thread_mark()) {
+    // Only the holder of the lock can finish what it was writing (its buffered records, its
+    // half-written line): claimed by another thread, the repair would do nothing and lose them.
+    int expected = 0;
+    if (bypass_.compare_exchange_strong(expected, 1)) {
+      finish_interrupted();
+      bypass_.store(2, std::memory_order_release);
+    }
+  } else if (!line_ended_ && fd >= 0 &&
+             (partial_at_.load(std::memory_order_acquire) == -2 ||
+              writing_.load(std::memory_order_acquire)) &&
+             OwnedFd{fd, dev_, ino_}.still_ours()) {
+    // The holder may have left half a line on disk: this line must not be glued to it (the
+    // half line stays a malformed line the report skips and counts).
+    line_ended_ = true;
+    write_all(fd, "\n");
+  }
   if (fd >= 0 && !data.empty() && OwnedFd{fd, dev_, ino_}.still_ours()) write_all(fd, data);
 }
 

@@ -88,6 +88,7 @@ class EventLog {
   std::string path_, abs_path_;
   std::mutex mu_;
   std::mutex direct_mu_;  // writes without mu_, at exit (write_direct)
+  bool line_ended_ = false;  // direct_mu_: a newline was written after a holder's half line
   std::atomic<const void *> owner_{nullptr};  // the thread holding mu_ (its marker), or null
   char buf_[kBuf];
   // What the writer has done, in the order a signal handler on its own thread can rely on.
