@@ -22,6 +22,7 @@
 #include "lock_within.h"
 #include "owned_fd.h"
 #include "state.h"
+#include "threads.h"
 #include "summary.h"
 
 namespace cmg::shim::bridge {
@@ -458,19 +459,7 @@ bool open_broker_fds(std::uint64_t tag, Own &o, std::string &err) {
 }
 
 // Every signal blocked in the broker: the program's handlers run on the program's threads.
-int spawn_broker() {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  const int rc = pthread_create(&t, &attr, broker_main, nullptr);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  return rc;
-}
+int spawn_broker() { return start_detached_quiet(broker_main, nullptr); }
 
 // The broker of this process, started on the first export. Returns its tag, 0 on failure.
 std::uint64_t start_broker(std::string &err) {

@@ -18,6 +18,7 @@
 
 #include "lock_within.h"
 #include "owned_fd.h"
+#include "threads.h"
 
 // Defined when the ThreadSanitizer runtime is loaded (weak: null otherwise; no dlsym, whose
 // failure leaves an error buffer LeakSanitizer reports in forked children).
@@ -333,23 +334,13 @@ void EventLog::start_flusher_locked() {
     write_through_ = true;
     return;
   }
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  const int rc = pthread_create(
-      &t, &attr,
+  const int rc = start_detached_quiet(
       [](void *self) -> void * {
         pthread_setname_np(pthread_self(), "cmg-log-flush");
         static_cast<EventLog *>(self)->flusher_loop();
         return nullptr;
       },
       this);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (rc != 0) warn_raw("event log: no flusher thread (" + std::string(std::strerror(rc)) +
                         "); records are written when the buffer fills or a later one comes");
 }

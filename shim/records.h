@@ -14,6 +14,9 @@
 
 namespace cmg::shim {
 
+// A call's arguments as the record's "args" object (the call record and the finding record).
+void put_args(JsonLine &j, const Args &args);
+
 // The first line of the log: format, tool, pid, ppid, rank, host, start time, argv, mode, the
 // options set in the environment and the interposers loaded before the shim. Written through to
 // the file at once.

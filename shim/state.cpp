@@ -245,17 +245,8 @@ void Call::write_record(int res, const Args &args, const Extra &x) {
   char buf[2048];
   JsonLine j(buf, sizeof buf);
   j.str("k", "call").unum("seq", ev_.seq).unum("ts", ev_.ts).unum("tid", ev_.tid)
-      .str("api", api_name(api_)).num("res", res).unum("dur", end - t0_).begin_object("args");
-  for (int i = 0; i < args.n; ++i) {
-    const Args::A &a = args.a[i];
-    switch (a.t) {
-      case Args::T::Hex: j.hex(a.k, a.v); break;
-      case Args::T::U: j.unum(a.k, a.v); break;
-      case Args::T::I: j.num(a.k, static_cast<std::int64_t>(a.v)); break;
-      case Args::T::S: j.str(a.k, a.s ? a.s : ""); break;
-    }
-  }
-  j.end_object();
+      .str("api", api_name(api_)).num("res", res).unum("dur", end - t0_);
+  put_args(j, args);
   if (x.mem) {
     j.num("dev", x.dev).str("mem", mem_kind_name(*x.mem));
     if (x.delta) j.num("delta", x.delta);
