@@ -82,6 +82,9 @@ void note_cuda_error(Api api, int res, const EventRef &ev) {
       .str("api", api_name(api)).num("res", res);
   if (const char *n = status_name(family, res)) j.str("name", n);
   j.boolean("sticky", sticky_status(res));
+  // The first sequence number not issued when the call returned: what began before it (an unmap on
+  // another thread while this call waited for the device) is what the failing call may have met.
+  j.unum("ret_seq", s.seq.load(std::memory_order_relaxed) + 1);
   if (ev.stack) j.unum("stack", ev.stack);
   s.log.write(j.finish(), ev.ts);
   s.log.flush();  // like a finding: the crash a sticky error is often followed by must not lose it

@@ -402,6 +402,7 @@ struct LogReader::Impl {
         c.res = *f.res;
         c.name = f.name.value_or("");
         c.sticky = f.sticky;
+        c.ret_seq = f.ret_seq;
         e.body = std::move(c);
       }
       push(std::move(e));

@@ -117,6 +117,8 @@ struct CudaError {
   std::int64_t res = 0;
   std::string name;
   bool sticky = false;  // decided by the shim: the error poisons the context
+  // The first sequence number the shim had not issued when the call returned (none in older logs).
+  std::optional<std::uint64_t> ret_seq;
 };
 
 // A record that happened at a point in time; `seq` orders it within its log.

@@ -176,7 +176,7 @@ void outcomes_html(const Model &m, std::ostream &out) {
     }
     if (!o.asleep.empty()) {
       out << fmt::format("<div>VMM ranges asleep {}: {}</div><ul>",
-                         o.asleep_at_error ? "when the call that returned the first sticky CUDA error began"
+                         o.asleep_at_error ? "when the first sticky CUDA error was returned"
                                            : "at the end of the log",
                          o.asleep_total);
       for (const auto &a : o.asleep)

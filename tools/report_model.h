@@ -177,7 +177,8 @@ struct LifeEvent {
 };
 
 // A VMM range mapped, then unmapped, whose reservation was not freed: asleep when the call that
-// returned the first sticky CUDA error began (or at the end of the log when there was none).
+// returned the first sticky CUDA error returned (logs before `ret_seq`: when it began), or at the
+// end of the log when there was none.
 struct AsleepRange {
   std::uint64_t ptr = 0, size = 0;
   std::uint64_t reservation = 0, reservation_size = 0;

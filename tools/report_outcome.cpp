@@ -53,9 +53,11 @@ struct OutcomeTracker::Impl {
   std::vector<ErrorPoint> errors;
   std::optional<ErrorPoint> first_sticky;
   std::map<std::uint64_t, Reservation> reservations;
-  // The reservations as they stood at the first sticky error: what the faulting kernel may have
-  // touched is what was asleep then, not what is asleep at the end.
+  // The reservations as they stood when the call that returned the first sticky error returned:
+  // what the faulting kernel may have touched is what was asleep then, not what is asleep at the
+  // end. Taken once every event that began before that return has been seen (`pending_until`).
   std::optional<std::map<std::uint64_t, Reservation>> at_error;
+  std::optional<std::uint64_t> pending_until;
 
   Reservation *holding(std::uint64_t ptr) {
     auto it = reservations.upper_bound(ptr);
@@ -100,6 +102,10 @@ OutcomeTracker &OutcomeTracker::operator=(OutcomeTracker &&) noexcept = default;
 
 void OutcomeTracker::event(const Event &e, std::int64_t t) {
   Impl &d = *impl_;
+  if (d.pending_until && e.seq >= *d.pending_until) {
+    d.at_error = d.reservations;
+    d.pending_until.reset();
+  }
   if (const auto *c = std::get_if<Call>(&e.body)) {
     if (lifecycle_call(c->api)) {
       LifeEvent &l = d.ring[d.ring_next];
@@ -122,7 +128,11 @@ void OutcomeTracker::event(const Event &e, std::int64_t t) {
       // Calls with a lower seq only: the failing call's own record may follow its error record.
       for (const auto &l : d.recent())
         if (l.seq < e.seq) d.before_error.push_back(l);
-      d.at_error = d.reservations;
+      // Older logs do not say when the call returned: as of when it began.
+      if (ce->ret_seq && *ce->ret_seq > e.seq + 1)
+        d.pending_until = *ce->ret_seq;
+      else
+        d.at_error = d.reservations;
     }
     const bool known = std::any_of(d.errors.begin(), d.errors.end(), [&](const ErrorPoint &x) {
       return x.error.res == ce->res && x.error.api == ce->api;
@@ -150,6 +160,7 @@ Outcome OutcomeTracker::finish(const Log &log) {
   } else {
     o.lifecycle = d.recent();
   }
+  if (d.pending_until) d.at_error = d.reservations;  // the log ended first
   o.asleep_at_error = d.at_error.has_value();
   std::vector<AsleepRange> all;
   for (const auto &[base, r] : d.at_error ? *d.at_error : d.reservations)

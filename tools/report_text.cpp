@@ -454,7 +454,7 @@ void write_outcomes(const Model &m, std::ostream &out) {
     if (!o.asleep.empty()) {
       out << fmt::format(
           "  VMM ranges asleep {} (mapped, then unmapped; reservation not freed): {}\n",
-          o.asleep_at_error ? "when the call that returned the first sticky CUDA error began"
+          o.asleep_at_error ? "when the first sticky CUDA error was returned"
                             : "at the end of the log",
           o.asleep_total);
       for (const auto &a : o.asleep)

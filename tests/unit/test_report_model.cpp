@@ -164,3 +164,44 @@ TEST_CASE("the first sticky CUDA error, the frees before it and the ranges aslee
   CHECK(o.asleep[0].ptr == 0x10000);
   CHECK(o.asleep[0].unmap_seq == 3);
 }
+
+TEST_CASE("ranges put to sleep while the failing call waited are asleep at its error") {
+  // Thread 4's synchronize begins at seq 3 and returns 700 after thread 3 unmapped at seq 4: the
+  // unmap is what the kernel met. A range mapped again later (seq 6) is still named as asleep then.
+  auto log = [](const char *ret) {
+    return std::string(
+               "{\"cumemguard_log\":1,\"pid\":3,\"start_unix_ns\":0}\n"
+               "{\"k\":\"call\",\"seq\":1,\"ts\":1,\"tid\":3,\"api\":\"cuMemAddressReserve\","
+               "\"res\":0,\"args\":{\"size\":8192,\"ptr\":\"0x10000\"}}\n"
+               "{\"k\":\"call\",\"seq\":2,\"ts\":2,\"tid\":3,\"api\":\"cuMemMap\",\"res\":0,"
+               "\"args\":{\"ptr\":\"0x10000\",\"size\":4096,\"handle\":\"0x5\"}}\n"
+               "{\"k\":\"cuda_error\",\"seq\":3,\"ts\":3,\"tid\":4,"
+               "\"api\":\"cudaDeviceSynchronize\",\"res\":700,\"sticky\":true") +
+           ret +
+           "}\n"
+           "{\"k\":\"call\",\"seq\":4,\"ts\":4,\"tid\":3,\"api\":\"cuMemUnmap\",\"res\":0,"
+           "\"args\":{\"ptr\":\"0x10000\",\"size\":4096}}\n"
+           "{\"k\":\"call\",\"seq\":3,\"ts\":3,\"tid\":4,\"api\":\"cudaDeviceSynchronize\","
+           "\"res\":700}\n"
+           "{\"k\":\"call\",\"seq\":6,\"ts\":6,\"tid\":3,\"api\":\"cuMemMap\",\"res\":0,"
+           "\"args\":{\"ptr\":\"0x10000\",\"size\":4096,\"handle\":\"0x6\"}}\n"
+           "{\"k\":\"end\",\"ts\":7}\n";
+  };
+  {
+    Model m = model_of({log(",\"ret_seq\":6")});
+    const Outcome &o = m.outcomes[0];
+    REQUIRE(o.first_sticky);
+    CHECK(o.asleep_at_error);
+    REQUIRE(o.asleep.size() == 1);
+    CHECK(o.asleep[0].ptr == 0x10000);
+    CHECK(o.asleep[0].unmap_seq == 4);
+    CHECK(o.asleep[0].unmap_tid == 3);
+  }
+  {
+    // An older log without ret_seq: as of when the call began, before the unmap.
+    Model m = model_of({log("")});
+    const Outcome &o = m.outcomes[0];
+    CHECK(o.asleep_at_error);
+    CHECK(o.asleep.empty());
+  }
+}
