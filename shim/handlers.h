@@ -15,9 +15,9 @@
 
 namespace cmg::shim {
 
-thread_local inline ThreadVmmState t_vmm;
+CMG_HOT_TLS inline ThreadVmmState t_vmm;
 // This thread is inside an NCCL communicator-lifecycle call (nccl_call).
-thread_local inline bool t_in_nccl = false;
+CMG_HOT_TLS inline bool t_in_nccl = false;
 
 // Frees accepted by each family of free calls.
 inline constexpr KindMask kDeviceFrees =

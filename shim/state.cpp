@@ -45,7 +45,12 @@ std::atomic<bool> g_active{false};
 std::size_t CallCounts::stripe() {
   static std::atomic<std::size_t> next{0};
   static CMG_HOT_TLS std::size_t mine = 0;  // stripe + 1; 0 until the thread's first call
-  if (!mine) mine = next.fetch_add(1, std::memory_order_relaxed) % kStripes + 1;
+  if (!mine) [[unlikely]] {
+    // A thread's own stripe is never given to another (a thread that ends keeps it: its counts
+    // stay, and no two threads ever write one stripe with plain stores).
+    const std::size_t k = next.fetch_add(1, std::memory_order_relaxed);
+    mine = (k < kOwned ? k : kOwned + (k - kOwned) % kShared) + 1;
+  }
   return mine - 1;
 }
 
