@@ -299,14 +299,25 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
     ts.pending = true;
     ts.base = va;
     ts.size = size;
-    ts.last.clear();
+    ts.nlast = 0;
     ts.noop_unmap = ev;
+    std::vector<ThreadVmmState::Last> more;
     for (auto it = first_after(r->asleep, off); it != r->asleep.end() && it->second.off < end;
          ++it) {
       const Sleeper &s = it->second;
-      ts.last.push_back(ThreadVmmState::Last{s.handle, s.gen, s.alloc_id, s.unmapped});
+      const ThreadVmmState::Last l{s.handle, s.gen, s.alloc_id, s.unmapped};
+      if (ts.nlast < ts.last.size())
+        ts.last[ts.nlast++] = l;
+      else
+        more.push_back(l);
       asleep.push_back(&s);
     }
+    const bool has_more = !more.empty();
+    if (has_more)
+      more_[ev.tid] = {ev.seq, std::move(more)};
+    else if (ts.more)
+      more_.erase(ev.tid);
+    ts.more = has_more;
     t.finding = vmm_findings::unmap_unmapped(va, size, *r, asleep);
     t.decision = decide(o, FindingClass::UnmapUnmapped, true);
     return t;  // nothing to note: forwarded (report mode), the driver does nothing either
@@ -399,8 +410,13 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   }
   HandleRec &h = it->second;
   if (h.refs > 0) {
-    for (std::size_t i = 0; paired && i < ts.last.size(); ++i) {
-      const ThreadVmmState::Last &l = ts.last[i];
+    const std::vector<ThreadVmmState::Last> *more = nullptr;
+    if (paired && ts.more)
+      if (auto m = more_.find(ev.tid); m != more_.end() && m->second.first == ts.noop_unmap.seq)
+        more = &m->second.second;
+    const std::size_t n = paired ? ts.nlast + (more ? more->size() : 0) : 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const ThreadVmmState::Last &l = i < ts.nlast ? ts.last[i] : (*more)[i - ts.nlast];
       if (l.handle != handle || l.gen == h.gen) continue;
       // The value was issued again since the range went to sleep. Issued to another thread, the
       // new generation is not this thread's to release; issued to this thread, it is someone's

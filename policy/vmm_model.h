@@ -106,8 +106,12 @@ struct ThreadVmmState {
     EventRef unmapped;
   };
   // Every sleeping range the no-op unmap covered, however many: an unmap of several ranges is
-  // followed by one release per range, and each of them is judged.
-  std::vector<Last> last;
+  // followed by one release per range, and each of them is judged. The first eight are kept here
+  // (no heap memory in thread-local state: a forked child's leak checker cannot see the other
+  // threads' storage), the rest in the model (VmmModel::more_), under its lock.
+  std::array<Last, 8> last{};
+  unsigned nlast = 0;
+  bool more = false;
   EventRef noop_unmap;
 };
 
@@ -257,6 +261,9 @@ class VmmModel {
   std::uint64_t next_gen_ = 1;    // handle-value and reservation generations
   Allocs allocs_;
   std::unordered_map<std::uint64_t, HandleRec> handles_;   // live and released values
+  // Per thread id: the sleeping ranges past the eighth of its last no-op unmap (by its seq).
+  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::vector<ThreadVmmState::Last>>>
+      more_;
   Reservations res_;                                       // by base
   FreedReservations freed_res_;                            // base -> (size, free)
   // Nodes of erased records, reused by the next insertions (node_reuse.h).

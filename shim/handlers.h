@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "bridge.h"
@@ -16,6 +17,9 @@
 namespace cmg::shim {
 
 CMG_HOT_TLS inline ThreadVmmState t_vmm;
+// No destructor to register per thread: a forked child's leak checker would see every other
+// thread's registration as a leak (those threads are not in the child).
+static_assert(std::is_trivially_destructible_v<ThreadVmmState>);
 // This thread is inside an NCCL communicator-lifecycle call (nccl_call).
 CMG_HOT_TLS inline bool t_in_nccl = false;
 
