@@ -27,6 +27,10 @@ class JsonLine {
 
   JsonLine(char *buf, std::size_t cap, Spill *spill = nullptr);
   JsonLine &str(std::string_view key, std::string_view v);
+  // A string the shim's own tables hold (an API, kind or class name: a C identifier or a word of
+  // letters and '-', by construction of api_*.def and mem_kind_name), written without the
+  // escaping pass.
+  JsonLine &ident(std::string_view key, std::string_view v);
   JsonLine &hex(std::string_view key, std::uint64_t v);
   JsonLine &num(std::string_view key, std::int64_t v);
   JsonLine &unum(std::string_view key, std::uint64_t v);

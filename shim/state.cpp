@@ -249,11 +249,11 @@ void Call::write_record(int res, const Args &args, const Extra &x) {
   std::uint64_t end = now_ns();
   char buf[2048];
   JsonLine j(buf, sizeof buf);
-  j.str("k", "call").unum("seq", ev_.seq).unum("ts", ev_.ts).unum("tid", ev_.tid)
-      .str("api", api_name(api_)).num("res", res).unum("dur", end - t0_);
+  j.ident("k", "call").unum("seq", ev_.seq).unum("ts", ev_.ts).unum("tid", ev_.tid)
+      .ident("api", api_name(api_)).num("res", res).unum("dur", end - t0_);
   put_args(j, args);
   if (x.mem) {
-    j.num("dev", x.dev).str("mem", mem_kind_name(*x.mem));
+    j.num("dev", x.dev).ident("mem", mem_kind_name(*x.mem));
     if (x.delta) j.num("delta", x.delta);
   }
   if (x.skipped) j.boolean("skipped", true);
