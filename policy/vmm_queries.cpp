@@ -151,6 +151,7 @@ void VmmModel::clear() {
   spare_sleepers_.clear();
   allocs_.clear();
   handles_.clear();
+  more_.clear();
   res_.clear();
   freed_res_.clear();
 }
