@@ -411,6 +411,19 @@ int threads_now() {
   return n;
 }
 
+// The count once it holds still: a thread that was just joined can still be listed in
+// /proc/self/task for a moment (the kernel wakes the joiner before it reaps the task).
+int threads_settled() {
+  int n = threads_now();
+  for (int i = 0; i < 200; ++i) {
+    usleep(1000);
+    const int m = threads_now();
+    if (m == n) return n;
+    n = m;
+  }
+  return n;
+}
+
 template <class F>
 F fake_fn(const char *name) {
   return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
@@ -450,12 +463,12 @@ int main(int argc, char **argv) {
   // program first creates one (ThreadSanitizer does), and that thread is not the shim's.
   std::thread([] {}).join();
   const std::set<std::string> fds0 = descriptors(false);
-  const int threads0 = threads_now();
+  const int threads0 = threads_settled();
   std::vector<std::thread> ts;
   for (int t = 0; t < nthreads; ++t) ts.emplace_back(worker, seed * 1000003u + static_cast<unsigned>(t), ops);
   for (auto &t : ts) t.join();
   const std::set<std::string> fds1 = descriptors(false);
-  const int threads1 = threads_now();
+  const int threads1 = threads_settled();
 
   fakecuda_state st{};
   g_get_state(&st);
