@@ -63,6 +63,18 @@ std::string json_str(std::string_view s) {
 
 }  // namespace
 
+RewriteRequest request_from_c(const char *base, const char *overrides, const char *torch_version) {
+  RewriteRequest q;
+  if (base) q.base = base;
+  q.overrides = overrides ? overrides : "";
+  if (torch_version && *torch_version)
+    if (auto v = parse_torch_version(torch_version)) {
+      q.version = *v;
+      q.version_source = "given by the caller";
+    }
+  return q;
+}
+
 std::size_t copy_out(const std::string &s, char *buf, std::size_t len) {
   if (buf && len > s.size()) {
     std::memcpy(buf, s.data(), s.size());

@@ -40,6 +40,11 @@ struct Rewrite {
 };
 
 Rewrite rewrite(const Env &env, const RewriteRequest &req);
+
+// The request of the C entry point cumemguard_torch_alloc_conf (include/cumemguard.h): null or
+// empty arguments mean none; a torch_version that parses is the release judged ("given by the
+// caller"); otherwise the default release is judged.
+RewriteRequest request_from_c(const char *base, const char *overrides, const char *torch_version);
 // {"variable":"PYTORCH_CUDA_ALLOC_CONF","base":"…","result":"…","restore":"…","error":null,
 //  "expandable_before":true,"expandable_after":false,"changed":true,"torch_version":"2.11.0",
 //  "torch_version_source":"…","known_problems":["…"]} (docs/python.md, "The C entry points").

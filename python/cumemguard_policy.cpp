@@ -23,15 +23,7 @@ CMG_POLICY_EXPORT size_t cumemguard_torch_alloc_conf(const char *base, const cha
                                                      size_t len) {
   namespace tc = cmg::torchconf;
   try {
-    tc::RewriteRequest q;
-    if (base) q.base = base;
-    q.overrides = overrides ? overrides : "";
-    if (torch_version && *torch_version) {
-      if (auto v = tc::parse_torch_version(torch_version)) {
-        q.version = *v;
-        q.version_source = "given by the caller";
-      }
-    }
+    const tc::RewriteRequest q = tc::request_from_c(base, overrides, torch_version);
     return tc::copy_out(tc::rewrite_json(tc::rewrite(tc::Env::from_envp(environ), q)), buf, len);
   } catch (...) {
     return tc::copy_out("{\"error\":\"internal error\"}", buf, len);

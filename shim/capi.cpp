@@ -107,17 +107,13 @@ CMG_EXPORT size_t cumemguard_torch_alloc_conf(const char *base, const char *over
                                               const char *torch_version, char *buf, size_t len) {
   namespace tc = cmg::torchconf;
   try {
-    tc::RewriteRequest q;
-    if (base) q.base = base;
-    q.overrides = overrides ? overrides : "";
-    if (torch_version && *torch_version) {
-      if (auto v = tc::parse_torch_version(torch_version)) {
-        q.version = *v;
-        q.version_source = "given by the caller";
+    tc::RewriteRequest q = tc::request_from_c(base, overrides, torch_version);
+    // Not named: the release of the libtorch this process loaded.
+    if (!(torch_version && *torch_version)) {
+      if (auto found = torch_loaded_version()) {
+        q.version = found->version;
+        q.version_source = found->source;
       }
-    } else if (auto found = torch_loaded_version()) {
-      q.version = found->version;
-      q.version_source = found->source;
     }
     return tc::copy_out(tc::rewrite_json(tc::rewrite(tc::Env::from_envp(environ), q)), buf, len);
   } catch (...) {
