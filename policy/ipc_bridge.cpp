@@ -499,9 +499,15 @@ void ImportTable::clear() {
 
 // ---- diagnosis --------------------------------------------------------------------------------
 TorchHint torch_hint(const torchconf::Env &env) {
+  return torch_hint(env, torchconf::default_grammar());
+}
+
+TorchHint torch_hint(const torchconf::Env &env, const torchconf::Grammar &g) {
   namespace tc = torchconf;
   TorchHint h;
-  const tc::Outcome o = tc::evaluate(env);
+  h.ipc_var = env.expandable_ipc ? "'" + *env.expandable_ipc + "'" : std::string("unset");
+  h.ipc_off = env.expandable_ipc == std::optional<std::string>("0");
+  const tc::Outcome o = tc::evaluate(env, g);
   if (o.cls != tc::OutcomeClass::Ok || !o.settings.expandable_segments) return h;
   h.expandable = true;
   const tc::Var v = o.source[static_cast<std::size_t>(tc::Key::ExpandableSegments)];
@@ -575,7 +581,12 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
           "invalid argument";
   if (torch.expandable)
     f.msg += ". PyTorch's " + torch.var + " has '" + torch.token +
-             "', so its caching allocator makes every segment this way";
+             "', so its caching allocator makes every segment this way (" +
+             std::string(torchconf::kExpandableIpcVar) + " " + torch.ipc_var +
+             (torch.ipc_off ? ": off, so torch.multiprocessing cannot share these tensors either"
+                            : ": torch.multiprocessing shares such tensors with POSIX file "
+                              "descriptors, legacy CUDA IPC cannot") +
+             ")";
   switch (plan.what) {
     case W::Bridge:
     case W::Report:
@@ -594,8 +605,8 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
         "returns a handle that cudaIpcOpenMemHandle opens in the other process), or ";
     f.msg += torch.expandable
                  ? "allocate this buffer with expandable segments off: "
-                   "torch.cuda.memory._set_allocator_settings(\"expandable_segments:False\") "
-                   "before the allocation and the full original setting after it, or "
+                   "with cumemguard.expandable_segments(False) around the allocation (the "
+                   "loaded release's setter, every other setting kept and restored), or "
                    "CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:False for the whole process"
                  : "allocate the buffer with cudaMalloc, or share it with "
                    "cuMemExportToShareableHandle";
@@ -616,7 +627,8 @@ Finding ipc_vmm_finding(const Subject &s, const TorchHint &torch, const ExportPl
                  "],\"mode\":\"" + mode_name + "\"";
   if (torch.expandable)
     f.state_json += ",\"torch_var\":\"" + json_escape(torch.var) + "\",\"torch_token\":\"" +
-                    json_escape(torch.token) + "\"";
+                    json_escape(torch.token) + "\",\"expandable_segments_ipc\":\"" +
+                    json_escape(torch.ipc_var) + "\"";
   if (!blocker.empty()) f.state_json += ",\"bridge_blocker\":\"" + json_escape(blocker) + "\"";
   f.state_json += "}";
   f.related.push_back({"reservation", s.reserved});

@@ -311,9 +311,14 @@ struct TorchHint {
   bool expandable = false;
   std::string var;    // "PYTORCH_CUDA_ALLOC_CONF"
   std::string token;  // the item as written: "expandable_segments:True"
+  // TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC as PyTorch reads it: "unset", "'0'", "'1'", "'yes'".
+  std::string ipc_var;
+  bool ipc_off = false;  // "0": PyTorch's own sharing of these tensors (torch.multiprocessing)
+                         // fails too, their segments have no shareable handle type
 };
-// What torch 2.10/2.11 will use (torchconf::evaluate) for this environment.
+// What the release will use (torchconf::evaluate with its grammar; 2.11 by default).
 TorchHint torch_hint(const torchconf::Env &env);
+TorchHint torch_hint(const torchconf::Env &env, const torchconf::Grammar &g);
 
 // Bridge mode adds POSIX_FD to a device-located cuMemCreate when the device supports it, so that
 // the allocation can later be exported; everything else keeps the types the program asked for.

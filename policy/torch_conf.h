@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// PyTorch 2.10/2.11 allocator configuration as a CUDA build reads it: parse, validate, merge, plan.
-// Spec: docs/reference/pytorch-alloc-conf.md; test vectors: docs/reference/alloc-conf-vectors.md.
+// PyTorch's allocator configuration as a CUDA build of each release reads it: parse, validate,
+// merge, plan. The grammar of 2.10+ is transliterated from c10 token by token and measured on
+// torch 2.11 (docs/alloc-conf-agreement.md); what each release parses is the one table
+// policy/torch_releases.def. Spec: docs/reference/pytorch-alloc-conf.md; releases:
+// docs/torch-versions.md; test vectors: docs/reference/alloc-conf-vectors.md.
 #pragma once
 
 #include <array>
@@ -12,6 +15,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "torch_version.h"
 
 namespace cmg::torchconf {
 
@@ -35,6 +40,7 @@ enum class Var : unsigned char { None, Cuda, Hip, Alloc };
 std::string_view var_name(Var v);  // "PYTORCH_CUDA_ALLOC_CONF", ...; "" for None
 inline constexpr std::array<Var, 3> kVars = {Var::Cuda, Var::Hip, Var::Alloc};
 inline constexpr std::string_view kNoCachingVar = "PYTORCH_NO_CUDA_MEMORY_CACHING";
+inline constexpr std::string_view kExpandableIpcVar = "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC";
 
 // Presence matters: PyTorch uses c10::utils::get_env, which returns optional, so a variable set to
 // "" is present and wins over the next one (reference §2).
@@ -43,6 +49,11 @@ struct Env {
   // PYTORCH_NO_CUDA_MEMORY_CACHING: the caching allocator off, every allocation a cudaMalloc
   // (read by c10/cuda/CUDACachingAllocator.cpp; before 2.7 its presence alone, pytorch#145661).
   std::optional<std::string> no_caching;
+  // TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC: read once per process (a function-local static in
+  // ExpandableSegment::map, c10::utils::check_env: "1" on, "0" off, anything else warns and keeps
+  // the default, on in public builds). Off: segments are made without a shareable handle type, so
+  // their tensors cannot be shared between processes (PR #169487).
+  std::optional<std::string> expandable_ipc;
 
   const std::optional<std::string> &get(Var v) const;  // Var::None: always nullopt
   std::optional<std::string> &get(Var v);              // v must not be Var::None
@@ -66,30 +77,37 @@ struct Read {
   Var var = Var::None;  // None: no variable present, defaults
   std::string reason;   // one line: why this variable
 };
-// Which variable a parser of a CUDA build reads.
+struct Grammar;
+// Which variable a parser of a CUDA build reads (default: the 2.11 grammar).
 Read reader(Parser p, const Env &env);
+Read reader(Parser p, const Env &env, const Grammar &g);
 
 // ---- keys (reference §4)
 
+// One row per key in policy/torch_releases.def (appended, never reordered).
 enum class Key : unsigned char {
-  LargeSegmentSizeMb,
-  MaxSplitSizeMb,
-  MaxNonSplitRoundingMb,
-  GarbageCollectionThreshold,
-  RoundupPower2Divisions,
-  ExpandableSegments,
-  PinnedUseBackgroundThreads,
-  Backend,
-  ReleaseLockOnCudamalloc,
-  PinnedUseCudaHostRegister,
-  PinnedNumRegisterThreads,
-  PinnedReserveSegmentSizeMb,
-  GraphCaptureRecordStreamReuse,
-  PerProcessMemoryFraction,
+#define TORCH_KEY(e, ...) e,
+#include "torch_releases.def"
+#undef TORCH_KEY
 };
-inline constexpr std::size_t kKeyCount = 14;
+inline constexpr std::size_t kKeyCount = 0
+#define TORCH_KEY(...) +1
+#include "torch_releases.def"
+#undef TORCH_KEY
+    ;
 
-enum class ValueKind : unsigned char { Bool, SizeMb, Count, Double, Divisions, Backend };
+// Reserve / ReserveList: parseReserveSpec's values (a fraction, or GiB with a G suffix); a
+// malformed one only warns (TORCH_WARN) and keeps the default, unlike every other key.
+enum class ValueKind : unsigned char {
+  Bool,
+  SizeMb,
+  Count,
+  Double,
+  Divisions,
+  Backend,
+  Reserve,
+  ReserveList
+};
 
 struct KeyInfo {
   Key key;
@@ -101,13 +119,54 @@ struct KeyInfo {
       setting;            // name of the effective value (snapshot key where it is in the snapshot)
   bool in_snapshot;       // listed in torch.cuda.memory._snapshot()["allocator_settings"]
   std::string_view unit;  // "bytes", "MiB", "" ...
+  std::string_view first;   // the first release that parses it ("2.11")
+  std::string_view last;    // the last one, when a later release dropped it; "" = still parsed
+  std::string_view source;  // where first/last were read (docs/torch-versions.md prints it)
   std::string_view help;
 };
 
 std::span<const KeyInfo> keys();
 const KeyInfo &key_info(Key k);
-// Exact, case-sensitive (PyTorch compares with ==); aliases map to their key.
+// Exact, case-sensitive (PyTorch compares with ==); aliases map to their key. Without a grammar:
+// a key of any modelled release.
 std::optional<Key> find_key(std::string_view name);
+// Only a key the release parses.
+std::optional<Key> find_key(std::string_view name, const Grammar &g);
+
+// ---- releases (policy/torch_releases.def, TORCH_RELEASE rows)
+
+enum class Family : unsigned char {
+  Legacy,  // one CUDAAllocatorConfig parser: lexArgs, consumeToken, TORCH_CHECK (2.0 to 2.7)
+  Split    // ConfigTokenizer, parsers A and C (2.8 on)
+};
+// How the judged release relates to the rows: its own row, newer than the newest row (judged with
+// the newest grammar known), or older than the oldest (judged with the oldest).
+enum class Fit : unsigned char { Exact, Newer, Older };
+
+struct Grammar {
+  std::string_view release;    // the row: "2.11"
+  Family family;
+  bool large_segment_prepass;  // A reads large_segment_size_mb before the other keys (PR #172056)
+  bool reset_non_split;        // A resets max_non_split_rounding_size each parse (PR #172056)
+  bool accelerator_setter;     // torch._C._accelerator_setAllocatorSettings (PR #165291)
+  bool released;               // false: the next release, keys of the main branch
+  std::string_view source;
+  std::string_view not_modelled;  // what that release is known to do otherwise ("" = nothing)
+  Fit fit = Fit::Exact;
+  // A release newer than every row: a key the newest grammar does not know may be one it added,
+  // so it is skipped with a note instead of raising (the scoped rewrite keeps it verbatim).
+  bool opaque_unknown = false;
+
+  bool knows(Key k) const;  // the release parses the key (its first/last releases in the table)
+  // The setter the Python package calls in this release.
+  std::string_view setter_name() const;
+  TorchVersion version() const;  // the row as a version ("2.11" -> 2.11.0)
+};
+std::span<const Grammar> grammars();      // every row, oldest first
+const Grammar &default_grammar();         // 2.11: the measured one
+const Grammar &newest_grammar();          // the newest row (the next release's keys)
+// The row of the release (its major.minor), with fit and opaque_unknown set.
+Grammar grammar_for(const TorchVersion &v);
 
 enum class Backend : unsigned char { Native, CudaMallocAsync };
 std::string_view backend_name(Backend b);
@@ -133,6 +192,13 @@ struct Settings {
   std::uint64_t pinned_reserve_segment_size_mb = 0;
   bool graph_capture_record_stream_reuse = false;
   double per_process_memory_fraction = 1.0;
+  bool throw_on_cudamalloc_oom = false;  // 2.12
+  bool pinned_free_catch_all = false;    // 2.12
+  // expandable_segments_reserve / _by_class: the accepted text ("0.5", "40G"; "[a:0.5,b:40G]"
+  // as the entries kept), "" = the default (the historical 9/8 of device memory).
+  std::string expandable_segments_reserve;
+  std::string expandable_segments_reserve_by_class;
+  std::uint64_t roundup_bypass_threshold = UINT64_MAX;  // 2.0 only
 
   bool operator==(const Settings &) const = default;
 };
@@ -190,26 +256,33 @@ struct Outcome {
   std::array<Var, kKeyCount> source{};  // variable that set each key, Var::None = default
   std::vector<std::string> warnings;    // what PyTorch itself would print (TORCH_WARN)
 
+  // The grammar that produced it (grammar_for of the judged release; default_grammar()).
+  Grammar grammar = default_grammar();
+
   const Read &read(Parser p) const;
 };
 
 // What torch 2.10/2.11 (CUDA build) does with this environment: L at import, then at the first CUDA
 // allocation C, then A (A, then C, and later, under cudaMallocAsync: see Outcome::deferred).
 Outcome evaluate(const Env &env);
+Outcome evaluate(const Env &env, const Grammar &g);
 // The same when the environment changed between `import torch` and the first allocation (case P21):
 // L reads `at_import`, C and A read `at_first_allocation`.
 Outcome evaluate(const Env &at_import, const Env &at_first_allocation);
+Outcome evaluate(const Env &at_import, const Env &at_first_allocation, const Grammar &g);
 
 // ---- runtime setter model (reference §5, §6; vectors S4-S8)
 
 enum class SetterApi : unsigned char {
   Accelerator,     // torch._C._accelerator_setAllocatorSettings(s)
-  DeprecatedCuda,  // torch.cuda.memory._set_allocator_settings(s): FutureWarning, same call
+  DeprecatedCuda,  // torch.cuda.memory._set_allocator_settings(s): from 2.10 a FutureWarning and
+                   // the same call; before 2.10 the only setter, without a warning
 };
 
 struct Runtime {
   Settings settings;
   Backend load_backend = Backend::Native;
+  Grammar grammar = default_grammar();  // the release whose setter is modelled
 };
 // The allocator state of a process whose environment parsed as `o` (must be Ok).
 Runtime runtime_from(const Outcome &o);
@@ -240,6 +313,10 @@ struct Problem {
 // checkToken).
 std::vector<Problem> diagnose(const Env &env, const Outcome &o);
 std::vector<Problem> diagnose(const Env &env);
+// Whether every modelled release fails on the environment (an abort at import, an exception at the
+// first allocation or at the first settings call): what the shim can say before it knows the
+// release.
+bool fails_in_every_release(const Env &env);
 // Case P21: the allocator variables changed after `import torch`.
 std::vector<Problem> diagnose_change(const Env &at_import, const Env &now);
 
@@ -297,6 +374,7 @@ struct Plan {
 // Pure: the shim applies `writes` with setenv() before PyTorch starts. On Refuse it keeps the
 // original environment and reports a `config` finding with `reason`.
 Plan plan(const Env &env, std::string_view overrides);
+Plan plan(const Env &env, std::string_view overrides, const Grammar &g);
 Env apply(const Env &env, const Plan &p);
 
 }  // namespace cmg::torchconf

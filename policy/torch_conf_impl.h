@@ -84,7 +84,11 @@ struct Ctx {
   std::array<bool, kKeyCount> set{};  // keys assigned by this parse
   std::size_t key_index = 0;          // key being parsed (for diagnostics)
   std::vector<std::string> *warnings = nullptr;
+  const Grammar *g = &default_grammar();  // the release whose parser this is
   void mark(Key k) { set[key_slot(k)] = true; }
+  void warn(std::string w) const {
+    if (warnings) warnings->push_back(std::move(w));
+  }
 };
 
 // ---- the per-scope parsers (torch_conf_parse.cpp); each returns the index of the item's last
@@ -100,6 +104,14 @@ std::size_t c_known_item(const Tokenizer &t, std::size_t i, Ctx &c, Key k,
 void a_parse_args(std::string_view env, Ctx &c);
 void c_parse_args(std::string_view env, Ctx &c, std::optional<Backend> loaded);
 Backend l_parse(std::string_view env, Ctx &c);
+
+// ---- the legacy parser of 2.0 to 2.7 (torch_conf_legacy.cpp)
+
+// CUDAAllocatorConfig::parseArgs before the split: one parser for every key, RuntimeError for
+// every failure. `loaded`: the backend BackendStaticInitializer chose at import.
+void legacy_parse_args(std::string_view env, Ctx &c, std::optional<Backend> loaded);
+// BackendStaticInitializer::parseEnvForBackend before the split: regex splits that never throw.
+Backend legacy_load(std::string_view env, Ctx &c);
 
 // ---- helpers of the diagnostics, shared with the plan (torch_conf_lint.cpp)
 

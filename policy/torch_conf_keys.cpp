@@ -2,6 +2,7 @@
 // The vocabulary of the PyTorch allocator-config model: the three variables and which one each
 // parser reads (precedence, reference §2), the key table with owners, units and defaults (§4), the
 // effective values as Python prints them, and the names of errors and outcomes (§7).
+#include <cstdlib>
 #include <string>
 
 #include "torch_conf_impl.h"
@@ -11,50 +12,30 @@ using namespace impl;
 namespace {
 
 const std::array<KeyInfo, kKeyCount> kKeys = {{
-    {Key::LargeSegmentSizeMb, "large_segment_size_mb", "", Parser::Accel, ValueKind::SizeMb,
-     "large_segment_size", false, "bytes",
-     "size of a large segment in MiB (> 10); also the lower bound of max_split_size_mb and "
-     "max_non_split_rounding_mb; read before the other keys"},
-    {Key::MaxSplitSizeMb, "max_split_size_mb", "", Parser::Accel, ValueKind::SizeMb,
-     "max_split_size", true, "bytes",
-     "blocks larger than this (MiB, >= large_segment_size_mb) are not split; snapshot shows -1 "
-     "for unlimited"},
-    {Key::MaxNonSplitRoundingMb, "max_non_split_rounding_mb", "", Parser::Accel, ValueKind::SizeMb,
-     "max_non_split_rounding_size", false, "bytes",
-     "how much larger a cached non-split block may be than the request (MiB)"},
-    {Key::GarbageCollectionThreshold, "garbage_collection_threshold", "", Parser::Accel,
-     ValueKind::Double, "garbage_collection_threshold", true, "",
-     "reclaim cached blocks above this fraction of the memory limit; open interval (0, 1)"},
-    {Key::RoundupPower2Divisions, "roundup_power2_divisions", "", Parser::Accel,
-     ValueKind::Divisions, "roundup_power2_divisions", true, "",
-     "divisions per power-of-two interval for rounding request sizes: N, or [MiB:N,...,>:N]"},
-    {Key::ExpandableSegments, "expandable_segments", "", Parser::Accel, ValueKind::Bool,
-     "expandable_segments", true, "",
-     "allocate segments with the VMM API so they can grow (True/False)"},
-    {Key::PinnedUseBackgroundThreads, "pinned_use_background_threads", "", Parser::Accel,
-     ValueKind::Bool, "pinned_use_background_threads", false, "",
-     "process pinned-memory events on a background thread (True/False)"},
-    {Key::Backend, "backend", "", Parser::Cuda, ValueKind::Backend, "backend", false, "",
-     "native or cudaMallocAsync; chosen at import (parser L) and checked again at runtime"},
-    {Key::ReleaseLockOnCudamalloc, "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
-     Parser::Cuda, ValueKind::Bool, "release_lock_on_cudamalloc", true, "",
-     "release the allocator lock around cudaMalloc (True/False)"},
-    {Key::PinnedUseCudaHostRegister, "pinned_use_cuda_host_register",
-     "pinned_use_hip_host_register", Parser::Cuda, ValueKind::Bool, "pinned_use_cuda_host_register",
-     true, "", "pinned memory via malloc + cudaHostRegister instead of cudaHostAlloc (True/False)"},
-    {Key::PinnedNumRegisterThreads, "pinned_num_register_threads", "", Parser::Cuda,
-     ValueKind::Count, "pinned_num_register_threads", true, "",
-     "threads used by cudaHostRegister (power of 2, <= 128)"},
-    {Key::PinnedReserveSegmentSizeMb, "pinned_reserve_segment_size_mb", "", Parser::Cuda,
-     ValueKind::Count, "pinned_reserve_segment_size_mb", false, "MiB",
-     "pinned memory reserved up front (MiB, > 0)"},
-    {Key::GraphCaptureRecordStreamReuse, "graph_capture_record_stream_reuse", "", Parser::Cuda,
-     ValueKind::Bool, "graph_capture_record_stream_reuse", true, "",
-     "reuse blocks freed with record_stream during graph capture (True/False)"},
-    {Key::PerProcessMemoryFraction, "per_process_memory_fraction", "", Parser::Cuda,
-     ValueKind::Double, "per_process_memory_fraction", false, "",
-     "fraction of device memory this process may use; closed interval [0, 1]"},
+#define TORCH_KEY(e, name, alias, owner, kind, setting, snap, unit, first, last, source, help) \
+  {Key::e, name, alias, Parser::owner, ValueKind::kind, setting, snap, unit, first, last, source, help},
+#include "torch_releases.def"
+#undef TORCH_KEY
 }};
+
+constexpr std::string_view kLegacySource =
+    "the legacy CUDAAllocatorConfig.cpp (lexArgs, consumeToken) as stored from a 2.2-era tree";
+constexpr std::string_view kLegacyNotModelled =
+    "message texts are those of that stored source; other legacy releases may word them "
+    "differently";
+
+const Grammar kGrammars[] = {
+#define TORCH_RELEASE(version, family, prepass, reset, accel, released, source, not_modelled) \
+  {version, Family::family, prepass, reset, accel, released, source, not_modelled},
+#include "torch_releases.def"
+#undef TORCH_RELEASE
+};
+
+const Grammar &row(std::string_view release) {
+  for (const Grammar &g : kGrammars)
+    if (g.release == release) return g;
+  std::abort();  // a literal of this file names a row that the table lacks
+}
 
 }  // namespace
 
@@ -104,6 +85,7 @@ Env Env::from_lookup(const std::function<std::optional<std::string>(std::string_
   Env e;
   for (Var v : kVars) e.get(v) = get(var_name(v));
   e.no_caching = get(kNoCachingVar);
+  e.expandable_ipc = get(kExpandableIpcVar);
   return e;
 }
 
@@ -116,6 +98,7 @@ Env Env::from_envp(char *const *envp) {
     for (Var v : kVars)
       if (kv.substr(0, eq) == var_name(v)) e.get(v) = std::string(kv.substr(eq + 1));
     if (kv.substr(0, eq) == kNoCachingVar) e.no_caching = std::string(kv.substr(eq + 1));
+    if (kv.substr(0, eq) == kExpandableIpcVar) e.expandable_ipc = std::string(kv.substr(eq + 1));
   }
   return e;
 }
@@ -144,9 +127,22 @@ std::string_view parser_title(Parser p) {
   return "?";
 }
 
-// Reference §2: CUDA -> (HIP, parser A only on a CUDA build) -> ALLOC; a present variable wins even
-// when empty, and nothing is merged.
 Read reader(Parser p, const Env &env) {
+  return reader(p, env, default_grammar());
+}
+
+// Reference §2: CUDA -> (HIP, parser A only on a CUDA build) -> ALLOC; a present variable wins even
+// when empty, and nothing is merged. The legacy parser reads PYTORCH_CUDA_ALLOC_CONF only
+// (CUDAAllocatorConfig::instance() before the split: getenv("PYTORCH_CUDA_ALLOC_CONF")).
+Read reader(Parser p, const Env &env, const Grammar &g) {
+  if (g.family == Family::Legacy) {
+    if (env.cuda)
+      return {Var::Cuda, "PYTORCH_CUDA_ALLOC_CONF is the only variable this release reads"};
+    return {Var::None, env.alloc || env.hip
+                           ? "this release reads only PYTORCH_CUDA_ALLOC_CONF, which is not set: "
+                             "defaults"
+                           : "no variable this parser reads is set: defaults"};
+  }
   if (env.cuda)
     return {Var::Cuda,
             env.cuda->empty()
@@ -183,6 +179,56 @@ std::optional<Key> find_key(std::string_view name) {
   for (const KeyInfo &k : kKeys)
     if (k.name == name || (!k.alias.empty() && k.alias == name)) return k.key;
   return std::nullopt;
+}
+
+std::optional<Key> find_key(std::string_view name, const Grammar &g) {
+  std::optional<Key> k = find_key(name);
+  if (k && !g.knows(*k)) return std::nullopt;
+  return k;
+}
+
+// ---- public: releases
+
+TorchVersion Grammar::version() const {
+  return torch_version(release);
+}
+
+bool Grammar::knows(Key k) const {
+  const KeyInfo &i = key_info(k);
+  const TorchVersion v = version();
+  return v >= torch_version(i.first) && (i.last.empty() || v <= torch_version(i.last));
+}
+
+std::string_view Grammar::setter_name() const {
+  return accelerator_setter ? "torch._C._accelerator_setAllocatorSettings"
+                            : "torch.cuda.memory._set_allocator_settings";
+}
+
+std::span<const Grammar> grammars() {
+  return kGrammars;
+}
+
+const Grammar &default_grammar() {
+  return row("2.11");
+}
+
+const Grammar &newest_grammar() {
+  return kGrammars[std::size(kGrammars) - 1];
+}
+
+Grammar grammar_for(const TorchVersion &v) {
+  const TorchVersion release{v.major, v.minor, 0, ""};
+  if (release < kGrammars[0].version()) {
+    Grammar g = kGrammars[0];
+    g.fit = Fit::Older;
+    return g;
+  }
+  for (const Grammar &g : kGrammars)
+    if (g.version() == release) return g;
+  Grammar g = newest_grammar();
+  g.fit = Fit::Newer;
+  g.opaque_unknown = true;
+  return g;
 }
 
 std::string_view backend_name(Backend b) {
@@ -229,6 +275,17 @@ std::string effective_text(const Settings &s, Key k) {
       return py_bool(s.graph_capture_record_stream_reuse);
     case Key::PerProcessMemoryFraction:
       return py_float(s.per_process_memory_fraction);
+    case Key::ThrowOnCudamallocOom:
+      return py_bool(s.throw_on_cudamalloc_oom);
+    case Key::PinnedFreeCatchAll:
+      return py_bool(s.pinned_free_catch_all);
+    case Key::ExpandableSegmentsReserve:
+      return s.expandable_segments_reserve.empty() ? "default" : s.expandable_segments_reserve;
+    case Key::ExpandableSegmentsReserveByClass:
+      return s.expandable_segments_reserve_by_class.empty() ? "[]"
+                                                            : s.expandable_segments_reserve_by_class;
+    case Key::RoundupBypassThresholdMb:
+      return std::to_string(s.roundup_bypass_threshold);
   }
   return "";
 }

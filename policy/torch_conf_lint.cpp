@@ -59,6 +59,16 @@ std::string_view severity_name(Severity s) {
 
 namespace {
 
+// " (a key of 2.12 and later)" for a key another release parses.
+std::string release_hint(const std::optional<Key> &k, const Grammar &g) {
+  if (!k) return "";
+  const KeyInfo &i = key_info(*k);
+  std::string r = " (a key of " + std::string(i.first);
+  r += i.last.empty() ? " and later" : i.last == i.first ? " only" : " to " + std::string(i.last);
+  r += "; this is " + std::string(g.release) + ")";
+  return r;
+}
+
 // The bytes of the item starting at token `key` (to the end of its value, or of the string when the
 // item has no complete value).
 std::string item_text(std::string_view value, const std::vector<Token> &toks, std::size_t key) {
@@ -140,10 +150,11 @@ void lint_var(Var var, const std::string &value, const Outcome &o, std::vector<P
 
   // The large segment size A will use for the bounds (its pre-pass), ignoring bad values.
   Settings base;
-  if (by_a) {
+  if (by_a && o.grammar.large_segment_prepass) {
     for (std::size_t i = 0; i < n; ++i) {
       if (toks[i].text != "large_segment_size_mb") continue;
       Ctx c{&base};
+      c.g = &o.grammar;
       try {
         a_large_segment(t, i, c);
       } catch (Raised &) {
@@ -177,11 +188,15 @@ void lint_var(Var var, const std::string &value, const Outcome &o, std::vector<P
                                            quote(value.substr(tk.begin, tk.end - tk.begin)) +
                                            " is dropped: PyTorch reads " + quote(tk.text)});
     }
-    const std::optional<Key> k = find_key(key);
+    const std::optional<Key> k = find_key(key, o.grammar);
     const bool outcome_here = is_error_var && o.error_key_index == key_i;
     if (!k) {
-      if (!outcome_here && (by_c || by_a))
-        out.push_back({Severity::Error, at + "unknown key " + quote(key) + key_hint(key) + ": " +
+      const std::optional<Key> other = find_key(key);
+      if (o.grammar.opaque_unknown)
+        ;  // a key a newer release may have added: noted by the parser, not an error
+      else if (!outcome_here && (by_c || by_a))
+        out.push_back({Severity::Error, at + "unknown key " + quote(key) + release_hint(other, o.grammar) +
+                                            key_hint(key) + ": " +
                                             std::string(error_type_name(ErrorType::ValueError)) +
                                             ": Unrecognized key '" + key + "' in " +
                                             (by_c ? "CUDA" : "Accelerator") +
@@ -204,6 +219,7 @@ void lint_var(Var var, const std::string &value, const Outcome &o, std::vector<P
       } else {
         Settings scratch = base;
         Ctx c{&scratch};
+        c.g = &o.grammar;
         try {
           if (a_key)
             a_known_item(t, key_i, c, *k);
@@ -258,6 +274,30 @@ std::vector<Problem> diagnose(const Env &env) {
   return diagnose(env, evaluate(env));
 }
 
+namespace {
+
+// TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC (PR #169487): c10::utils::check_env, read once when the first
+// expandable segment is mapped.
+void expandable_ipc_problems(const Env &env, const Outcome &o, std::vector<Problem> &out) {
+  if (!env.expandable_ipc) return;
+  const std::string &v = *env.expandable_ipc;
+  const std::string name(kExpandableIpcVar);
+  if (v != "0" && v != "1") {
+    out.push_back({Severity::Warning, name + "=" + quote(v) +
+                                          ": PyTorch accepts only 0 or 1, prints \"Ignoring invalid "
+                                          "value for boolean flag\" and keeps the default (on)"});
+    return;
+  }
+  if (v == "0" && o.settings.expandable_segments && o.load_backend == Backend::Native)
+    out.push_back({Severity::Warning,
+                   name + "=0 with expandable segments on: PyTorch makes its segments without a "
+                          "shareable handle type, so their tensors cannot be shared between "
+                          "processes (torch.multiprocessing raises \"cannot be shared between "
+                          "processes\")"});
+}
+
+}  // namespace
+
 std::vector<Problem> diagnose(const Env &env, const Outcome &o) {
   std::vector<Problem> out;
   // What PyTorch will do, first.
@@ -302,14 +342,24 @@ std::vector<Problem> diagnose(const Env &env, const Outcome &o) {
                                               " is ignored: PYTORCH_CUDA_ALLOC_CONF is set and "
                                               "PyTorch does not merge the variables"});
     }
-  } else if (env.hip) {
+  } else if (env.hip && o.grammar.family == Family::Split) {
     out.push_back({Severity::Note,
                    "PYTORCH_HIP_ALLOC_CONF feeds only parser A on a CUDA build (max_split_size_mb, "
                    "expandable_segments, ...); backend and the CUDA keys come from " +
                        where_read(o, Parser::Cuda)});
   }
-  // Item by item, every variable some parser reads.
+  if (o.grammar.family == Family::Legacy) {
+    for (Var other : {Var::Hip, Var::Alloc})
+      if (env.get(other))
+        out.push_back({Severity::Warning,
+                       std::string(var_name(other)) + "=" + quote(*env.get(other)) +
+                           " is ignored: torch " + std::string(o.grammar.release) +
+                           " reads only PYTORCH_CUDA_ALLOC_CONF"});
+  }
+  expandable_ipc_problems(env, o, out);
+  // Item by item, every variable some parser reads (the 2.8+ grammar's items).
   for (Var v : kVars) {
+    if (o.grammar.family == Family::Legacy) break;
     if (!env.get(v)) continue;
     if (o.load.var != v && o.cuda.var != v && o.accel.var != v) continue;
     lint_var(v, *env.get(v), o, out);
@@ -332,6 +382,12 @@ std::vector<Problem> diagnose(const Env &env, const Outcome &o) {
   for (const std::string &w : o.warnings)
     out.push_back({Severity::Note, "PyTorch will print: " + w});
   return out;
+}
+
+bool fails_in_every_release(const Env &env) {
+  for (const Grammar &g : grammars())
+    if (!evaluate(env, g).error) return false;
+  return true;
 }
 
 std::vector<Problem> diagnose_change(const Env &at_import, const Env &now) {

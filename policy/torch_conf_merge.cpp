@@ -200,8 +200,12 @@ Env apply(const Env &env, const Plan &p) {
 // * An original that fails at the first allocation may be written when the result is accepted
 //   (the override repairs it); the problems of the original are still reported.
 Plan plan(const Env &env, std::string_view overrides) {
+  return plan(env, overrides, default_grammar());
+}
+
+Plan plan(const Env &env, std::string_view overrides, const Grammar &g) {
   Plan p;
-  p.before = evaluate(env);
+  p.before = evaluate(env, g);
   p.problems = diagnose(env, p.before);
   auto refuse = [&](std::string why) {
     p.action = PlanAction::Refuse;
@@ -216,11 +220,16 @@ Plan plan(const Env &env, std::string_view overrides) {
                                  : "CUMEMGUARD_TORCH_ALLOC_CONF holds no override";
     return p;
   }
-  for (const Override &o : po.items)
+  for (const Override &o : po.items) {
     if (!o.known)
       return refuse("CUMEMGUARD_TORCH_ALLOC_CONF: unknown key " + quote(o.key) + key_hint(o.key) +
                     " (PyTorch would raise ValueError: Unrecognized key '" + o.key +
                     "' in CUDA allocator config.)");
+    if (!g.knows(*o.known))
+      return refuse("CUMEMGUARD_TORCH_ALLOC_CONF: " + quote(o.key) + " is not a key of torch " +
+                    std::string(g.release) + " (first parsed by " +
+                    std::string(key_info(*o.known).first) + ")");
+  }
   if (p.before.cls == OutcomeClass::ImportAbort)
     return refuse(std::string(var_name(p.before.error_var)) +
                   " would already abort import torch; the shim keeps it unchanged");
@@ -266,7 +275,7 @@ Plan plan(const Env &env, std::string_view overrides) {
     next.get(v) = w.new_value;
     std::string readers;
     for (Parser q : {Parser::Load, Parser::Cuda, Parser::Accel}) {
-      if (reader(q, next).var != v) continue;
+      if (reader(q, next, g).var != v) continue;
       if (!readers.empty()) readers += ", ";
       readers.append(parser_name(q));
     }
@@ -275,7 +284,7 @@ Plan plan(const Env &env, std::string_view overrides) {
     p.writes.push_back(std::move(w));
   }
 
-  p.after = evaluate(next);
+  p.after = evaluate(next, g);
   const Outcome &after = *p.after;
   if (after.error) {
     std::string why = "the result would make ";
@@ -296,6 +305,7 @@ Plan plan(const Env &env, std::string_view overrides) {
     if (!o.remove) {
       scratch.large_segment_size = after.settings.large_segment_size;
       Ctx c{&scratch};
+      c.g = &g;
       const Tokenizer t(o.key + ":" + o.value);
       try {
         if (a_owns(*o.known))
@@ -310,6 +320,7 @@ Plan plan(const Env &env, std::string_view overrides) {
     want[slot] = effective_text(scratch, *o.known);
   }
   for (const KeyInfo &k : keys()) {
+    if (!g.knows(k.key)) continue;
     const std::size_t slot = key_slot(k.key);
     const std::string got = effective_text(after.settings, k.key);
     if (touched[slot] && got != want[slot])

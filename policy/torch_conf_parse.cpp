@@ -7,12 +7,26 @@
 // running off the end) give torch's own result. Spec: docs/reference/pytorch-alloc-conf.md.
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <locale>
+#include <map>
+#include <sstream>
 #include <utility>
 
 #include "torch_conf_impl.h"
 
 namespace cmg::torchconf {
 namespace impl {
+
+// A key the release does not parse: ValueError, or for a release newer than every row of the table
+// a note (the key may be one that release added; it is kept and skipped).
+void unknown_key(const std::string &key, std::string_view parser, const Ctx &c) {
+  if (!c.g->opaque_unknown)
+    raise_value("Unrecognized key '" + key + "' in " + std::string(parser) + " allocator config.");
+  if (parser == "CUDA")
+    c.warn("cumemguard: '" + key + "' is not a key of any modelled release (newest: " +
+           std::string(newest_grammar().release) + "); kept as written and not judged");
+}
 
 // ---- parser A: AcceleratorAllocatorConfig
 
@@ -137,9 +151,9 @@ void a_parse_args(std::string_view env, Ctx &c) {
   s.max_split_size = UINT64_MAX;
   s.roundup_power2_divisions.fill(0);
   s.garbage_collection_threshold = 0;
-  // PR #172056: reset to the large segment size in effect when the parse starts (before the
+  // PR #172056 (2.11): reset to the large segment size in effect when the parse starts (before the
   // pre-pass below). Not observable through the snapshot.
-  s.max_non_split_rounding_size = s.large_segment_size;
+  if (c.g->reset_non_split) s.max_non_split_rounding_size = s.large_segment_size;
   s.last_allocator_settings.assign(env);
 
   const Tokenizer t(env);
@@ -147,7 +161,7 @@ void a_parse_args(std::string_view env, Ctx &c) {
   // validated), and the main loop then skips the item, so
   // max_split_size_mb/max_non_split_rounding_mb are checked against the final large segment size
   // wherever the keys appear (vector 40).
-  for (std::size_t i = 0; i < t.size(); ++i) {
+  for (std::size_t i = 0; c.g->large_segment_prepass && i < t.size(); ++i) {
     if (t[i] == "large_segment_size_mb") {
       c.key_index = i;
       i = a_large_segment(t, i, c);
@@ -156,12 +170,12 @@ void a_parse_args(std::string_view env, Ctx &c) {
   for (std::size_t i = 0; i < t.size(); ++i) {
     c.key_index = i;
     const std::string &key = t[i];
-    std::optional<Key> k = find_key(key);
+    std::optional<Key> k = find_key(key, *c.g);
     if (k && a_owns(*k) && *k != Key::LargeSegmentSizeMb) {
       i = a_known_item(t, i, c, *k);
     } else {
       // The CUDA hook is registered at static init, so A checks the union of both key sets.
-      if (!k) raise_value("Unrecognized key '" + key + "' in Accelerator allocator config.");
+      if (!k) unknown_key(key, "Accelerator", c);
       i = t.skipKey(i);
     }
     if (i + 1 < t.size()) t.checkToken(++i, ",");
@@ -182,6 +196,45 @@ std::size_t c_backend(const Tokenizer &t, std::size_t i, Ctx &c, std::optional<B
   if (loaded && b != *loaded) raise_backend_mismatch(b, *loaded);
   c.s->backend = b;
   c.mark(Key::Backend);
+  return i;
+}
+
+// parseReserveSpec (PR #192269): a fraction of device memory, or GiB with a trailing G/g, read with
+// an istringstream in the classic locale; it must be the whole token, finite and > 0. Anything
+// else is a TORCH_WARN and the default, never an error.
+bool reserve_spec(const std::string &tok, const Ctx &c) {
+  const bool gib = !tok.empty() && (tok.back() == 'G' || tok.back() == 'g');
+  const std::string num = gib ? tok.substr(0, tok.size() - 1) : tok;
+  double value = 0.0;
+  std::istringstream in(num);
+  in.imbue(std::locale::classic());
+  in >> value;
+  const bool ok = !num.empty() && !in.fail() && in.eof() && std::isfinite(value) && value > 0.0;
+  if (!ok)
+    c.warn("Warning: Ignoring invalid expandable-segment reserve value '" + tok +
+           "' in PYTORCH_CUDA_ALLOC_CONF (expected a positive, finite fraction like 0.5 or an "
+           "absolute size like 40G); using default. (function parseReserveSpec)");
+  return ok;
+}
+
+// parseExpandableSegmentsReserveByClass: the only parser that uses checkToken's result, to find
+// the ']' and the ','; a missing '[' is not diagnosed, and the loop runs off the end instead (the
+// index assert). The map replaces the previous one whole; malformed entries are skipped.
+std::size_t c_reserve_by_class(const Tokenizer &t, std::size_t i, Ctx &c) {
+  t.checkToken(++i, ":");
+  t.checkToken(++i, "[");
+  std::map<std::string, std::string> parsed;
+  while (!t.checkToken(i + 1, "]")) {
+    const std::string name = t[++i];
+    t.checkToken(++i, ":");
+    const std::string &tok = t[++i];
+    if (reserve_spec(tok, c)) parsed[name] = tok;
+    if (t.checkToken(i + 1, ",")) ++i;
+  }
+  ++i;  // the ']'
+  std::string text;
+  for (const auto &[name, tok] : parsed) text += (text.empty() ? "[" : ",") + name + ":" + tok;
+  c.s->expandable_segments_reserve_by_class = text.empty() ? "" : text + "]";
   return i;
 }
 
@@ -227,6 +280,24 @@ std::size_t c_known_item(const Tokenizer &t, std::size_t i, Ctx &c, Key k,
       s.per_process_memory_fraction = v;
       break;
     }
+    case Key::ThrowOnCudamallocOom:
+    case Key::PinnedFreeCatchAll: {
+      t.checkToken(++i, ":");
+      bool v = t.toBool(++i);
+      (k == Key::ThrowOnCudamallocOom ? s.throw_on_cudamalloc_oom : s.pinned_free_catch_all) = v;
+      break;
+    }
+    case Key::ExpandableSegmentsReserve: {
+      t.checkToken(++i, ":");
+      // A bad value keeps the default (parseExpandableSegmentsReserve), so the key is not marked.
+      const std::string &tok = t[++i];
+      if (!reserve_spec(tok, c)) return i;
+      s.expandable_segments_reserve = tok;
+      break;
+    }
+    case Key::ExpandableSegmentsReserveByClass:
+      i = c_reserve_by_class(t, i, c);
+      break;
     default:
       return t.skipKey(i);
   }
@@ -243,12 +314,12 @@ void c_parse_args(std::string_view env, Ctx &c, std::optional<Backend> loaded) {
   for (std::size_t i = 0; i < t.size(); ++i) {
     c.key_index = i;
     const std::string &key = t[i];
-    std::optional<Key> k = find_key(key);
+    std::optional<Key> k = find_key(key, *c.g);
     if (k && !a_owns(*k)) {
       i = c_known_item(t, i, c, *k, loaded);
       if (*k != Key::Backend) native_specific = true;
     } else {
-      if (!k) raise_value("Unrecognized key '" + key + "' in CUDA allocator config.");
+      if (!k) unknown_key(key, "CUDA", c);
       i = t.skipKey(i);
     }
     if (i + 1 < t.size()) t.checkToken(++i, ",");
@@ -285,16 +356,27 @@ Backend l_parse(std::string_view env, Ctx &c) {
 using namespace impl;
 
 Outcome evaluate(const Env &env) {
-  return evaluate(env, env);
+  return evaluate(env, env, default_grammar());
+}
+
+Outcome evaluate(const Env &env, const Grammar &g) {
+  return evaluate(env, env, g);
 }
 
 Outcome evaluate(const Env &at_import, const Env &at_first_allocation) {
+  return evaluate(at_import, at_first_allocation, default_grammar());
+}
+
+Outcome evaluate(const Env &at_import, const Env &at_first_allocation, const Grammar &g) {
   Outcome o;
-  o.load = reader(Parser::Load, at_import);
-  o.cuda = reader(Parser::Cuda, at_first_allocation);
-  o.accel = reader(Parser::Accel, at_first_allocation);
+  o.grammar = g;
+  o.load = reader(Parser::Load, at_import, g);
+  o.cuda = reader(Parser::Cuda, at_first_allocation, g);
+  o.accel = reader(Parser::Accel, at_first_allocation, g);
   Ctx lc{&o.settings}, cc{&o.settings}, ac{&o.settings};
+  lc.g = cc.g = ac.g = &o.grammar;
   cc.warnings = &o.warnings;
+  const bool legacy = g.family == Family::Legacy;
 
   auto finish = [&] {
     for (std::size_t k = 0; k < kKeyCount; ++k)
@@ -314,7 +396,8 @@ Outcome evaluate(const Env &at_import, const Env &at_first_allocation) {
 
   if (o.load.var != Var::None) {
     try {
-      o.load_backend = l_parse(*at_import.get(o.load.var), lc);
+      const std::string &v = *at_import.get(o.load.var);
+      o.load_backend = legacy ? legacy_load(v, lc) : l_parse(v, lc);
     } catch (Raised &r) {
       // A c10::Error escaping static initialisation: std::terminate, SIGABRT (§7).
       fail(OutcomeClass::ImportAbort, Parser::Load, o.load.var, lc, std::move(r.e));
@@ -331,7 +414,11 @@ Outcome evaluate(const Env &at_import, const Env &at_first_allocation) {
   auto parse_c = [&] {
     if (o.cuda.var == Var::None) return true;
     try {
-      c_parse_args(*at_first_allocation.get(o.cuda.var), cc, o.load_backend);
+      // The legacy parser owns every key: it is parser C here, and A reads nothing of its own.
+      if (legacy)
+        legacy_parse_args(*at_first_allocation.get(o.cuda.var), cc, o.load_backend);
+      else
+        c_parse_args(*at_first_allocation.get(o.cuda.var), cc, o.load_backend);
     } catch (Raised &r) {
       fail(cls, Parser::Cuda, o.cuda.var, cc, std::move(r.e));
       return false;
@@ -339,7 +426,7 @@ Outcome evaluate(const Env &at_import, const Env &at_first_allocation) {
     return true;
   };
   auto parse_a = [&] {
-    if (o.accel.var == Var::None) return true;
+    if (o.accel.var == Var::None || legacy) return true;
     try {
       a_parse_args(*at_first_allocation.get(o.accel.var), ac);
     } catch (Raised &r) {
@@ -357,20 +444,27 @@ Outcome evaluate(const Env &at_import, const Env &at_first_allocation) {
 // ---- public: runtime setter
 
 Runtime runtime_from(const Outcome &o) {
-  return Runtime{o.settings, o.load_backend};
+  return Runtime{o.settings, o.load_backend, o.grammar};
 }
 
 SetResult set_allocator_settings(Runtime &rt, std::string_view s, SetterApi api) {
   SetResult r;
-  if (api == SetterApi::DeprecatedCuda)  // §6: @deprecated wrapper around the accelerator call
+  // §6: from 2.10 a @deprecated wrapper around the accelerator call; before, the setter itself.
+  if (api == SetterApi::DeprecatedCuda && rt.grammar.accelerator_setter)
     r.warnings.push_back(
         "FutureWarning: torch.cuda._set_allocator_settings is deprecated. Use "
         "torch._C._accelerator_setAllocatorSettings instead.");
   Ctx c{&rt.settings};
   c.warnings = &r.warnings;
+  c.g = &rt.grammar;
   try {
-    a_parse_args(s, c);  // if A throws, the C hook never runs (vector S4)
-    c_parse_args(s, c, rt.load_backend);
+    if (rt.grammar.family == Family::Legacy) {
+      // setAllocatorSettings -> CUDAAllocatorConfig::instance().parseArgs(env.c_str()).
+      legacy_parse_args(s, c, rt.load_backend);
+    } else {
+      a_parse_args(s, c);  // if A throws, the C hook never runs (vector S4)
+      c_parse_args(s, c, rt.load_backend);
+    }
   } catch (Raised &e) {
     r.error = std::move(e.e);
   }

@@ -28,11 +28,11 @@ std::array<bool, kKeyCount> named_keys(const OverridesParse &po) {
   return named;
 }
 
-// The first key whose effective value differs, or "".
+// The first key of the release whose effective value differs, or "".
 std::string first_difference(const Settings &a, const Settings &b,
-                             const std::array<bool, kKeyCount> &skip) {
+                             const std::array<bool, kKeyCount> &skip, const Grammar &g) {
   for (const KeyInfo &k : keys()) {
-    if (skip[key_slot(k.key)]) continue;
+    if (skip[key_slot(k.key)] || !g.knows(k.key)) continue;
     if (effective_text(a, k.key) != effective_text(b, k.key))
       return std::string(k.name) + " (" + effective_text(a, k.key) + " -> " +
              effective_text(b, k.key) + ")";
@@ -87,9 +87,13 @@ std::size_t copy_out(const std::string &s, char *buf, std::size_t len) {
 
 Rewrite rewrite(const Env &env, const RewriteRequest &req) {
   Rewrite r;
-  const Outcome read = evaluate(env);
-  const Judgement j = judge(env, read, req.version, req.version_source);
+  // The judged release's own grammar: its keys are accepted and kept (a 2.12 key is no error for
+  // 2.12), and a release newer than every row keeps keys it does not know verbatim.
+  const Judgement j = judge(env, req.version, req.version_source);
+  const Outcome &read = j.outcome;
+  const Grammar &g = j.grammar;
   r.version = j.version.text;
+  r.setter = std::string(g.setter_name());
   r.version_source = j.source;
   for (const KnownProblem &k : j.known) r.known.push_back(k.text);
   auto fail = [&](std::string why) {
@@ -111,7 +115,7 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
     rt = runtime_from(j.outcome);
   } else {
     r.base = *req.base;
-    rt = read.error ? Runtime{} : runtime_from(j.outcome);
+    rt = read.error ? Runtime{Settings{}, Backend::Native, g} : runtime_from(j.outcome);
     if (SetResult s = set_allocator_settings(rt, r.base); s.error)
       return fail("the base configuration raises " + s.error->python());
   }
@@ -119,8 +123,12 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
 
   const OverridesParse po = parse_overrides(req.overrides);
   if (!po.error.empty()) return fail("overrides: " + po.error);
-  for (const Override &o : po.items)
+  for (const Override &o : po.items) {
     if (!o.known) return fail("overrides: unknown key " + quote(o.key) + key_hint(o.key));
+    if (!g.knows(*o.known))
+      return fail("overrides: " + quote(o.key) + " is not a key of torch " + j.version.text +
+                  " (first parsed by " + std::string(key_info(*o.known).first) + ")");
+  }
   const MergeResult m = merge(r.base, req.overrides);
   if (!m.ok()) return fail(m.error);
   r.result = m.value;
@@ -131,7 +139,7 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
   if (SetResult s = set_allocator_settings(after, r.result); s.error)
     return fail("the result " + quote(r.result) + " would raise " + s.error->python());
   const std::array<bool, kKeyCount> named = named_keys(po);
-  if (std::string d = first_difference(rt.settings, after.settings, named); !d.empty())
+  if (std::string d = first_difference(rt.settings, after.settings, named, g); !d.empty())
     return fail("the result would also change " + d);
   r.expandable_after = expandable_in_effect(after);
   r.changed = r.result != r.base;
@@ -144,7 +152,7 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req) {
     Runtime back = after;
     if (SetResult s = set_allocator_settings(back, r.restore); s.error)
       return fail("the restore " + quote(r.restore) + " would raise " + s.error->python());
-    const std::string d = first_difference(rt.settings, back.settings, {});
+    const std::string d = first_difference(rt.settings, back.settings, {}, g);
     if (d.empty() && expandable_in_effect(back) == r.expandable_before) return r;
     if (attempt == 1) return fail("no string restores the original settings: " + d);
     std::string keep;
@@ -169,7 +177,8 @@ std::string rewrite_json(const Rewrite &r) {
        ",\"expandable_after\":" + (r.expandable_after ? "true" : "false") +
        ",\"changed\":" + (r.changed ? "true" : "false") +
        ",\"torch_version\":" + json_str(r.version) +
-       ",\"torch_version_source\":" + json_str(r.version_source) + ",\"known_problems\":[";
+       ",\"torch_version_source\":" + json_str(r.version_source) +
+       ",\"setter\":" + json_str(r.setter) + ",\"known_problems\":[";
   for (std::size_t i = 0; i < r.known.size(); ++i) j += (i ? "," : "") + json_str(r.known[i]);
   return j + "]}";
 }

@@ -36,6 +36,9 @@ struct Rewrite {
   bool changed = false;            // the result sets something the base does not
   std::string version;             // the release judged, and why
   std::string version_source;
+  // PyTorch's setter in that release: "torch._C._accelerator_setAllocatorSettings" (2.10+; the
+  // cuda one is a deprecated wrapper there) or "torch.cuda.memory._set_allocator_settings".
+  std::string setter;
   std::vector<std::string> known;  // known problems of that release for this environment
 };
 
@@ -47,7 +50,8 @@ Rewrite rewrite(const Env &env, const RewriteRequest &req);
 RewriteRequest request_from_c(const char *base, const char *overrides, const char *torch_version);
 // {"variable":"PYTORCH_CUDA_ALLOC_CONF","base":"…","result":"…","restore":"…","error":null,
 //  "expandable_before":true,"expandable_after":false,"changed":true,"torch_version":"2.11.0",
-//  "torch_version_source":"…","known_problems":["…"]} (docs/python.md, "The C entry points").
+//  "torch_version_source":"…","setter":"torch._C._accelerator_setAllocatorSettings",
+//  "known_problems":["…"]} (docs/python.md, "The C entry points").
 std::string rewrite_json(const Rewrite &r);
 
 // Copies `s` and a terminating NUL into buf when it fits (len > s.size()); returns s.size(), so a

@@ -109,6 +109,33 @@ std::string no_caching_value_text(const Env &env, const Outcome &) {
          "caching)";
 }
 
+// ---- pytorch#147851 (2025-02): expandable segments do not work for a torch.cuda.MemPool with a
+// custom allocator (CUDAPluggableAllocator, as vLLM's sleep mode and torch_memory_saver use); PR
+// #148378 (2025-03) made the allocator raise instead. From 2.10 the allocator leaves expandable
+// segments out of such pools by itself: `is_expandable_segments_active = expandable_segments() &&
+// !active_user_pool` with active_user_pool = a private pool that has an allocator
+// (CUDACachingAllocator.cpp, quoted in PR #185818), so no advice is needed there.
+bool user_pool_applies(const Env &env, const Outcome &o, const TorchVersion &v) {
+  return expandable_set(o) && !caching_off(env, v);
+}
+std::string user_pool_text(const Env &, const Outcome &o) {
+  return "expandable_segments:True (" + source_of(o, Key::ExpandableSegments) +
+         "): a torch.cuda.MemPool with a custom allocator (vLLM's sleep mode, torch_memory_saver) "
+         "does not work with expandable segments in this release: turn them off inside the pool, "
+         "e.g. with cumemguard.expandable_segments(False), which keeps every other setting";
+}
+
+// ---- PR #130890 (2024-07, "Support IPC for Expandable Segments"): before it, a tensor in an
+// expandable segment cannot be shared with another process at all.
+bool no_ipc_applies(const Env &env, const Outcome &o, const TorchVersion &v) {
+  return expandable_set(o) && !caching_off(env, v);
+}
+std::string no_ipc_text(const Env &, const Outcome &o) {
+  return "expandable_segments:True (" + source_of(o, Key::ExpandableSegments) +
+         "): this release cannot share tensors of expandable segments between processes "
+         "(torch.multiprocessing, CUDA IPC)";
+}
+
 // Every release: with caching off, the allocator configuration has no effect on CUDA memory.
 bool uncached_applies(const Env &env, const Outcome &o, const TorchVersion &v);
 std::string uncached_text(const Env &env, const Outcome &o);
@@ -123,6 +150,12 @@ const VersionRule kRules[] = {
     {"no-caching-any-value", "", "2.7.0", Severity::Warning, true, "pytorch#145661",
      "fixed by PR #145905, first in 2.7.0, which reads the value", no_caching_value_applies,
      no_caching_value_text, nullptr},
+    {"expandable-ipc-unsupported", "2.1.0", "2.5.0", Severity::Note, false, "PR #130890",
+     "IPC for expandable segments, first in 2.5.0", no_ipc_applies, no_ipc_text, nullptr},
+    {"mempool-custom-allocator", "2.1.0", "2.10.0", Severity::Warning, false, "pytorch#147851",
+     "from 2.10.0 pools with a custom allocator do not use expandable segments (PR #185818 quotes "
+     "the code)",
+     user_pool_applies, user_pool_text, nullptr},
     {"cuda-variable-deprecated", "2.8.0", "2.11.0", Severity::Note, false, "pytorch#183387",
      "2.11.0 prints no such warning", deprecated_applies, deprecated_text, nullptr},
     {"unified-variable-ignored", "2.9.0", "2.10.0", Severity::Warning, true, "pytorch#183387",
@@ -166,16 +199,35 @@ bool caching_off(const Env &env, const TorchVersion &v) {
 
 std::string Judgement::summary() const {
   std::string s = "torch " + version.text + " (" + source + "): ";
-  if (exact) return s + "the " + version.release() + " grammar and its known problems";
-  return s + "the 2.10/2.11 grammar with the known differences of " + version.release() +
-         " applied; other differences of that release are not modelled";
+  const std::string row(grammar.release);
+  switch (grammar.fit) {
+    case Fit::Newer:
+      return s + "newer than every modelled release: judged with the newest grammar known (" + row +
+             ", the main branch after " + std::string(grammars()[grammars().size() - 2].release) +
+             "); keys it does not know are kept and not judged";
+    case Fit::Older:
+      return s + "older than the oldest modelled release (" + row + "): judged with the " + row +
+             " grammar; that release's own keys, messages and variables are not modelled";
+    case Fit::Exact:
+      break;
+  }
+  if (!grammar.released)
+    s += "not released: the keys of the main branch after " +
+         std::string(grammars()[grammars().size() - 2].release) + " (" +
+         std::string(grammar.source) + "), judged as the next release";
+  else
+    s += "the " + row + " grammar and its known problems";
+  if (!grammar.not_modelled.empty()) s += "; not modelled: " + std::string(grammar.not_modelled);
+  return s;
 }
 
-Judgement judge(const Env &env, const Outcome &o, const TorchVersion &v, std::string source) {
+Judgement judge(const Env &env, const TorchVersion &v, std::string source) {
   Judgement j;
   j.version = v;
   j.source = std::move(source);
-  j.exact = grammar_exact(v);
+  j.grammar = grammar_for(v);
+  j.exact = j.grammar.fit == Fit::Exact && j.grammar.not_modelled.empty();
+  const Outcome o = evaluate(env, j.grammar);
   j.outcome = o;
   for (const VersionRule &r : kRules) {
     if (!r.covers(v) || !r.applies(env, o, v)) continue;
@@ -187,8 +239,5 @@ Judgement judge(const Env &env, const Outcome &o, const TorchVersion &v, std::st
   return j;
 }
 
-Judgement judge(const Env &env, const TorchVersion &v, std::string source) {
-  return judge(env, evaluate(env), v, std::move(source));
-}
 
 }  // namespace cmg::torchconf

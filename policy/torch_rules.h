@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The environment judged for one PyTorch release: the 2.10/2.11 grammar of torch_conf, then the
-// known differences and bugs of that release, each from a public bug report and with the release
-// that fixed it. Every version-specific rule lives in the one table of torch_rules.cpp.
+// The environment judged for one PyTorch release: that release's grammar (the keys and parser of
+// policy/torch_releases.def), then its known differences and bugs, each from a public bug report
+// and with the release that fixed it, in the one table of torch_rules.cpp.
 #pragma once
 
 #include <span>
@@ -42,16 +42,15 @@ struct KnownProblem {
 struct Judgement {
   TorchVersion version;
   std::string source;  // why this version: "--torch-version", ".../torch/version.py", ...
-  bool exact = true;   // the grammar is this release's own (2.10, 2.11)
+  bool exact = true;   // the release has a row of its own with nothing known to be unmodelled
+  Grammar grammar;     // grammar_for(version)
   Outcome outcome;     // as this release reads the environment
   std::vector<KnownProblem> known;
-  // One line on what was judged: "torch 2.9.1 (from …): the 2.10/2.11 grammar with the known
-  // differences of 2.9.1 applied".
+  // One line on what was judged: "torch 2.12.0 (--torch-version): the 2.12 grammar and its known
+  // problems", with what is not modelled for a partial row, a future or an old release.
   std::string summary() const;
 };
 
-// `o` must be the 2.10/2.11 evaluation of `env` (evaluate()).
-Judgement judge(const Env &env, const Outcome &o, const TorchVersion &v, std::string source);
 Judgement judge(const Env &env, const TorchVersion &v, std::string source);
 
 // PYTORCH_NO_CUDA_MEMORY_CACHING turns caching off in this release (before 2.7 any value does,

@@ -72,10 +72,6 @@ TorchVersion grammar_version() {
   return torch_version("2.11.0");
 }
 
-bool grammar_exact(const TorchVersion &v) {
-  return v.major == 2 && (v.minor == 10 || v.minor == 11);
-}
-
 std::optional<std::string> version_in_version_py(std::string_view t) {
   for (std::size_t at = t.find("__version__"); at != std::string_view::npos;
        at = t.find("__version__", at + 1)) {

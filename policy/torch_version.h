@@ -35,10 +35,9 @@ std::optional<TorchVersion> parse_torch_version(std::string_view text);
 TorchVersion torch_version(std::string_view text);
 
 // The version the allocator-config grammar of torch_conf was transliterated from and checked
-// against (the H200 runs: 2.11.0; 2.10 reads the variables the same way, reference §2).
+// against (the H200 runs: 2.11.0), the default when no release is known. Every other release has
+// its row in policy/torch_releases.def (grammar_for in torch_conf.h).
 TorchVersion grammar_version();
-// The releases whose grammar torch_conf models token by token.
-bool grammar_exact(const TorchVersion &v);  // 2.10.x and 2.11.x
 
 // `__version__ = '2.11.0+cu130'` in torch/version.py (single or double quotes, any spacing).
 std::optional<std::string> version_in_version_py(std::string_view file_text);

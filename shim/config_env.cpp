@@ -22,6 +22,7 @@ namespace {
 namespace tc = cmg::torchconf;
 
 tc::Env *g_env_at_load = nullptr;  // leaked on purpose; read at the first CUDA call
+bool g_load_reported = false;      // the environment's errors were reported at load
 
 void config_record(const tc::Write &w, bool applied, const std::string &msg) {
   std::string buf(8192 + w.new_value.size() * 2, '\0');
@@ -66,7 +67,10 @@ void on_load() {
   try {
     tc::Env env = tc::Env::from_envp(environ);
     if (!s.opts.torch_alloc_conf.empty()) {
-      tc::Plan p = tc::plan(env, s.opts.torch_alloc_conf);
+      // The release is not known before `import torch`: the newest grammar accepts every key a
+      // release has, so a key of a newer release than the program's is written (PyTorch then
+      // rejects it as it would without the shim) rather than refused for every user of it.
+      tc::Plan p = tc::plan(env, s.opts.torch_alloc_conf, tc::newest_grammar());
       if (p.action == tc::PlanAction::Write && c10_cuda_loaded()) {
         report_finding_without_call(
             config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
@@ -92,10 +96,14 @@ void on_load() {
       }
     }
     // Problems PyTorch itself would hit: an abort at import or an exception at the first
-    // allocation. Only errors are printed (every process of a job would repeat a warning).
-    for (const tc::Problem &pr : tc::diagnose(env))
-      if (pr.severity == tc::Severity::Error)
-        report_finding_without_call(config_finding(pr.text), "(load)", true);
+    // allocation. Only errors are printed (every process of a job would repeat a warning), and
+    // at load only those every modelled release has (the release is not known yet: a key of 2.12
+    // is no error there); the others come with the release, at the first CUDA call.
+    g_load_reported = tc::fails_in_every_release(env);
+    if (g_load_reported)
+      for (const tc::Problem &pr : tc::diagnose(env))
+        if (pr.severity == tc::Severity::Error)
+          report_finding_without_call(config_finding(pr.text), "(load)", true);
     g_env_at_load = new tc::Env(std::move(env));
   } catch (...) {
     // A policy that cannot be evaluated is not applied; the host goes on untouched.
@@ -114,5 +122,7 @@ void on_first_cuda_call() {
 }
 
 const tc::Env *torch_env_at_load() { return g_env_at_load; }
+
+bool torch_errors_reported_at_load() { return g_load_reported; }
 
 }  // namespace cmg::shim

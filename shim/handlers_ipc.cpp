@@ -9,6 +9,7 @@
 #include "handlers.h"
 #include "ipc_bridge.h"
 #include "torch_conf.h"
+#include "torch_host.h"
 
 extern char **environ;
 
@@ -39,7 +40,11 @@ std::optional<VmmSubject> vmm_subject(Api api, std::uint64_t ptr) {
 // PyTorch's allocator setting as it stands now (the variables may have changed since load).
 ipc::TorchHint torch_now() {
   try {
-    return ipc::torch_hint(torchconf::Env::from_envp(environ));
+    // As the loaded release reads it (a key of its own is no error), 2.11 when none is found.
+    const std::optional<torchconf::FoundVersion> found = torch_loaded_version();
+    return ipc::torch_hint(torchconf::Env::from_envp(environ),
+                           found ? torchconf::grammar_for(found->version)
+                                 : torchconf::default_grammar());
   } catch (...) {
     return {};
   }

@@ -21,6 +21,9 @@ std::optional<torchconf::FoundVersion> torch_loaded_version();
 // The allocator variables as PyTorch reads them: the environment after the shim's rewrite at load
 // (parser L reads it during `import torch`); nullptr before on_load ran.
 const torchconf::Env *torch_env_at_load();
+// The environment fails in every modelled release, and its errors were reported at load; when not,
+// torch_release_check reports the loaded release's error.
+bool torch_errors_reported_at_load();
 
 // Once a release is found: its known problems for the environment (policy/torch_rules, the rows
 // marked at_run_time) as `config` findings, naming the release and where its version was read.

@@ -63,7 +63,10 @@ void ready_locked(Asked &a) {
   const tc::Env now = tc::Env::from_envp(environ);
   const tc::Env *load = torch_env_at_load();
   a.env = now;
-  a.read = tc::evaluate(load ? *load : now, now);
+  // As the loaded release reads it (its own keys), once its libraries say which one it is.
+  const std::optional<tc::FoundVersion> found = torch_loaded_version();
+  const tc::Grammar g = found ? tc::grammar_for(found->version) : tc::default_grammar();
+  a.read = tc::evaluate(load ? *load : now, now, g);
   a.runtime = a.read.error ? tc::Runtime{} : tc::runtime_from(a.read);
   a.ready = true;
 }
@@ -85,7 +88,7 @@ std::string cause(const Asked &a, const std::optional<tc::FoundVersion> &found) 
                 ? " (before 2.7 any value does: pytorch#145661)"
                 : "");
   if (found) {
-    const tc::Judgement j = tc::judge(a.env, a.read, found->version, found->source);
+    const tc::Judgement j = tc::judge(a.env, found->version, found->source);
     for (const tc::KnownProblem &k : j.known)
       if (k.rule->adjust) return release + ": " + k.text;
   }

@@ -99,6 +99,16 @@ void torch_release_check() {
     note(LogLevel::Info,
          "PyTorch " + found->version.text + " is loaded (version from " + found->source + ")");
     const tc::Judgement j = tc::judge(*env, found->version, found->source);
+    // An error of this release alone (a key it does not have, or one it added): not reported at
+    // load, where the release was not known.
+    if (!torch_errors_reported_at_load())
+      for (const tc::Problem &pr : tc::diagnose(*env, j.outcome))
+        if (pr.severity == tc::Severity::Error) {
+          Finding f;
+          f.cls = FindingClass::Config;
+          f.msg = "torch " + found->version.text + " (" + found->source + "): " + pr.text;
+          report_finding_without_call(std::move(f), "(PyTorch loaded)", true);
+        }
     for (const tc::KnownProblem &k : j.known) {
       if (!k.rule->at_run_time) continue;
       Finding f;

@@ -212,6 +212,19 @@ json key_value(const tc::Settings &s, tc::Key k) {
       return s.graph_capture_record_stream_reuse;
     case Key::PerProcessMemoryFraction:
       return s.per_process_memory_fraction;
+    case Key::ThrowOnCudamallocOom:
+      return s.throw_on_cudamalloc_oom;
+    case Key::PinnedFreeCatchAll:
+      return s.pinned_free_catch_all;
+    case Key::ExpandableSegmentsReserve:
+      return s.expandable_segments_reserve.empty() ? json(nullptr)
+                                                   : json(s.expandable_segments_reserve);
+    case Key::ExpandableSegmentsReserveByClass:
+      return s.expandable_segments_reserve_by_class.empty()
+                 ? json(nullptr)
+                 : json(s.expandable_segments_reserve_by_class);
+    case Key::RoundupBypassThresholdMb:
+      return s.roundup_bypass_threshold;
   }
   return nullptr;
 }
@@ -269,6 +282,25 @@ std::string profile_why(const ParsedOptions &po, bool set_by_run) {
   return name + ": default (a plain LD_PRELOAD; cumemguard run sets debug)";
 }
 
+// TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC as PyTorch reads it (c10::utils::check_env, once per process).
+std::string ipc_meaning(const tc::Env &env) {
+  if (!env.expandable_ipc)
+    return "unset: on (the default of public builds), expandable-segment tensors can be shared "
+           "between processes";
+  if (*env.expandable_ipc == "1") return "on: expandable-segment tensors can be shared";
+  if (*env.expandable_ipc == "0")
+    return "off: expandable segments are made without a shareable handle type, so their tensors "
+           "cannot be shared between processes";
+  return "not 0 or 1: PyTorch warns \"Ignoring invalid value for boolean flag\" and keeps the "
+         "default (on)";
+}
+
+json ipc_json(const tc::Env &env) {
+  return {{"variable", std::string(tc::kExpandableIpcVar)},
+          {"value", env.expandable_ipc ? json(*env.expandable_ipc) : json(nullptr)},
+          {"meaning", ipc_meaning(env)}};
+}
+
 json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
                 const std::optional<std::string> &override_raw) {
   const tc::Outcome &o = jd.outcome;  // as the judged release reads it
@@ -289,7 +321,9 @@ json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
   const tc::Settings defaults;
   json keys = json::array();
   for (const tc::KeyInfo &k : tc::keys()) {
+    if (!o.grammar.knows(k.key)) continue;  // this release's key set
     json row{{"key", std::string(k.name)},
+             {"first_release", std::string(k.first)},
              {"alias", k.alias.empty() ? json(nullptr) : json(std::string(k.alias))},
              {"parser", std::string(tc::parser_name(k.owner))},
              {"setting", std::string(k.setting)},
@@ -318,7 +352,7 @@ json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
             {"result_outcome",
              p.after ? json(std::string(tc::outcome_name(p.after->cls))) : json(nullptr)}};
   return json{{"build", "cuda"},
-              {"torch_versions", "2.10, 2.11"},
+              {"torch_versions", std::string(o.grammar.release)},
               {"torch_version", version_json(jd)},
               {"variables", vars},
               {"parsers", parsers},
@@ -326,6 +360,7 @@ json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
               {"error", error_json(o)},
               {"deferred", o.deferred},
               {"load_backend", std::string(tc::backend_name(o.load_backend))},
+              {"expandable_segments_ipc", ipc_json(env)},
               {"keys", keys},
               {"snapshot", snapshot ? snapshot_json(o.settings) : json(nullptr)},
               {"warnings", warnings},
@@ -391,6 +426,9 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
     out << "  " << tc::var_name(v) << std::string(26 - tc::var_name(v).size(), ' ')
         << (val ? in_quotes(*val) : std::string("unset")) << '\n';
   }
+  out << "  " << tc::kExpandableIpcVar << "  "
+      << (env.expandable_ipc ? in_quotes(*env.expandable_ipc) + " " : std::string()) << "("
+      << ipc_meaning(env) << ")\n";
   out << '\n';
   for (tc::Parser q : {tc::Parser::Load, tc::Parser::Cuda, tc::Parser::Accel}) {
     const tc::Read &r = o.read(q);
@@ -426,6 +464,7 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
                 "source");
   out << line;
   for (const tc::KeyInfo &k : tc::keys()) {
+    if (!o.grammar.knows(k.key)) continue;  // this release's key set
     std::string name(k.name);
     if (!k.in_snapshot) name += " *";
     std::snprintf(line, sizeof line, "  %-34s %-22s %-22s %s\n", name.c_str(),
@@ -433,7 +472,9 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
                   source_name(o, k.key).c_str());
     out << line;
   }
-  out << "  (keys named _mb in MiB as written, the bytes PyTorch holds in parentheses; the snapshot\n"
+  out << "  (the keys torch " << o.grammar.release
+      << " parses; keys named _mb in MiB as written, the bytes PyTorch holds in parentheses; the "
+         "snapshot\n"
          "   reports max_split_size in bytes, -1 = unlimited;\n"
          "   * = not in torch.cuda.memory._snapshot()[\"allocator_settings\"])\n\n";
   if (p.problems.empty()) {
@@ -542,14 +583,15 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
       tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); });
   const std::optional<std::string> override_raw =
       lookup(env, std::string(kOptionPrefix) + "TORCH_ALLOC_CONF");
-  const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf);
   std::vector<std::string> envp_list;
   for (const auto &e : env) envp_list.push_back(e.first + "=" + e.second);
   const TorchChoice choice = choose_torch_version(
       args.torch_version, args.python, [&](std::string_view n) { return lookup(env, n); },
       envp_list);
-  const tc::Judgement jd = tc::judge(tenv, p.before, choice.version, choice.source);
-  const int status = p.before.cls == tc::OutcomeClass::Ok ? kExitOk : kExitTorchFails;
+  // Judged, diagnosed and planned with the release's own grammar (its keys, its parser).
+  const tc::Judgement jd = tc::judge(tenv, choice.version, choice.source);
+  const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf, jd.grammar);
+  const int status = jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk : kExitTorchFails;
 
   if (args.json) {
     json j{{"schema", kJsonSchema},

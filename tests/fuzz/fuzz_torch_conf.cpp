@@ -85,7 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
   (void)tc::version_in_version_py(overrides);
   (void)tc::version_in_dist_info(overrides);
   (void)tc::version_in_library_name(overrides);
-  (void)tc::judge(env, o, tc::torch_version(size % 2 ? "2.9.1" : "2.2.0"), "f");
+  (void)tc::judge(env, tc::torch_version(size % 2 ? "2.9.1" : "2.2.0"), "f");
+  (void)tc::judge(env, tc::torch_version(size % 3 ? "2.12.0" : "2.16.0"), "f");
   // The rewrite, from the environment or (odd sizes) from the unified field as the base.
   tc::RewriteRequest q;
   if (size % 2) q.base = field(f[1]);
@@ -93,7 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
   const tc::Rewrite r = tc::rewrite(env, q);
   (void)tc::rewrite_json(r);
   if (r.error.empty() && !o.error && !q.base) {
-    tc::Runtime rt = tc::runtime_from(tc::judge(env, o, q.version, "f").outcome);
+    tc::Runtime rt = tc::runtime_from(tc::judge(env, q.version, "f").outcome);
     const tc::Runtime before = rt;
     if (tc::set_allocator_settings(rt, r.result).error) fail("a rewrite result PyTorch refuses");
     if (tc::set_allocator_settings(rt, r.restore).error) fail("a restore PyTorch refuses");

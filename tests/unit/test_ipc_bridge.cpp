@@ -499,11 +499,24 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
   REQUIRE(f.related.size() == 1);
   CHECK(f.related[0].ev.seq == 3);
 
-  TorchHint t{true, "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"};
+  TorchHint t = torch_hint(
+      torchconf::Env{std::string("expandable_segments:True"), {}, {}, {}, {}});
   f = ipc_vmm_finding(s, t, {W::Report, {}});
   CHECK_THAT(f.msg,
              Catch::Contains("PyTorch's PYTORCH_CUDA_ALLOC_CONF has 'expandable_segments:True'"));
-  CHECK_THAT(f.msg, Catch::Contains("_set_allocator_settings(\"expandable_segments:False\")"));
+  CHECK_THAT(f.msg, Catch::Contains("with cumemguard.expandable_segments(False) around the "
+                                    "allocation"));
+  CHECK_THAT(f.msg, Catch::Contains("(TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC unset: "
+                                    "torch.multiprocessing shares such tensors with POSIX file "
+                                    "descriptors, legacy CUDA IPC cannot)"));
+  CHECK(nlohmann::json::parse(f.state_json)["expandable_segments_ipc"] == "unset");
+  // Off: PyTorch's own sharing fails as well (PR #169487).
+  const TorchHint off_ipc = torch_hint(
+      torchconf::Env{std::string("expandable_segments:True"), {}, {}, {}, std::string("0")});
+  CHECK(off_ipc.ipc_off);
+  CHECK_THAT(ipc_vmm_finding(s, off_ipc, {W::Report, {}}).msg,
+             Catch::Contains("(TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC '0': off, so "
+                             "torch.multiprocessing cannot share these tensors either)"));
   CHECK_THAT(f.msg, Catch::Contains("CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:False"));
   st = nlohmann::json::parse(f.state_json);
   CHECK(st["torch_var"] == "PYTORCH_CUDA_ALLOC_CONF");
