@@ -11,7 +11,7 @@ namespace cmg::torchconf {
 using namespace impl;
 namespace {
 
-const std::array<KeyInfo, kKeyCount> kKeys = {{
+constexpr std::array<KeyInfo, kKeyCount> kKeys = {{
 #define TORCH_KEY(e, name, alias, owner, kind, setting, snap, unit, first, last, source, help) \
   {Key::e, name, alias, Parser::owner, ValueKind::kind, setting, snap, unit, first, last, source, help},
 #include "torch_releases.def"
@@ -24,7 +24,7 @@ constexpr std::string_view kLegacyNotModelled =
     "message texts are those of that stored source; other legacy releases may word them "
     "differently";
 
-const Grammar kGrammars[] = {
+constexpr Grammar kGrammars[] = {
 #define TORCH_RELEASE(version, family, prepass, reset, accel, released, source, not_modelled) \
   {version, Family::family, prepass, reset, accel, released, source, not_modelled},
 #include "torch_releases.def"

@@ -229,12 +229,17 @@ Judgement judge(const Env &env, const TorchVersion &v, std::string source) {
   j.exact = j.grammar.fit == Fit::Exact && j.grammar.not_modelled.empty();
   const Outcome o = evaluate(env, j.grammar);
   j.outcome = o;
+  // The rows that change the value first (what the release really gets), then every row in table
+  // order: a changing row on the grammar's value, the others on the changed one (2.9.1 with
+  // expandable_segments:True from PYTORCH_ALLOC_CONF has them off, so no row about them applies).
+  for (const VersionRule &r : kRules)
+    if (r.adjust && !o.error && r.covers(v) && r.applies(env, o, v)) r.adjust(j.outcome);
   for (const VersionRule &r : kRules) {
-    if (!r.covers(v) || !r.applies(env, o, v)) continue;
+    const Outcome &basis = r.adjust ? o : j.outcome;
+    if (!r.covers(v) || !r.applies(env, basis, v)) continue;
     std::string why =
         r.bug.empty() ? std::string(r.fix) : std::string(r.bug) + "; " + std::string(r.fix);
-    j.known.push_back(KnownProblem{&r, r.text(env, o) + " (" + why + ")"});
-    if (r.adjust && !o.error) r.adjust(j.outcome);
+    j.known.push_back(KnownProblem{&r, r.text(env, basis) + " (" + why + ")"});
   }
   return j;
 }

@@ -2,8 +2,9 @@
 """Scoped changes of PyTorch's allocator settings (seed 002's guard), on the shim's own parser.
 
 The full configuration in effect comes from the variable PyTorch reads (PYTORCH_CUDA_ALLOC_CONF
-when present, even empty, else PYTORCH_ALLOC_CONF, as torch 2.10/2.11 do) or, inside another block
-of this module, from what that block applied. cumemguard_torch_alloc_conf() changes only the
+when present, even empty, else PYTORCH_ALLOC_CONF, as torch 2.10 and later do) or, inside another
+block of this module, from what that block applied; it is judged with the grammar of the torch
+that is imported (torch.__version__), so every key of that release is kept. cumemguard_torch_alloc_conf() changes only the
 overridden token in it and gives the string that restores every setting afterwards; both were
 checked against the model of PyTorch's setter (which resets max_split_size_mb,
 roundup_power2_divisions and garbage_collection_threshold whenever they are omitted).
@@ -22,10 +23,17 @@ _lock = threading.RLock()
 _applied = []  # the strings this module passed to the setter, innermost last
 
 
-def _setter(torch):
-    # torch.cuda.memory._set_allocator_settings is, in 2.10/2.11, a deprecated wrapper that emits a
-    # FutureWarning and calls torch._C._accelerator_setAllocatorSettings (reference §6): call the
-    # latter where it exists, the wrapper where it does not.
+def _setter(torch, name=None):
+    # The setter of the loaded release, as the policy names it for that release ("setter" of the
+    # plan): torch._C._accelerator_setAllocatorSettings from 2.10, where
+    # torch.cuda.memory._set_allocator_settings became a deprecated wrapper that emits a
+    # FutureWarning (reference §6); the latter before. A build that lacks the named one gets the
+    # one it has.
+    fn = torch
+    for part in (name or "").split(".")[1:]:
+        fn = getattr(fn, part, None)
+    if name and callable(fn):
+        return fn
     fn = getattr(getattr(torch, "_C", None), "_accelerator_setAllocatorSettings", None)
     return fn if fn is not None else torch.cuda.memory._set_allocator_settings
 
@@ -64,7 +72,7 @@ class allocator_settings:
                 raise ConfigError("cumemguard: " + p["error"])
             if self._no_op(p):
                 return self
-            _setter(torch)(p["result"])
+            _setter(torch, p.get("setter"))(p["result"])
             _applied.append(p["result"])
             self.applied = True
             _tell_shim(p["result"])
@@ -84,7 +92,7 @@ class allocator_settings:
                         del _applied[i]
                         break
             self.applied = False
-            _setter(torch)(self.plan["restore"])
+            _setter(torch, self.plan.get("setter"))(self.plan["restore"])
             _tell_shim(self.plan["restore"])
         return False
 

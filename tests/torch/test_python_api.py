@@ -177,6 +177,47 @@ class ExpandableSegments(unittest.TestCase):
         self.assertEqual(torch.calls, [("cuda", "expandable_segments:False"),
                                        ("cuda", "expandable_segments:True")])
 
+    def test_keys_of_the_release_it_runs_under(self):
+        # throw_on_cudamalloc_oom is a key of 2.12 (its release notes): under 2.12 the block keeps
+        # it and changes only expandable_segments; under 2.11 the same environment already fails.
+        conf = "throw_on_cudamalloc_oom:True,expandable_segments:True,pinned_free_catch_all:True"
+        saved = torch.__version__
+        torch.__version__ = "2.12.0+cu130"
+        try:
+            fresh(PYTORCH_CUDA_ALLOC_CONF=conf)
+            with cumemguard.expandable_segments(False) as b:
+                self.assertFalse(settings()["expandable_segments"])
+                self.assertTrue(settings()["throw_on_cudamalloc_oom"])
+            self.assertEqual(b.plan["setter"], "torch._C._accelerator_setAllocatorSettings")
+            self.assertEqual(torch.calls, [
+                ("accelerator", "throw_on_cudamalloc_oom:True,expandable_segments:False,"
+                                "pinned_free_catch_all:True"),
+                ("accelerator", conf)])
+            torch.__version__ = "2.11.0"
+            with self.assertRaises(cumemguard.ConfigError) as e:
+                with cumemguard.expandable_segments(False):
+                    self.fail("entered")
+            self.assertIn("Unrecognized key 'throw_on_cudamalloc_oom'", str(e.exception))
+        finally:
+            torch.__version__ = saved
+
+    def test_setter_of_the_release(self):
+        # Before 2.10 the policy names torch.cuda.memory._set_allocator_settings: the package calls
+        # that one even where the stand-in also has the accelerator one (it records "deprecated"
+        # then; the accelerator call would record "accelerator").
+        saved = torch.__version__
+        torch.__version__ = "2.9.1"
+        try:
+            fresh(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True,max_split_size_mb:256")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                with cumemguard.expandable_segments(False) as b:
+                    pass
+        finally:
+            torch.__version__ = saved
+        self.assertEqual(b.plan["setter"], "torch.cuda.memory._set_allocator_settings")
+        self.assertEqual([api for api, _ in torch.calls], ["deprecated", "deprecated"])
+
     def test_first_call_of_a_fresh_process(self):
         code = ("import cumemguard, torch\n"
                 "with cumemguard.expandable_segments(False):\n"

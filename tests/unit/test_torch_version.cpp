@@ -141,8 +141,7 @@ TEST_CASE("version rules: 2.9 ignores PYTORCH_ALLOC_CONF for expandable_segments
           "[torch_rules]") {
   const Env e = env_of({{"PYTORCH_ALLOC_CONF", "expandable_segments:True"}});
   const Judgement j29 = judge(e, v("2.9.1"), "--torch-version");
-  CHECK(ids(j29) ==
-        std::vector<std::string>{"mempool-custom-allocator", "unified-variable-ignored"});
+  CHECK(ids(j29) == std::vector<std::string>{"unified-variable-ignored"});
   CHECK_FALSE(j29.exact);
   CHECK(j29.outcome.settings.expandable_segments == false);  // what 2.9.1 gets
   CHECK(j29.outcome.source[static_cast<std::size_t>(Key::ExpandableSegments)] == Var::None);
@@ -313,8 +312,8 @@ TEST_CASE("rewrite: unified variable, empty legacy shadowing, brackets", "[torch
   // The setter does honour the string at run time, so the restore keeps what 2.9.1 had: off.
   CHECK(r29.result == "expandable_segments:False");
   CHECK(r29.restore == "expandable_segments:False");
-  REQUIRE(r29.known.size() == 2);  // and the MemPool row of releases before 2.10
-  CHECK(r29.known[1].find("pytorch#183387") != std::string::npos);
+  REQUIRE(r29.known.size() == 1);
+  CHECK(r29.known[0].find("pytorch#183387") != std::string::npos);
 }
 
 TEST_CASE("rewrite: nested use, the restore, and refusals", "[torch_rewrite]") {

@@ -7,7 +7,8 @@ max_split_size, roundup_power2_divisions and garbage_collection_threshold, then 
 string names; expandable_segments and the CUDA keys keep their value when omitted. Its own toy
 parser is deliberately not the shim's, so the tests compare two independent readings.
 
-Controls: STANDIN_TORCH_VERSION (torch.__version__), STANDIN_TORCH_NO_ACCELERATOR=1 (a torch
+Keys of 2.12 (throw_on_cudamalloc_oom, pinned_free_catch_all) are accepted when torch.__version__
+says 2.12 or later. Controls: STANDIN_TORCH_VERSION (torch.__version__), STANDIN_TORCH_NO_ACCELERATOR=1 (a torch
 without torch._C._accelerator_setAllocatorSettings, which then has only the deprecated setter).
 """
 import os
@@ -67,8 +68,14 @@ def _apply(conf):
             state["release_lock_on_cudamalloc"] = _bool(v)
         elif k == "backend":
             state["backend"] = v
+        elif k in ("throw_on_cudamalloc_oom", "pinned_free_catch_all") and _release() >= (2, 12):
+            state[k] = _bool(v)  # keys of 2.12 (its release notes, #179473)
         else:
             raise ValueError(f"Unrecognized key '{k}' in Accelerator allocator config.")
+
+
+def _release():
+    return tuple(int(x) for x in __version__.split("+")[0].split(".")[:2])
 
 
 def _reset():
