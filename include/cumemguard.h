@@ -66,9 +66,9 @@ const char *cumemguard_version(void);
  * again with a larger buffer when the result is >= len). */
 size_t cumemguard_stats_json(char *buf, size_t len);
 
-/* PyTorch's allocator configuration with overrides applied, by the shim's own parser (PyTorch
- * 2.10/2.11 grammar and precedence, policy/torch_conf), for PyTorch's allocator setter
- * (torch.cuda.memory._set_allocator_settings).
+/* PyTorch's allocator configuration with overrides applied, by the shim's own parser (the judged
+ * release's keys, grammar and precedence, policy/torch_conf), for PyTorch's allocator setter (the
+ * one "setter" names for that release).
  *   base:          the configuration in effect, as last passed to the setter; NULL for the one
  *                  PyTorch read from the environment (the variable its common-key parser reads).
  *   overrides:     "expandable_segments:False" (the CUMEMGUARD_TORCH_ALLOC_CONF syntax).
@@ -77,7 +77,8 @@ size_t cumemguard_stats_json(char *buf, size_t len);
  * The JSON object written to buf:
  *   {"variable":"PYTORCH_CUDA_ALLOC_CONF"|null,"base":"...","result":"...","restore":"...",
  *    "error":null|"...","expandable_before":true,"expandable_after":false,"changed":true,
- *    "torch_version":"2.11.0","torch_version_source":"...","known_problems":["..."]}
+ *    "torch_version":"2.11.0","torch_version_source":"...",
+ *    "setter":"torch._C._accelerator_setAllocatorSettings","known_problems":["..."]}
  * "result" changes only the overridden tokens of "base", in place; passing "restore" to the
  * setter afterwards gives back every setting "base" had. Both were checked against the model of
  * the setter; when "error" is not null neither may be used. Returns the text's length, as

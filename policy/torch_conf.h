@@ -144,7 +144,7 @@ enum class Family : unsigned char {
 enum class Fit : unsigned char { Exact, Newer, Older };
 
 struct Grammar {
-  std::string_view release;    // the row: "2.11"
+  std::string_view release;  // the row: "2.11"
   Family family;
   bool large_segment_prepass;  // A reads large_segment_size_mb before the other keys (PR #172056)
   bool reset_non_split;        // A resets max_non_split_rounding_size each parse (PR #172056)
@@ -162,9 +162,9 @@ struct Grammar {
   std::string_view setter_name() const;
   TorchVersion version() const;  // the row as a version ("2.11" -> 2.11.0)
 };
-std::span<const Grammar> grammars();      // every row, oldest first
-const Grammar &default_grammar();         // 2.11: the measured one
-const Grammar &newest_grammar();          // the newest row (the next release's keys)
+std::span<const Grammar> grammars();  // every row, oldest first
+const Grammar &default_grammar();     // 2.11: the measured one
+const Grammar &newest_grammar();      // the newest row (the next release's keys)
 // The row of the release (its major.minor), with fit and opaque_unknown set.
 Grammar grammar_for(const TorchVersion &v);
 

@@ -11,12 +11,15 @@ namespace cmg::torchconf {
 using namespace impl;
 namespace {
 
+// clang-format off
 constexpr std::array<KeyInfo, kKeyCount> kKeys = {{
 #define TORCH_KEY(e, name, alias, owner, kind, setting, snap, unit, first, last, source, help) \
-  {Key::e, name, alias, Parser::owner, ValueKind::kind, setting, snap, unit, first, last, source, help},
+  {Key::e, name, alias, Parser::owner, ValueKind::kind, setting, snap, unit, first, last, source, \
+   help},
 #include "torch_releases.def"
 #undef TORCH_KEY
 }};
+// clang-format on
 
 constexpr std::string_view kLegacySource =
     "the legacy CUDAAllocatorConfig.cpp (lexArgs, consumeToken) as stored from a 2.2-era tree";
@@ -282,8 +285,9 @@ std::string effective_text(const Settings &s, Key k) {
     case Key::ExpandableSegmentsReserve:
       return s.expandable_segments_reserve.empty() ? "default" : s.expandable_segments_reserve;
     case Key::ExpandableSegmentsReserveByClass:
-      return s.expandable_segments_reserve_by_class.empty() ? "[]"
-                                                            : s.expandable_segments_reserve_by_class;
+      return s.expandable_segments_reserve_by_class.empty()
+                 ? "[]"
+                 : s.expandable_segments_reserve_by_class;
     case Key::RoundupBypassThresholdMb:
       return std::to_string(s.roundup_bypass_threshold);
   }

@@ -225,8 +225,7 @@ void legacy_parse_args(std::string_view env, Ctx &c, std::optional<Backend> load
     c.key_index = i;
     const std::string &item = config[i];
     const std::optional<Key> k = find_key(item, *c.g);
-    if (!k)
-      raise_check("Unrecognized CachingAllocator option: " + item);
+    if (!k) raise_check("Unrecognized CachingAllocator option: " + item);
     switch (*k) {
       case Key::MaxSplitSizeMb:
       case Key::MaxNonSplitRoundingMb:

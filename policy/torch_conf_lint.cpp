@@ -195,8 +195,8 @@ void lint_var(Var var, const std::string &value, const Outcome &o, std::vector<P
       if (o.grammar.opaque_unknown)
         ;  // a key a newer release may have added: noted by the parser, not an error
       else if (!outcome_here && (by_c || by_a))
-        out.push_back({Severity::Error, at + "unknown key " + quote(key) + release_hint(other, o.grammar) +
-                                            key_hint(key) + ": " +
+        out.push_back({Severity::Error, at + "unknown key " + quote(key) +
+                                            release_hint(other, o.grammar) + key_hint(key) + ": " +
                                             std::string(error_type_name(ErrorType::ValueError)) +
                                             ": Unrecognized key '" + key + "' in " +
                                             (by_c ? "CUDA" : "Accelerator") +
@@ -283,9 +283,10 @@ void expandable_ipc_problems(const Env &env, const Outcome &o, std::vector<Probl
   const std::string &v = *env.expandable_ipc;
   const std::string name(kExpandableIpcVar);
   if (v != "0" && v != "1") {
-    out.push_back({Severity::Warning, name + "=" + quote(v) +
-                                          ": PyTorch accepts only 0 or 1, prints \"Ignoring invalid "
-                                          "value for boolean flag\" and keeps the default (on)"});
+    out.push_back(
+        {Severity::Warning, name + "=" + quote(v) +
+                                ": PyTorch accepts only 0 or 1, prints \"Ignoring invalid "
+                                "value for boolean flag\" and keeps the default (on)"});
     return;
   }
   if (v == "0" && o.settings.expandable_segments && o.load_backend == Backend::Native)
@@ -351,10 +352,10 @@ std::vector<Problem> diagnose(const Env &env, const Outcome &o) {
   if (o.grammar.family == Family::Legacy) {
     for (Var other : {Var::Hip, Var::Alloc})
       if (env.get(other))
-        out.push_back({Severity::Warning,
-                       std::string(var_name(other)) + "=" + quote(*env.get(other)) +
-                           " is ignored: torch " + std::string(o.grammar.release) +
-                           " reads only PYTORCH_CUDA_ALLOC_CONF"});
+        out.push_back({Severity::Warning, std::string(var_name(other)) + "=" +
+                                              quote(*env.get(other)) + " is ignored: torch " +
+                                              std::string(o.grammar.release) +
+                                              " reads only PYTORCH_CUDA_ALLOC_CONF"});
   }
   expandable_ipc_problems(env, o, out);
   // Item by item, every variable some parser reads (the 2.8+ grammar's items).

@@ -244,5 +244,4 @@ Judgement judge(const Env &env, const TorchVersion &v, std::string source) {
   return j;
 }
 
-
 }  // namespace cmg::torchconf

@@ -123,6 +123,8 @@ void on_first_cuda_call() {
 
 const tc::Env *torch_env_at_load() { return g_env_at_load; }
 
-bool torch_errors_reported_at_load() { return g_load_reported; }
+bool torch_errors_reported_at_load() {
+  return g_load_reported;
+}
 
 }  // namespace cmg::shim

@@ -42,9 +42,9 @@ ipc::TorchHint torch_now() {
   try {
     // As the loaded release reads it (a key of its own is no error), 2.11 when none is found.
     const std::optional<torchconf::FoundVersion> found = torch_loaded_version();
-    return ipc::torch_hint(torchconf::Env::from_envp(environ),
-                           found ? torchconf::grammar_for(found->version)
-                                 : torchconf::default_grammar());
+    return ipc::torch_hint(
+        torchconf::Env::from_envp(environ),
+        found ? torchconf::grammar_for(found->version) : torchconf::default_grammar());
   } catch (...) {
     return {};
   }

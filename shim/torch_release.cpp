@@ -107,6 +107,9 @@ void torch_release_check() {
           Finding f;
           f.cls = FindingClass::Config;
           f.msg = "torch " + found->version.text + " (" + found->source + "): " + pr.text;
+          f.state_json = "{\"torch_version\":\"" + json_escape(found->version.text) +
+                         "\",\"version_source\":\"" + json_escape(found->source) +
+                         "\",\"rule\":\"release-error\"}";
           report_finding_without_call(std::move(f), "(PyTorch loaded)", true);
         }
     for (const tc::KnownProblem &k : j.known) {

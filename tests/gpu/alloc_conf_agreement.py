@@ -50,6 +50,11 @@ VECTORS = [
     ("58", {C: "expandable_segments:True", H: "max_split_size_mb:64"}, None),
     ("60", {A: "release_lock_on_cudamalloc:True"}, None),
     ("P20", {C: "expandable_segments"}, None),
+    # Keys of later releases, judged for the installed 2.11 (policy/torch_releases.def): 2.12's
+    # throw_on_cudamalloc_oom and pinned_free_catch_all, and the next release's reserve, all raise.
+    ("R12", {C: "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True"}, None),
+    ("R12b", {C: "pinned_free_catch_all:True"}, None),
+    ("R15", {C: "expandable_segments_reserve:0.5"}, None),
     ("P22", {C: "max_split_size_mb:512,garbage_collection_threshold:0.8,expandable_segments:True"},
      "expandable_segments:False"),
     ("ovr-alloc", {A: "expandable_segments:True,max_split_size_mb:128"}, "expandable_segments:False"),

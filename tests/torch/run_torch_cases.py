@@ -15,6 +15,7 @@ import tempfile
 
 EXP = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 MISMATCH = "PyTorch's caching allocator makes segments with cudaMalloc (1048576 bytes, called from "
+NEW_KEY = "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True"
 
 # Each case: env, steps, torch release to install beside the library (None: the library alone, no
 # release found), and the findings as (class, [substrings of the message]) in log order.
@@ -74,6 +75,21 @@ CASES = {
                                    release="2.2.0", steps=["seg:1:vmm"], findings=[
         ("config", ["torch 2.2.0 (", "INTERNAL ASSERT FAILED (pytorch#119452; fixed by PR #120022"]),
         ("config", ["torch 2.2.0 (", "nearly out of memory (PR #134338; first in 2.5.0"])]),
+    # A key of 2.12 (throw_on_cudamalloc_oom, its release notes): not an error before the release
+    # is known; for 2.12 none at all, for 2.11 PyTorch's own error once that release is found.
+    "release-2.12-new-key": dict(env={"PYTORCH_CUDA_ALLOC_CONF": NEW_KEY}, release="2.12.0",
+                                 steps=["seg:1:linear"], findings=[]),
+    "release-2.11-new-key": dict(env={"PYTORCH_CUDA_ALLOC_CONF": NEW_KEY}, release="2.11.0",
+                                 steps=["seg:1:linear"], findings=[
+        ("config", ["torch 2.11.0 (", "/torch/version.py): PYTORCH_CUDA_ALLOC_CONF: the first "
+                    "CUDA allocation would raise ValueError: Unrecognized key "
+                    "'throw_on_cudamalloc_oom' in CUDA allocator config. (parser C, at "
+                    "'throw_on_cudamalloc_oom:True')"])]),
+    # What every release rejects is said at load, before any release is known, and only then.
+    "load-every-release": dict(env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:maybe"},
+                               release="2.12.0", steps=["seg:1:linear"], findings=[
+        ("config", ["PYTORCH_CUDA_ALLOC_CONF: the first CUDA allocation would raise ValueError: "
+                    "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'maybe'"])]),
 }
 
 

@@ -499,8 +499,7 @@ TEST_CASE("ipc-vmm diagnosis: reservation, pages, handle types, PyTorch, ways ou
   REQUIRE(f.related.size() == 1);
   CHECK(f.related[0].ev.seq == 3);
 
-  TorchHint t = torch_hint(
-      torchconf::Env{std::string("expandable_segments:True"), {}, {}, {}, {}});
+  TorchHint t = torch_hint(torchconf::Env{std::string("expandable_segments:True"), {}, {}, {}, {}});
   f = ipc_vmm_finding(s, t, {W::Report, {}});
   CHECK_THAT(f.msg,
              Catch::Contains("PyTorch's PYTORCH_CUDA_ALLOC_CONF has 'expandable_segments:True'"));

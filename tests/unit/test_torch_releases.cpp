@@ -138,8 +138,8 @@ TEST_CASE("releases: a table of vectors per modelled release", "[torch_releases]
     const Judgement j = judge(e, v(t.release), "test");
     const Outcome &o = j.outcome;
     INFO(t.release << " CUDA=" << (t.cuda ? t.cuda : "(unset)")
-                   << " ALLOC=" << (t.alloc ? t.alloc : "(unset)") << " -> "
-                   << outcome_name(o.cls) << " " << (o.error ? o.error->python() : ""));
+                   << " ALLOC=" << (t.alloc ? t.alloc : "(unset)") << " -> " << outcome_name(o.cls)
+                   << " " << (o.error ? o.error->python() : ""));
     CHECK(o.cls == t.cls);
     if (t.cls == Ok) {
       CHECK_FALSE(o.error);
@@ -194,8 +194,9 @@ TEST_CASE("releases: the variables each release reads", "[torch_releases]") {
   // The legacy release says why the unified variable did nothing.
   bool said = false;
   for (const Problem &p : diagnose(e, o27))
-    said = said || p.text.find("PYTORCH_ALLOC_CONF='expandable_segments:True' is ignored: torch "
-                               "2.7 reads only PYTORCH_CUDA_ALLOC_CONF") != std::string::npos;
+    said = said || p.text.find(
+                       "PYTORCH_ALLOC_CONF='expandable_segments:True' is ignored: torch "
+                       "2.7 reads only PYTORCH_CUDA_ALLOC_CONF") != std::string::npos;
   CHECK(said);
 }
 
@@ -206,8 +207,8 @@ TEST_CASE("releases: the setter and its warning per release", "[torch_releases]"
   for (const char *rel : {"2.2.2", "2.9.1", "2.11.0", "2.12.0"}) {
     INFO(rel);
     Runtime rt = runtime_from(evaluate(Env{}, grammar_for(v(rel))));
-    const SetResult r = set_allocator_settings(rt, "expandable_segments:True",
-                                               SetterApi::DeprecatedCuda);
+    const SetResult r =
+        set_allocator_settings(rt, "expandable_segments:True", SetterApi::DeprecatedCuda);
     CHECK_FALSE(r.error);
     CHECK(rt.settings.expandable_segments);
     const bool warned = !r.warnings.empty() && r.warnings[0].find("FutureWarning") == 0;
@@ -237,9 +238,10 @@ TEST_CASE("releases: a future release, and one older than the oldest row", "[tor
   REQUIRE(future.outcome.cls == Ok);
   CHECK(future.outcome.settings.expandable_segments);
   REQUIRE(future.outcome.warnings.size() == 1);
-  CHECK(future.outcome.warnings[0] ==
-        "cumemguard: 'cache_budget_mb' is not a key of any modelled release (newest: 2.15); kept as "
-        "written and not judged");
+  CHECK(
+      future.outcome.warnings[0] ==
+      "cumemguard: 'cache_budget_mb' is not a key of any modelled release (newest: 2.15); kept as "
+      "written and not judged");
   // The same key for a modelled release is PyTorch's error.
   CHECK(judge(e, v("2.14.0"), "t").outcome.error->python() ==
         "ValueError: Unrecognized key 'cache_budget_mb' in CUDA allocator config.");
@@ -259,8 +261,9 @@ TEST_CASE("releases: a future release, and one older than the oldest row", "[tor
 TEST_CASE("releases: the scoped rewrite keeps every key of the release it runs under",
           "[torch_releases][torch_rewrite]") {
   Env e;
-  e.cuda = "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True,expandable_segments:True,"
-           "pinned_free_catch_all:True";
+  e.cuda =
+      "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True,expandable_segments:True,"
+      "pinned_free_catch_all:True";
   RewriteRequest q;
   q.overrides = "expandable_segments:False";
   q.version = v("2.12.0");
@@ -322,8 +325,9 @@ TEST_CASE("releases: TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC in the diagnosis", "[tor
       if (p.text.find(text) != std::string::npos) return true;
     return false;
   };
-  CHECK(has(diagnose(e), "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 with expandable segments on: "
-                         "PyTorch makes its segments without a shareable handle type"));
+  CHECK(has(diagnose(e),
+            "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 with expandable segments on: "
+            "PyTorch makes its segments without a shareable handle type"));
   e.expandable_ipc = "yes";
   CHECK(has(diagnose(e), "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC='yes': PyTorch accepts only 0 or 1"));
   e.expandable_ipc = "1";

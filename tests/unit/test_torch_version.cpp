@@ -149,7 +149,7 @@ TEST_CASE("version rules: 2.9 ignores PYTORCH_ALLOC_CONF for expandable_segments
   CHECK(text_of(j29, "unified-variable-ignored").find("PYTORCH_CUDA_ALLOC_CONF instead") !=
         std::string::npos);
   CHECK(j29.summary().find("torch 2.9.1 (--torch-version): the 2.9 grammar and its known problems; "
-                          "not modelled: parser A of a stored pre-2.10 source") == 0);
+                           "not modelled: parser A of a stored pre-2.10 source") == 0);
   // 2.10 and 2.11 honour it: no known problem, the grammar's own value.
   for (const char *ver : {"2.10.0", "2.11.0"}) {
     const Judgement j = judge(e, v(ver), "test");
@@ -192,9 +192,9 @@ TEST_CASE("version rules: expandable_segments with max_split_size_mb by release"
   // garbage_collection_threshold alone: only the near-OOM assert of releases before 2.5.
   const Env g = env_of(
       {{"PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8,expandable_segments:True"}});
-  CHECK(ids(judge(g, v("2.4.1"), "t")) ==
-        std::vector<std::string>{"expandable-near-oom-assert", "expandable-ipc-unsupported",
-                                 "mempool-custom-allocator"});
+  CHECK(ids(judge(g, v("2.4.1"), "t")) == std::vector<std::string>{"expandable-near-oom-assert",
+                                                                   "expandable-ipc-unsupported",
+                                                                   "mempool-custom-allocator"});
   CHECK(text_of(judge(g, v("2.4.1"), "t"), "expandable-near-oom-assert")
             .find("garbage_collection_threshold (PYTORCH_CUDA_ALLOC_CONF)") != std::string::npos);
   CHECK(ids(judge(g, v("2.5.0"), "t")) == std::vector<std::string>{"mempool-custom-allocator"});
