@@ -262,8 +262,9 @@ struct Outcome {
   const Read &read(Parser p) const;
 };
 
-// What torch 2.10/2.11 (CUDA build) does with this environment: L at import, then at the first CUDA
-// allocation C, then A (A, then C, and later, under cudaMallocAsync: see Outcome::deferred).
+// What a CUDA build does with this environment: L at import, then at the first CUDA allocation C,
+// then A (A, then C, and later, under cudaMallocAsync: see Outcome::deferred). Without a grammar:
+// torch 2.11's (default_grammar()); a legacy grammar (2.0 to 2.7) has one parser, shown as C.
 Outcome evaluate(const Env &env);
 Outcome evaluate(const Env &env, const Grammar &g);
 // The same when the environment changed between `import torch` and the first allocation (case P21):

@@ -38,7 +38,7 @@ struct Asked {
   std::mutex mu;
   bool ready = false;
   tc::Env env;          // at the first CUDA allocation
-  tc::Outcome read;     // the environment through the 2.10/2.11 grammar
+  tc::Outcome read;     // the environment as the loaded release reads it (2.11 before one is found)
   tc::Runtime runtime;  // and what the setter calls made of it since
   bool set_at_run_time = false;
   std::string last_set;  // the last string applied at run time

@@ -197,6 +197,75 @@ nlohmann::ordered_json known_problems_json(const tc::Judgement &j) {
   return a;
 }
 
+nlohmann::ordered_json key_value(const tc::Settings &s, tc::Key k) {
+  using tc::Key;
+  using json = nlohmann::ordered_json;
+  switch (k) {
+    case Key::LargeSegmentSizeMb:
+      return s.large_segment_size;
+    case Key::MaxSplitSizeMb:
+      return tc::snapshot_max_split_size(s);
+    case Key::MaxNonSplitRoundingMb:
+      return s.max_non_split_rounding_size;
+    case Key::GarbageCollectionThreshold:
+      return s.garbage_collection_threshold;
+    case Key::RoundupPower2Divisions:
+      return s.roundup_power2_divisions;
+    case Key::ExpandableSegments:
+      return s.expandable_segments;
+    case Key::PinnedUseBackgroundThreads:
+      return s.pinned_use_background_threads;
+    case Key::Backend:
+      return std::string(tc::backend_name(s.backend));
+    case Key::ReleaseLockOnCudamalloc:
+      return s.release_lock_on_cudamalloc;
+    case Key::PinnedUseCudaHostRegister:
+      return s.pinned_use_cuda_host_register;
+    case Key::PinnedNumRegisterThreads:
+      return s.pinned_num_register_threads;
+    case Key::PinnedReserveSegmentSizeMb:
+      return s.pinned_reserve_segment_size_mb;
+    case Key::GraphCaptureRecordStreamReuse:
+      return s.graph_capture_record_stream_reuse;
+    case Key::PerProcessMemoryFraction:
+      return s.per_process_memory_fraction;
+    case Key::ThrowOnCudamallocOom:
+      return s.throw_on_cudamalloc_oom;
+    case Key::PinnedFreeCatchAll:
+      return s.pinned_free_catch_all;
+    case Key::ExpandableSegmentsReserve:
+      return s.expandable_segments_reserve.empty() ? json(nullptr)
+                                                   : json(s.expandable_segments_reserve);
+    case Key::ExpandableSegmentsReserveByClass:
+      return s.expandable_segments_reserve_by_class.empty()
+                 ? json(nullptr)
+                 : json(s.expandable_segments_reserve_by_class);
+    case Key::RoundupBypassThresholdMb:
+      return s.roundup_bypass_threshold;
+  }
+  return nullptr;
+}
+
+// TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC as PyTorch reads it (c10::utils::check_env, once per process).
+std::string ipc_meaning(const tc::Env &env) {
+  if (!env.expandable_ipc)
+    return "unset: on (the default of public builds), expandable-segment tensors can be shared "
+           "between processes";
+  if (*env.expandable_ipc == "1") return "on: expandable-segment tensors can be shared";
+  if (*env.expandable_ipc == "0")
+    return "off: expandable segments are made without a shareable handle type, so their tensors "
+           "cannot be shared between processes";
+  return "not 0 or 1: PyTorch warns \"Ignoring invalid value for boolean flag\" and keeps the "
+         "default (on)";
+}
+
+nlohmann::ordered_json ipc_json(const tc::Env &env) {
+  return nlohmann::ordered_json{{"variable", std::string(tc::kExpandableIpcVar)},
+          {"value", env.expandable_ipc ? nlohmann::ordered_json(*env.expandable_ipc)
+                                            : nlohmann::ordered_json(nullptr)},
+          {"meaning", ipc_meaning(env)}};
+}
+
 void print_known_problems(std::ostream &out, const tc::Judgement &j) {
   out << "\n  known problems of torch " << j.version.text << ":";
   if (j.known.empty()) {

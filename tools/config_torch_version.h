@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// `cumemguard config`: which PyTorch release to judge the environment for, and its known problems.
+// `cumemguard config`: which PyTorch release to judge the environment for, its known problems, and
+// the torch parts of the listing (key values, TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC).
 // --torch-version wins; otherwise the interpreter (--python, default python3 on the evaluated PATH)
 // is asked where the torch package is — importlib.util.find_spec, which locates the package without
 // importing it — and the version is read from its version.py (or the dist-info beside it).
@@ -41,6 +42,12 @@ std::optional<std::string> torch_package_dir(
 // The "torch_version" and "known_problems" members of the JSON listing (docs/config-json.md).
 nlohmann::ordered_json version_json(const torchconf::Judgement &j);
 nlohmann::ordered_json known_problems_json(const torchconf::Judgement &j);
+// A key's effective value as JSON (numbers in PyTorch's units, null for a default reserve).
+nlohmann::ordered_json key_value(const torchconf::Settings &s, torchconf::Key k);
+// TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC as PyTorch reads it: one line, and the JSON member
+// {"variable", "value", "meaning"} (docs/config-json.md).
+std::string ipc_meaning(const torchconf::Env &env);
+nlohmann::ordered_json ipc_json(const torchconf::Env &env);
 // The text: "  known problems of torch 2.9.1:" and one line each, or "none".
 void print_known_problems(std::ostream &out, const torchconf::Judgement &j);
 
