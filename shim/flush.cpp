@@ -13,6 +13,7 @@
 #include "diag.h"
 #include "held.h"
 #include "lock_within.h"
+#include "program_frame.h"
 #include "stacks.h"
 #include "symtab.h"
 
@@ -49,14 +50,32 @@ Sites &sites() {
 // The call site of a flush: the first frame above the flush frames that lies outside the
 // flush's own library (the program's call into it, not the library's entry point wrapping it:
 // fakecache_empty_cache, or PyTorch's THCPModule_emptyCache whose caller is Python itself).
-int site_for(const FrameSym *const *fs, const std::uintptr_t *pc, int n, const FlushVerdict &v,
+// The program's Python frame that asked for the flush (torch.cuda.empty_cache() called from a
+// training loop): the innermost Python frame of the program's own files, else the innermost one.
+int python_caller(const py::Stack &st) {
+  for (int i = 0; i < st.n; ++i) {
+    py::CodeInfo ci;
+    if (py::code_info(st.f[i].code, ci) && python_program_file(ci.file)) return i;
+  }
+  return st.n ? 0 : -1;
+}
+
+int site_for(const FrameSym *const *fs, const Captured &stack_of, const FlushVerdict &v,
              std::uint32_t stack) {
+  const std::uintptr_t *pc = stack_of.pc;
+  const int n = stack_of.n;
   const FrameSym &flush = *fs[v.flush_frame];
   int caller = v.caller_frame;
   while (caller >= 0 && caller < n && fs[caller]->module == flush.module) ++caller;
   if (caller >= n) caller = v.caller_frame;
   const std::uintptr_t flush_key = flush.start ? flush.start : pc[v.flush_frame];
-  const std::uintptr_t caller_pc = caller >= 0 ? pc[caller] : 0;
+  // A Python caller is keyed by its code and line (high bit set: never a return address).
+  const int py_at = python_caller(stack_of.py);
+  const std::uintptr_t caller_pc =
+      py_at >= 0 ? (std::uintptr_t{1} << 63) | (std::uintptr_t{stack_of.py.f[py_at].code} << 24) |
+                       static_cast<std::uint32_t>(stack_of.py.f[py_at].line & 0xffffff)
+      : caller >= 0 ? pc[caller]
+                    : 0;
   Sites &s = sites();
   std::lock_guard lk(s.mu);
   auto [it, fresh] = s.index.try_emplace({flush_key, caller_pc}, static_cast<int>(s.rows.size()));
@@ -110,8 +129,10 @@ FlushCheck flush_check(Call &c, FlushTarget target) {
   if (s.opts.opportunistic == FlushPolicy::Allow || !s.transport.suppressed() ||
       s.transport.flushing_here())
     return fc;
-  std::uintptr_t pc[kFrames];
-  const int n = capture_pcs(pc, kFrames);
+  Captured cap;
+  capture(cap, kFrames);
+  const std::uintptr_t *pc = cap.pc;
+  const int n = cap.n;
   const FrameSym *fs[kFrames];
   frame_syms(pc, n, patterns(), fs);
   FrameKind kinds[kFrames];
@@ -121,8 +142,8 @@ FlushCheck flush_check(Call &c, FlushTarget target) {
   if (!v.opportunistic()) return fc;
   fc.opportunistic = true;
   fc.action = decide_flush(s.opts, target);
-  if (!c.ev().stack) c.set_stack(intern_stack(pc, n));
-  fc.site = site_for(fs, pc, n, v, c.ev().stack);
+  if (!c.ev().stack) c.set_stack(intern_stack(cap));
+  fc.site = site_for(fs, cap, v, c.ev().stack);
   return fc;
 }
 

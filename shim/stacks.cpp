@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -57,6 +58,8 @@ struct Table {
   struct Known {
     std::uint32_t id;
     std::vector<std::uintptr_t> pcs;
+    std::vector<py::Frame> py;
+    py::End py_end;
   };
   struct alignas(64) Shard {
     std::mutex mu;
@@ -74,13 +77,34 @@ Table &table() {
   return *t;
 }
 
-std::uint64_t hash_pcs(const std::uintptr_t *pc, int n) {
+std::uint64_t hash_stack(const Captured &c) {
   std::uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < n; ++i) {
-    h ^= pc[i];
+  for (int i = 0; i < c.n; ++i) {
+    h ^= c.pc[i];
     h *= 1099511628211ull;
   }
-  return h;
+  for (int i = 0; i < c.py.n; ++i) {
+    h ^= (std::uint64_t{c.py.f[i].code} << 32) ^ static_cast<std::uint32_t>(c.py.f[i].line) ^
+         (std::uint64_t{c.py.f[i].at} << 20);
+    h *= 1099511628211ull;
+  }
+  return h ^ static_cast<std::uint64_t>(c.py.end);
+}
+
+bool same_py(const std::vector<py::Frame> &a, const py::Stack &b) {
+  if (a.size() != static_cast<std::size_t>(b.n)) return false;
+  for (int i = 0; i < b.n; ++i)
+    if (a[i].code != b.f[i].code || a[i].line != b.f[i].line || a[i].at != b.f[i].at) return false;
+  return true;
+}
+
+const char *end_name(py::End e) {
+  switch (e) {
+    case py::End::Complete: return nullptr;
+    case py::End::Truncated: return "truncated";
+    case py::End::Unreadable: return "unreadable";
+  }
+  return nullptr;
 }
 
 std::string build_id_of(const dl_phdr_info *info) {
@@ -153,7 +177,7 @@ void ensure_module_locked(Table &t, std::uintptr_t pc) {
 
 }  // namespace
 
-int capture_pcs(std::uintptr_t *pc, int max_frames) {
+void capture(Captured &c, int max_frames) {
   Frames f;
   f.max = std::clamp(max_frames, 1, 64);
   const int n = cached_backtrace(f.pc, f.max, shim_frame);
@@ -161,40 +185,56 @@ int capture_pcs(std::uintptr_t *pc, int max_frames) {
     f.n = n;
   else
     _Unwind_Backtrace(on_frame, &f);  // something the cached walker does not model
-  std::copy(f.pc, f.pc + f.n, pc);
-  return f.n;
+  std::copy(f.pc, f.pc + f.n, c.pc);
+  c.n = f.n;
+  py::capture(c.pc, c.n, c.py);
 }
 
-std::uint32_t intern_stack(const std::uintptr_t *pc, int n) {
-  if (n <= 0) return 0;
-  n = std::min(n, 64);
+std::uint32_t intern_stack(const Captured &c) {
+  const int n = std::min(c.n, 64);
+  if (n <= 0 && c.py.n == 0) return 0;
   Table &t = table();
-  std::uint64_t h = hash_pcs(pc, n);
+  std::uint64_t h = hash_stack(c);
   Table::Shard &sh = t.shards[h % Table::kShards];
   std::lock_guard slk(sh.mu);
   auto &known = sh.by_hash[h];
   for (const Table::Known &k : known) {
-    if (k.pcs.size() == static_cast<std::size_t>(n) && std::equal(k.pcs.begin(), k.pcs.end(), pc))
+    if (k.pcs.size() == static_cast<std::size_t>(n) && std::equal(k.pcs.begin(), k.pcs.end(), c.pc) &&
+        k.py_end == c.py.end && same_py(k.py, c.py))
       return k.id;
   }
   std::lock_guard lk(t.mu);
   const std::uint32_t id = ++t.next_id;
-  known.push_back(Table::Known{id, std::vector<std::uintptr_t>(pc, pc + n)});
+  known.push_back(Table::Known{id, std::vector<std::uintptr_t>(c.pc, c.pc + n),
+                               std::vector<py::Frame>(c.py.f, c.py.f + c.py.n), c.py.end});
   if (state().log.is_open()) {
-    for (int i = 0; i < n; ++i) ensure_module_locked(t, pc[i]);
-    char buf[64 * 24 + 64];
+    for (int i = 0; i < n; ++i) ensure_module_locked(t, c.pc[i]);
+    // 64 addresses of up to 21 bytes, 64 Python frames of up to 30 ([at,code,line]).
+    char buf[64 * 24 + py::kMaxFrames * 32 + 96];
     JsonLine j(buf, sizeof buf);
     j.str("k", "stack").unum("id", id).begin_array("pcs");
-    for (int i = 0; i < n; ++i) j.elem_hex(pc[i]);
+    for (int i = 0; i < n; ++i) j.elem_hex(c.pc[i]);
     j.end_array();
+    if (c.py.n) {
+      j.begin_array("py");
+      for (int i = 0; i < c.py.n; ++i) {
+        char e[48];
+        const int len = std::snprintf(e, sizeof e, "[%u,%u,%d]", unsigned{c.py.f[i].at},
+                                      c.py.f[i].code, c.py.f[i].line);
+        j.elem_raw(std::string_view(e, static_cast<std::size_t>(len)));
+      }
+      j.end_array();
+    }
+    if (const char *e = end_name(c.py.end)) j.ident("py_end", e);
     state().log.write(j.finish(), now_ns());
   }
   return id;
 }
 
 std::uint32_t capture_stack(int max_frames) {
-  std::uintptr_t pc[64];
-  return intern_stack(pc, capture_pcs(pc, max_frames));
+  Captured c;
+  capture(c, max_frames);
+  return intern_stack(c);
 }
 
 void stacks_warm_up() {
@@ -208,12 +248,14 @@ void stacks_fork_prepare() {
   Table &t = table();
   for (auto &s : t.shards) s.mu.lock();
   t.mu.lock();
+  py::fork_prepare();
   stackwalk_fork_prepare();
 }
 
 void stacks_fork_parent() {
   Table &t = table();
   stackwalk_fork_parent();
+  py::fork_parent();
   t.mu.unlock();
   for (auto &s : t.shards) s.mu.unlock();
 }
@@ -221,6 +263,7 @@ void stacks_fork_parent() {
 void stacks_fork_child() {
   Table &t = table();
   stackwalk_fork_child();
+  py::fork_child();
   t.mu.unlock();
   for (auto &s : t.shards) {
     s.mu.unlock();

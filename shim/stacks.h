@@ -5,16 +5,26 @@
 
 #include <cstdint>
 
+#include "pyframes.h"
+
 namespace cmg::shim {
+
+// One captured stack: the return addresses (the shim's own frames dropped), and in a process that
+// runs CPython the calling thread's Python frames, each placed at the eval frame that runs it.
+struct Captured {
+  std::uintptr_t pc[64];
+  int n = 0;
+  py::Stack py;
+};
 
 // Captures up to `max_frames` return addresses of the caller (the shim's own frames dropped),
 // writes the `module` and `stack` records the first time they are seen, and returns the stack id
 // (0 when nothing was captured).
 std::uint32_t capture_stack(int max_frames);
-// The two halves of capture_stack: the return addresses alone (into pc[0..max), count returned),
-// and the id of such a list, writing its records the first time it is seen.
-int capture_pcs(std::uintptr_t *pc, int max_frames);
-std::uint32_t intern_stack(const std::uintptr_t *pc, int n);
+// The two halves of capture_stack: the frames (up to max_frames return addresses), and the id of
+// such a stack, writing its records (module, pycode, stack) the first time it is seen.
+void capture(Captured &c, int max_frames);
+std::uint32_t intern_stack(const Captured &c);
 
 // Warm the unwinder once at activation (its first use may load or initialise data).
 void stacks_warm_up();

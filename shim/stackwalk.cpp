@@ -486,6 +486,8 @@ __attribute__((noinline)) int cached_backtrace(std::uintptr_t *pcs, int max,
   return -1;
 }
 
+std::uint64_t objects_generation() { return g_gen.load(std::memory_order_relaxed); }
+
 void stackwalk_fork_prepare() { g_caches_mu.lock(); }
 
 void stackwalk_fork_parent() { g_caches_mu.unlock(); }

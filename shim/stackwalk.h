@@ -24,6 +24,10 @@ int cached_backtrace(std::uintptr_t *pcs, int max, bool (*skip)(std::uintptr_t p
 // The same walk with libgcc's unwinder (reference and fallback).
 int libgcc_backtrace(std::uintptr_t *pcs, int max, bool (*skip)(std::uintptr_t pc));
 
+// A number that changes when the loader adds or removes an object (checked at most once a second,
+// by the walks themselves): what was looked up among the loaded objects may need looking up again.
+std::uint64_t objects_generation();
+
 // Around fork: the child frees the per-thread caches of the threads it does not have.
 void stackwalk_fork_prepare();
 void stackwalk_fork_parent();

@@ -100,23 +100,32 @@ SuppressHit suppression_for(FindingClass cls, bool count) {
   const Loaded *l = g_loaded.load(std::memory_order_acquire);
   if (!l) return hit;
   try {
-    std::uintptr_t pc[kFrames];
-    const int n = capture_pcs(pc, kFrames);
-    if (n <= 0) return hit;
+    Captured cap;
+    capture(cap, kFrames);
+    const int n = cap.n;
+    if (n <= 0 && cap.py.n == 0) return hit;
     const FrameSym *fs[kFrames];
-    frame_syms(pc, n, patterns(), fs);
+    frame_syms(cap.pc, n, patterns(), fs);
     std::vector<std::string> frames;
-    frames.reserve(static_cast<std::size_t>(n) * 3);
+    frames.reserve(static_cast<std::size_t>(n + cap.py.n) * 3);
     for (int i = 0; i < n; ++i) {
       if (!fs[i]) continue;
       frames.push_back(fs[i]->demangled.empty() ? fs[i]->name : fs[i]->demangled);
       frames.push_back(fs[i]->module);
       frames.push_back(basename_of(fs[i]->module));
     }
+    // Python frames as the report shows them: qualified name, the file's path and its basename.
+    for (int i = 0; i < cap.py.n; ++i) {
+      py::CodeInfo ci;
+      if (!py::code_info(cap.py.f[i].code, ci)) continue;
+      frames.push_back(ci.name);
+      frames.push_back(ci.file);
+      frames.push_back(basename_of(ci.file));
+    }
     hit.rule = l->rules.match(finding_id(cls), frames);
     if (!hit) return hit;
     hit.text = l->rules.rules[static_cast<std::size_t>(hit.rule)].text();
-    hit.stack = intern_stack(pc, n);
+    hit.stack = intern_stack(cap);
     if (count) l->hits[static_cast<std::size_t>(hit.rule)].fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
     hit = SuppressHit{};

@@ -377,6 +377,37 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
         }
         return true;
       }
+      case pack("py"): {  // [[at, code, line], ...]: Python frames of a stack record
+        if (!typed()) return false;
+        if (t != od::json_type::array) {
+          f.py_ok = false;
+          return true;
+        }
+        od::array a;
+        if (v.get_array().get(a) != SUCCESS) return false;
+        for (auto el : a) {
+          od::array e;
+          if (el.get_array().get(e) != SUCCESS) return false;
+          std::int64_t n[3] = {0, 0, 0};
+          int k = 0;
+          for (auto x : e) {
+            od::value xv;
+            if (x.get(xv) != SUCCESS) return false;
+            auto i = i64_of(xv);
+            if (!i) f.py_ok = false;
+            else if (k < 3) n[k] = *i;
+            ++k;
+          }
+          if (k != 3 || n[0] < 0 || n[1] <= 0) f.py_ok = false;
+          else if (f.py.size() < kMaxPyFrames)
+            f.py.push_back({static_cast<std::size_t>(n[0]), static_cast<std::uint64_t>(n[1]),
+                            static_cast<int>(n[2])});
+        }
+        return true;
+      }
+      case pack("py_end"): f.py_end = str_of(v); return true;
+      case pack("file"): f.file = str_of(v); return true;
+      case pack("first"): f.first = i64_of(v); return true;
       case pack("path"): f.path = str_of(v); return true;
       case pack("base"): f.base = u64_of(v); return true;
       case pack("size"):

@@ -41,7 +41,9 @@ struct Fields {
   std::optional<std::int64_t> ts, tid, res, dur, dev, delta, bytes, blocked_ns, rank, nranks, live,
       size, signal, cumemguard_log;
   std::optional<std::string> api, mem, cls, action, msg, event, comm, path, build_id, what, var,
-      original, result, level, signal_name, name, suppressed_rule, object, object_field;
+      original, result, level, signal_name, name, suppressed_rule, object, object_field, file,
+      py_end;
+  std::optional<std::int64_t> first;
   bool skipped = false, deferred = false, applied = false, aborted = false, sticky = false,
        suppressed_flag = false;
   bool args_is_object = false;
@@ -51,6 +53,8 @@ struct Fields {
   std::vector<Related> related;
   bool have_pcs = false, pcs_ok = true;
   std::vector<std::uint64_t> pcs;
+  bool py_ok = true;
+  std::vector<PyFrameRef> py;
   std::vector<std::pair<std::string, std::int64_t>> calls, findings, live_counts, bridge;
   std::vector<SummaryBytes> summary_bytes;
   std::vector<SuppressedRule> rules;

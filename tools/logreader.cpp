@@ -407,8 +407,14 @@ struct LogReader::Impl {
       }
       push(std::move(e));
     } else if (k == "stack"sv) {
-      if (!f.id || !f.have_pcs || !f.pcs_ok) return false;
+      if (!f.id || !f.have_pcs || !f.pcs_ok || !f.py_ok) return false;
       log.stacks[*f.id] = std::move(f.pcs);
+      if (!f.py.empty() || f.py_end)
+        log.py_stacks[*f.id] = PyStackRec{std::move(f.py), clean(f.py_end.value_or(""), 32)};
+    } else if (k == "pycode"sv) {
+      if (!f.id || !f.file || !f.name) return false;
+      if (log.pycodes.size() < kMaxPyCodes || log.pycodes.count(*f.id))
+        log.pycodes[*f.id] = PyCode{std::move(*f.file), std::move(*f.name), f.first.value_or(0)};
     } else if (k == "module"sv) {
       if (!f.path || f.path->empty() || !f.base) return false;
       Module m;

@@ -27,6 +27,8 @@ inline constexpr std::size_t kMaxText = 4096;                   // one string fi
 inline constexpr std::size_t kMaxValueDepth = 32;               // free-form JSON values
 inline constexpr std::size_t kMaxValueBytes = 8192;
 inline constexpr std::size_t kMaxFrames = 256;   // return addresses kept per stack record
+inline constexpr std::size_t kMaxPyFrames = 256; // Python frames kept per stack record
+inline constexpr std::size_t kMaxPyCodes = 1u << 20;  // code objects kept per log
 inline constexpr std::size_t kMaxRelated = 32;   // related events kept per finding
 inline constexpr std::size_t kMaxListed = 1000;  // notes, configs, modules per log
 // Events are released in seq order once this many are waiting (threads stamp their seq before
@@ -49,6 +51,26 @@ struct Header {
   std::vector<std::string> argv;
   std::string mode;
   std::vector<std::pair<std::string, std::string>> options;  // as written (only non-defaults)
+};
+
+// A Python frame of a stack record: the code object (its `pycode` record), the line, and the index
+// of the return address whose native frame (the interpreter's eval loop) runs it; an index past the
+// last address: that frame was not captured.
+struct PyFrameRef {
+  std::size_t at = 0;
+  std::uint64_t code = 0;
+  int line = 0;
+};
+
+struct PyStackRec {
+  std::vector<PyFrameRef> frames;
+  std::string end;  // "", "truncated" or "unreadable" (docs/log-format.md)
+};
+
+// A code object the host interned: file (co_filename), qualified name, first line.
+struct PyCode {
+  std::string file, name;
+  std::int64_t first_line = 0;
 };
 
 struct Module {
@@ -196,6 +218,8 @@ struct Log {
   std::string file;
   Header header;
   std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> stacks;
+  std::unordered_map<std::uint64_t, PyStackRec> py_stacks;  // stacks with Python frames
+  std::unordered_map<std::uint64_t, PyCode> pycodes;
   std::vector<Module> modules;
   std::vector<ConfigRecord> configs;
   std::vector<Note> notes;

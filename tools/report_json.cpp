@@ -19,7 +19,17 @@ Json stack_json(const ResolvedStack &s) {
   if (!s.id) return nullptr;
   Json frames = Json::array();
   for (const Frame &f : s.frames) {
-    Json j = {{"pc", hex(f.pc)},
+    if (f.kind == Frame::Kind::Python) {
+      frames.push_back({{"kind", "python"}, {"file", f.file}, {"function", f.function},
+                        {"line", f.line}});
+      continue;
+    }
+    if (f.kind == Frame::Kind::Marker) {
+      frames.push_back({{"kind", "marker"}, {"python_end", f.function}});
+      continue;
+    }
+    Json j = {{"kind", "native"},
+              {"pc", hex(f.pc)},
               {"module", f.module.empty() ? Json(nullptr) : Json(f.module)},
               {"offset", hex(f.offset)}};
     if (!f.function.empty()) j["function"] = f.function;

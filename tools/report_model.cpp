@@ -72,7 +72,28 @@ class StackKeys {
                          [](const Module *a, const Module *b) { return a->base < b->base; });
         cache.sorted_for = l.modules.size();
       }
-      for (std::uint64_t pc : it->second) k.push_back(frame_key(cache.modules, pc));
+      const auto py = l.py_stacks.find(*id);
+      const PyStackRec *rec = py == l.py_stacks.end() ? nullptr : &py->second;
+      std::size_t next = 0;
+      // Python frames stand in for the eval frame that runs them, keyed by file, function and
+      // line: the same Python site in two processes (or at two addresses) is one key.
+      auto python = [&](const PyFrameRef &r) {
+        auto c = l.pycodes.find(r.code);
+        k.emplace_back(c == l.pycodes.end()
+                           ? fmt::format("\x01py {} of log {}", r.code, log)
+                           : fmt::format("\x01py {}\x02{}", c->second.file, c->second.name),
+                       static_cast<std::uint64_t>(r.line));
+      };
+      for (std::size_t i = 0; i < it->second.size(); ++i) {
+        bool replaced = false;
+        while (rec && next < rec->frames.size() && rec->frames[next].at == i) {
+          python(rec->frames[next++]);
+          replaced = true;
+        }
+        if (!replaced) k.push_back(frame_key(cache.modules, it->second[i]));
+      }
+      while (rec && next < rec->frames.size()) python(rec->frames[next++]);
+      if (rec && !rec->end.empty()) k.emplace_back("\x01py_end " + rec->end, 0);
     }
     auto [kit, fresh] = index_.try_emplace(k, static_cast<long>(keys_.size()));
     if (fresh) keys_.push_back(std::move(k));
@@ -160,10 +181,13 @@ const ResolvedStack &Model::stack(std::size_t log, std::optional<std::uint64_t> 
   if (it == logs[log].stacks.end()) {
     s.missing = true;
   } else {
-    for (std::uint64_t pc : it->second) {
-      const auto &fs = symbolizer(log).frames(pc);
-      s.frames.insert(s.frames.end(), fs.begin(), fs.end());
-    }
+    std::vector<std::vector<Frame>> native;
+    native.reserve(it->second.size());
+    for (std::uint64_t pc : it->second) native.push_back(symbolizer(log).frames(pc));
+    const auto py = logs[log].py_stacks.find(*id);
+    s.frames = merge_python(std::move(native),
+                            py == logs[log].py_stacks.end() ? nullptr : &py->second,
+                            logs[log].pycodes);
   }
   return stack_cache_.emplace(key, std::move(s)).first->second;
 }

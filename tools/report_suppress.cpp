@@ -2,11 +2,14 @@
 // `cumemguard report --gen-suppressions`: for each finding group the report shows, a rule for the
 // file CUMEMGUARD_SUPPRESSIONS names (CLASS:PATTERN, matched against each frame's function name or
 // module), in the spirit of valgrind's --gen-suppressions. The pattern names the first frame that
-// is not cumemguard's, CUDA's or libc's own: the code that made the call.
+// is not cumemguard's, CUDA's or libc's own: the code that made the call. In a Python program that
+// is the innermost Python frame of the program's own files (never ctypes' libffi, the interpreter,
+// the standard library or an installed package), named by its qualified function name.
 #include <set>
 
 #include <fmt/format.h>
 
+#include "program_frame.h"
 #include "report_model.h"
 
 namespace cmg::report {
@@ -49,7 +52,14 @@ void write_suppressions(const Model &m, std::ostream &out) {
                          m.logs[g.example.log].header.pid);
       const ResolvedStack &s = m.stack(g.stack);
       std::string name;
+      for (const Frame &f : s.frames)
+        if (f.kind == Frame::Kind::Python && python_program_file(f.file) && !f.function.empty()) {
+          name = f.function;
+          break;
+        }
       for (const Frame &f : s.frames) {
+        if (!name.empty()) break;
+        if (f.kind != Frame::Kind::Native) continue;
         if (!f.module.empty() && infrastructure(f.module)) continue;
         if (!f.function.empty()) name = f.function;
         else if (!f.module.empty()) name = basename_of(f.module);

@@ -89,7 +89,47 @@ int open_module(const std::string &path) {
 
 }  // namespace
 
+std::vector<Frame> merge_python(std::vector<std::vector<Frame>> native, const PyStackRec *py,
+                                const std::unordered_map<std::uint64_t, PyCode> &codes) {
+  std::vector<Frame> out;
+  std::size_t next = 0;  // the next Python frame to place
+  auto python = [&](const PyFrameRef &r) {
+    Frame f;
+    f.kind = Frame::Kind::Python;
+    f.line = r.line;
+    if (auto it = codes.find(r.code); it != codes.end()) {
+      f.function = it->second.name;
+      f.file = it->second.file;
+    } else {
+      f.function = fmt::format("<python code {} not in the log>", r.code);
+    }
+    out.push_back(std::move(f));
+  };
+  for (std::size_t i = 0; i < native.size(); ++i) {
+    bool replaced = false;
+    while (py && next < py->frames.size() && py->frames[next].at == i) {
+      python(py->frames[next++]);
+      replaced = true;
+    }
+    if (!replaced) out.insert(out.end(), native[i].begin(), native[i].end());
+  }
+  while (py && next < py->frames.size()) python(py->frames[next++]);
+  if (py && !py->end.empty()) {
+    Frame m;
+    m.kind = Frame::Kind::Marker;
+    m.function = py->end;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 std::string frame_text(const Frame &f) {
+  if (f.kind == Frame::Kind::Python)
+    return f.line > 0 ? fmt::format("{} ({}:{})", f.function, f.file, f.line)
+                      : fmt::format("{} ({})", f.function, f.file);
+  if (f.kind == Frame::Kind::Marker)
+    return f.function == "truncated" ? "... (deeper Python frames not recorded)"
+                                     : fmt::format("... (Python frames end here: {})", f.function);
   std::string where = f.module.empty() ? fmt::format("0x{:x}", f.pc)
                                        : fmt::format("{}+0x{:x}", basename_of(f.module), f.offset);
   if (f.function.empty()) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "logreader.h"
@@ -13,6 +14,11 @@
 namespace cmg::report {
 
 struct Frame {
+  // Native: a return address; Python: a frame of the interpreter's (file, qualified function
+  // name, line; pc and module empty); Marker: where the Python frames stop early ("truncated",
+  // "unreadable" in `function`).
+  enum class Kind : std::uint8_t { Native, Python, Marker };
+  Kind kind = Kind::Native;
   std::uint64_t pc = 0;
   std::string module;        // path of the module holding pc; empty when none does
   std::uint64_t offset = 0;  // pc - module base (the pc itself when no module holds it)
@@ -22,8 +28,15 @@ struct Frame {
   bool inlined = false;  // inlined into the next frame, which has the same pc
 };
 
-// "function (file:line)", "function (module+0x..)", "module+0x.." or "0x.." by what is known.
+// "function (file:line)", "function (module+0x..)", "module+0x.." or "0x.." by what is known; a
+// Python frame "function (file:line)"; a marker "... (Python frames truncated)".
 std::string frame_text(const Frame &f);
+
+// The stack's frames, innermost first: each return address symbolized, with the Python frames a
+// record places at an eval frame shown in its place (the interpreter's frame that runs them),
+// those past the last captured address after it, and the marker last.
+std::vector<Frame> merge_python(std::vector<std::vector<Frame>> native, const PyStackRec *py,
+                                const std::unordered_map<std::uint64_t, PyCode> &codes);
 
 // One per log: the module map is per process (address space layout differs between processes).
 class Symbolizer {

@@ -1,0 +1,475 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Python frame reader (see pyframes.h).
+//
+// Finding the calling thread's PyThreadState: with ctypes the GIL is released during the foreign
+// call, so the interpreter's "current thread state" is another thread's or nobody's. The thread
+// list (_PyRuntime.interpreters.head -> threads.head -> next) is matched on pthread_self(), as
+// py-spy matches it on thread ids; the list can change under us (other threads start and end
+// without the GIL we do not hold), so it is read through the kernel node by node, bounded. Once a
+// thread state has been found that way, the interpreter's own thread-specific key (the Py_tss_t
+// in _PyRuntime whose value on this thread is that thread state: autoTSSkey, which CPython clears
+// when it deletes a thread state) is found once, and later captures ask pthread_getspecific().
+//
+// The frames themselves cannot change while this thread is inside the C call, GIL or not, and
+// each keeps its code object alive, which keeps its names and location table alive.
+#include "pyframes.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "jsonline.h"
+#include "loader.h"
+#include "py_linetable.h"
+#include "pyframes_layout.h"
+#include "pyframes_mem.h"
+#include "state.h"
+#include "stackwalk.h"
+
+namespace cmg::shim::py {
+namespace {
+
+enum class Found : std::uint8_t { Unknown, None, Ready, Unsupported };
+
+struct Interp {
+  Layout l;
+  std::uintptr_t runtime = 0, runtime_size = 0;
+  std::uintptr_t code_type = 0, str_type = 0, bytes_type = 0, frame_type = 0;
+  std::uintptr_t eval_lo = 0, eval_hi = 0;
+};
+
+std::atomic<Found> g_found{Found::Unknown};
+std::atomic<std::uint64_t> g_checked_gen{0};  // objects generation of the last "none" answer
+std::mutex g_detect_mu;
+Interp g_interp;                        // written once, before g_found becomes Ready
+std::atomic<long> g_tss_key{-1};        // the interpreter's autoTSSkey, once found
+
+std::uintptr_t sym(const char *name) {
+  return reinterpret_cast<std::uintptr_t>(real_dlsym(RTLD_DEFAULT, name));
+}
+
+// The symbol's size from the dynamic symbol table (.dynsym survives stripping).
+std::uintptr_t sym_size(std::uintptr_t addr) {
+  Dl_info info;
+  void *entry = nullptr;
+  if (!addr || !dladdr1(reinterpret_cast<void *>(addr), &info, &entry, RTLD_DL_SYMENT) || !entry)
+    return 0;
+  return static_cast<const ElfW(Sym) *>(entry)->st_size;
+}
+
+void detect() {
+  std::lock_guard lk(g_detect_mu);
+  const Found f = g_found.load(std::memory_order_acquire);
+  if (f == Found::Ready || f == Found::Unsupported) return;
+  g_checked_gen.store(objects_generation(), std::memory_order_relaxed);
+  Interp in;
+  in.runtime = sym("_PyRuntime");
+  if (!in.runtime) {
+    if (sym("PyPyGILState_Ensure")) {
+      g_found.store(Found::Unsupported, std::memory_order_release);
+      note(LogLevel::Info, "PyPy: its frames are not read; stacks show native frames only");
+      return;
+    }
+    g_found.store(Found::None, std::memory_order_release);
+    return;
+  }
+  std::uint32_t hex = 0;
+  const std::uintptr_t version = sym("Py_Version");  // 3.11+: const unsigned long
+  std::string why;
+  bool ok = true;
+  if (version) {
+    unsigned long v = 0;
+    ok = read_as(version, v);
+    hex = static_cast<std::uint32_t>(v);
+    if (!ok) why = "Py_Version cannot be read";
+  } else if (!sym("Py_IsNone")) {  // 3.10 added Py_IsNone; 3.11 added Py_Version
+    ok = false;
+    why = "older than 3.10";
+  }
+  if (ok && !checked_reads_available()) {
+    ok = false;
+    why = "the kernel refuses process_vm_readv, so no read could be checked";
+  }
+  if (ok) ok = layout_for(in.runtime, hex, in.l, why);
+  if (ok) {
+    in.runtime_size = sym_size(in.runtime);
+    in.code_type = sym("PyCode_Type");
+    in.str_type = sym("PyUnicode_Type");
+    in.bytes_type = sym("PyBytes_Type");
+    in.frame_type = sym("PyFrame_Type");
+    in.eval_lo = sym("_PyEval_EvalFrameDefault");
+    in.eval_hi = in.eval_lo + sym_size(in.eval_lo);
+    if (!in.code_type || !in.str_type || !in.bytes_type ||
+        (in.l.model == FrameModel::Objects && !in.frame_type)) {
+      ok = false;
+      why = "its type objects are not exported";
+    }
+  }
+  if (!ok) {
+    g_found.store(Found::Unsupported, std::memory_order_release);
+    char v[40] = "(no Py_Version)";
+    if (hex) std::snprintf(v, sizeof v, "%u.%u.%u", hex >> 24, (hex >> 16) & 0xff, (hex >> 8) & 0xff);
+    note(LogLevel::Info, std::string("CPython ") + v + ": its frames are not read (" + why +
+                             "); stacks show native frames only");
+    return;
+  }
+  g_interp = in;
+  g_found.store(Found::Ready, std::memory_order_release);
+}
+
+const Interp *interp() {
+  Found f = g_found.load(std::memory_order_acquire);
+  if (f == Found::Ready) return &g_interp;
+  if (f == Found::Unsupported) return nullptr;
+  // No CPython when last looked: look again only when the loader's objects changed (a library
+  // that embeds the interpreter can be loaded later).
+  if (f == Found::None && g_checked_gen.load(std::memory_order_relaxed) == objects_generation())
+    return nullptr;
+  detect();
+  return g_found.load(std::memory_order_acquire) == Found::Ready ? &g_interp : nullptr;
+}
+
+template <class T>
+bool field(std::uintptr_t obj, std::uint32_t off, T &v, bool owned = true) {
+  return read_as(obj + off, v, owned);
+}
+
+bool has_type(const Interp &in, std::uintptr_t obj, std::uintptr_t type) {
+  std::uintptr_t t = 0;
+  return obj && (obj & 7) == 0 && field(obj, in.l.ob_type, t) && t == type;
+}
+
+// The thread list, matched on pthread_self(); every node read through the kernel.
+std::uintptr_t walk_threads(const Interp &in) {
+  const auto self = static_cast<unsigned long>(pthread_self());
+  std::uintptr_t is = 0;
+  if (!field(in.runtime, in.l.rt_interpreters_head, is)) return 0;
+  for (int interps = 0; is && interps < 64; ++interps) {
+    std::uintptr_t ts = 0;
+    if (!field(is, in.l.is_threads_head, ts, false)) return 0;
+    for (int n = 0; ts && n < 65536; ++n) {
+      unsigned long tid = 0;
+      std::uintptr_t owner = 0, next = 0;
+      if (!field(ts, in.l.ts_thread_id, tid, false) || !field(ts, in.l.ts_interp, owner, false) ||
+          !field(ts, in.l.ts_next, next, false) || owner != is)
+        break;  // a node being freed, or not a thread state: this interpreter's list ends here
+      if (tid == self) return ts;
+      ts = next;
+    }
+    std::uintptr_t next_is = 0;
+    if (!field(is, in.l.is_next, next_is, false)) return 0;
+    is = next_is;
+  }
+  return 0;
+}
+
+// The Py_tss_t {int initialized; pthread_key_t key} in _PyRuntime whose value here is ts.
+void find_tss_key(const Interp &in, std::uintptr_t ts) {
+  if (g_tss_key.load(std::memory_order_relaxed) >= 0 || !in.runtime_size) return;
+  long found = -1;
+  int matches = 0;
+  for (std::uintptr_t off = 0; off + 8 <= in.runtime_size; off += 4) {
+    std::uint32_t pair[2];
+    if (!read(in.runtime + off, pair, sizeof pair)) return;
+    if (pair[0] != 1 || pair[1] >= PTHREAD_KEYS_MAX) continue;
+    if (reinterpret_cast<std::uintptr_t>(pthread_getspecific(pair[1])) != ts) continue;
+    if (found != static_cast<long>(pair[1])) ++matches;
+    found = pair[1];
+  }
+  if (matches == 1) g_tss_key.store(found, std::memory_order_relaxed);
+}
+
+std::uintptr_t thread_state(const Interp &in) {
+  const long key = g_tss_key.load(std::memory_order_relaxed);
+  std::uintptr_t ts = 0;
+  if (key >= 0) {
+    ts = reinterpret_cast<std::uintptr_t>(pthread_getspecific(static_cast<pthread_key_t>(key)));
+    unsigned long tid = 0;
+    if (!ts || !field(ts, in.l.ts_thread_id, tid) ||
+        tid != static_cast<unsigned long>(pthread_self()))
+      return 0;
+    return ts;
+  }
+  ts = walk_threads(in);
+  if (ts) find_tss_key(in, ts);
+  return ts;
+}
+
+// ---- code objects -------------------------------------------------------------------------------
+// Interned once: immutable entries published into a fixed open-addressing table; a code object
+// freed and another made at its address is told apart by its names and table (a new entry).
+struct Code {
+  std::uintptr_t code, filename, qualname, linetable;
+  std::int32_t first_line;
+  std::uint32_t id;
+  std::string file, name;
+};
+
+constexpr std::size_t kCodeSlots = 1 << 14, kProbe = 16;
+std::atomic<const Code *> g_codes[kCodeSlots];
+std::atomic<std::uint32_t> g_next_code{0};
+std::mutex g_code_mu;  // inserts (and the records they write)
+std::vector<const Code *> *g_by_id = nullptr;  // id -> entry, under g_code_mu
+
+// Lines per (code id, instruction): key written last, checked again after the line is read.
+constexpr std::size_t kLineSlots = 1 << 15;
+struct LineSlot {
+  std::atomic<std::uint64_t> key{0};
+  std::atomic<std::int32_t> line{0};
+};
+LineSlot g_lines[kLineSlots];
+
+std::size_t hash_ptr(std::uintptr_t p) { return (p * 0x9E3779B97F4A7C15ull) >> 50; }  // 14 bits
+
+bool read_str(const Interp &in, std::uintptr_t s, std::string &out) {
+  if (!has_type(in, s, in.str_type)) return false;
+  std::int64_t len = 0;
+  std::uint32_t state = 0;
+  if (!field(s, in.l.str_length, len) || !field(s, in.l.str_state, state)) return false;
+  const unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+  if (!compact || len < 0 || len > 4096 || (kind != 1 && kind != 2 && kind != 4)) return false;
+  const std::uintptr_t data = s + (ascii ? in.l.str_ascii_size : in.l.str_compact_size);
+  std::vector<unsigned char> raw(static_cast<std::size_t>(len) * kind);
+  if (!raw.empty() && !read(data, raw.data(), raw.size())) return false;
+  out.clear();
+  for (std::size_t i = 0; i < static_cast<std::size_t>(len); ++i) {
+    std::uint32_t c = kind == 1 ? raw[i]
+                      : kind == 2 ? raw[2 * i] | raw[2 * i + 1] << 8
+                                  : raw[4 * i] | raw[4 * i + 1] << 8 | raw[4 * i + 2] << 16 |
+                                        static_cast<std::uint32_t>(raw[4 * i + 3]) << 24;
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else if (c < 0x800) {
+      out += static_cast<char>(0xc0 | c >> 6);
+      out += static_cast<char>(0x80 | (c & 63));
+    } else if (c < 0x10000) {
+      out += static_cast<char>(0xe0 | c >> 12);
+      out += static_cast<char>(0x80 | ((c >> 6) & 63));
+      out += static_cast<char>(0x80 | (c & 63));
+    } else {
+      out += static_cast<char>(0xf0 | c >> 18);
+      out += static_cast<char>(0x80 | ((c >> 12) & 63));
+      out += static_cast<char>(0x80 | ((c >> 6) & 63));
+      out += static_cast<char>(0x80 | (c & 63));
+    }
+  }
+  return true;
+}
+
+struct CodeFields {
+  std::uintptr_t filename = 0, qualname = 0, linetable = 0;
+  std::int32_t first_line = 0;
+};
+
+bool code_fields(const Interp &in, std::uintptr_t code, CodeFields &f) {
+  return has_type(in, code, in.code_type) && field(code, in.l.co_filename, f.filename) &&
+         field(code, in.l.co_qualname, f.qualname) && field(code, in.l.co_linetable, f.linetable) &&
+         field(code, in.l.co_firstlineno, f.first_line);
+}
+
+void write_pycode(const Code &c) {
+  State &s = state();
+  if (!s.log.is_open()) return;
+  char buf[8192 + 512];
+  JsonLine j(buf, sizeof buf);
+  j.ident("k", "pycode").unum("id", c.id).str("file", c.file).str("name", c.name)
+      .num("first", c.first_line);
+  s.log.write(j.finish(), now_ns());
+}
+
+const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
+  const std::size_t h = hash_ptr(code);
+  std::size_t free_at = kCodeSlots;
+  for (std::size_t i = 0; i < kProbe; ++i) {
+    const std::size_t at = (h + i) & (kCodeSlots - 1);
+    const Code *c = g_codes[at].load(std::memory_order_acquire);
+    if (!c) {
+      free_at = at;
+      break;
+    }
+    if (c->code == code && c->filename == f.filename && c->qualname == f.qualname &&
+        c->linetable == f.linetable && c->first_line == f.first_line)
+      return c;
+  }
+  // New (or a new object at an old address): read its names once, write its record, publish.
+  auto *c = new (std::nothrow) Code{code, f.filename, f.qualname, f.linetable, f.first_line, 0, {}, {}};
+  if (!c) return nullptr;
+  if (!read_str(in, f.filename, c->file) || !read_str(in, f.qualname, c->name)) {
+    delete c;
+    return nullptr;
+  }
+  std::lock_guard lk(g_code_mu);
+  c->id = g_next_code.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (!g_by_id) g_by_id = new std::vector<const Code *>;
+  g_by_id->push_back(c);
+  write_pycode(*c);
+  // Published after its record: no stack can name the id before the log has it. A full
+  // neighbourhood replaces the oldest look-up slot (the entry stays known by id).
+  std::size_t at = free_at;
+  if (at == kCodeSlots) {
+    at = h & (kCodeSlots - 1);
+    for (std::size_t i = 0; i < kProbe; ++i) {
+      const std::size_t k = (h + i) & (kCodeSlots - 1);
+      const Code *old = g_codes[k].load(std::memory_order_relaxed);
+      if (!old || old->code == code) {
+        at = k;
+        break;
+      }
+    }
+  }
+  g_codes[at].store(c, std::memory_order_release);
+  return c;
+}
+
+int line_of(const Interp &in, const Code &c, int addr) {
+  const std::uint64_t key = (static_cast<std::uint64_t>(c.id) << 32) |
+                            static_cast<std::uint32_t>(addr + 1);
+  LineSlot &slot = g_lines[(key * 0x9E3779B97F4A7C15ull) >> 49];  // 15 bits
+  if (slot.key.load(std::memory_order_acquire) == key) {
+    const int line = slot.line.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.key.load(std::memory_order_relaxed) == key) return line;
+  }
+  int line = -1;
+  std::int64_t size = 0;
+  if (has_type(in, c.linetable, in.bytes_type) && field(c.linetable, in.l.bytes_size, size) &&
+      size >= 0 && size <= (1 << 20)) {
+    std::vector<std::uint8_t> t(static_cast<std::size_t>(size));
+    if (t.empty() || read(c.linetable + in.l.bytes_data, t.data(), t.size()))
+      line = py_line_for(t, in.l.linetable_pep626 ? PyLineTable::Pep626 : PyLineTable::Locations,
+                         c.first_line, addr);
+  }
+  if (line < 0) line = 0;
+  slot.key.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  slot.line.store(line, std::memory_order_relaxed);
+  slot.key.store(key, std::memory_order_release);
+  return line;
+}
+
+// ---- the walk ---------------------------------------------------------------------------------
+struct Raw {
+  std::uintptr_t code;
+  int addr;          // byte offset of the instruction
+  bool last_of_eval; // the first frame the eval call it belongs to ran
+};
+
+// The frames, innermost first; returns the count, with `end` set when the walk stopped early.
+int walk_frames(const Interp &in, std::uintptr_t ts, Raw *out, int max, End &end) {
+  const Layout &l = in.l;
+  std::uintptr_t fr = 0;
+  if (!field(ts, l.ts_frame, fr)) return end = End::Unreadable, 0;
+  if (l.cframe_current_frame >= 0 && fr &&
+      !field(fr, static_cast<std::uint32_t>(l.cframe_current_frame), fr))
+    return end = End::Unreadable, 0;
+  int n = 0;
+  for (int steps = 0; fr; ++steps) {
+    if (steps > 100000 || (fr & 7)) return end = End::Unreadable, n;
+    std::uintptr_t code = 0, prev = 0;
+    if (!field(fr, l.fr_code, code) || !field(fr, l.fr_previous, prev))
+      return end = End::Unreadable, n;
+    code &= l.fr_code_mask;
+    bool entry = false;
+    if (l.model == FrameModel::Objects) {
+      if (!has_type(in, fr, in.frame_type)) return end = End::Unreadable, n;
+      entry = true;  // 3.10: one eval call per frame
+    } else {
+      std::uint8_t owner = 0;
+      if (!field(fr, l.fr_owner, owner)) return end = End::Unreadable, n;
+      if (owner == l.owner_cstack || owner == l.owner_interpreter) {
+        // 3.12+: the entry frame an eval call pushes on the C stack ends that call's frames.
+        if (owner == l.owner_cstack && n > 0) out[n - 1].last_of_eval = true;
+        fr = prev;
+        continue;
+      }
+      if (l.fr_is_entry >= 0) {
+        std::uint8_t e = 0;
+        if (!field(fr, static_cast<std::uint32_t>(l.fr_is_entry), e)) return end = End::Unreadable, n;
+        entry = e != 0;
+      }
+    }
+    int addr = -1;
+    if (l.fr_instr_is_int) {
+      std::int32_t lasti = 0;
+      if (!field(fr, l.fr_instr, lasti)) return end = End::Unreadable, n;
+      addr = lasti < 0 ? -1 : lasti * 2;
+    } else {
+      std::uintptr_t instr = 0;
+      if (!field(fr, l.fr_instr, instr)) return end = End::Unreadable, n;
+      const std::intptr_t d = static_cast<std::intptr_t>(instr - (code + l.co_code_adaptive));
+      addr = d < 0 ? -1 : d > (1 << 28) ? -2 : static_cast<int>(d & ~std::intptr_t{1});
+      if (addr == -2) return end = End::Unreadable, n;
+    }
+    if (n == max) return end = End::Truncated, n;
+    out[n++] = Raw{code, addr, entry};
+    fr = prev;
+  }
+  return n;
+}
+
+}  // namespace
+
+void capture(const std::uintptr_t *pcs, int npcs, Stack &out) {
+  out.n = 0;
+  out.end = End::Complete;
+  const Interp *in = interp();
+  if (!in) return;
+  std::uintptr_t fin = 0;
+  if (!field(in->runtime, in->l.rt_finalizing, fin) || fin) return;  // shutting down
+  const std::uintptr_t ts = thread_state(*in);
+  if (!ts) return;
+  Raw raw[kMaxFrames];
+  End end = End::Complete;
+  const int n = walk_frames(*in, ts, raw, kMaxFrames, end);
+  // Eval frames among the return addresses, innermost first: the k-th runs the k-th group.
+  int native = 0;
+  auto next_eval = [&]() -> int {
+    while (native < npcs && !(pcs[native] >= in->eval_lo && pcs[native] < in->eval_hi)) ++native;
+    return native < npcs ? native++ : npcs;
+  };
+  int at = next_eval();
+  for (int i = 0; i < n; ++i) {
+    CodeFields f;
+    const Code *c = code_fields(*in, raw[i].code, f) ? intern(*in, raw[i].code, f) : nullptr;
+    if (!c) {
+      end = End::Unreadable;
+      break;
+    }
+    out.f[out.n++] = Frame{c->id, line_of(*in, *c, raw[i].addr), static_cast<std::uint16_t>(at)};
+    if (raw[i].last_of_eval) at = next_eval();
+  }
+  out.end = end;
+}
+
+bool code_info(std::uint32_t code, CodeInfo &out) {
+  std::lock_guard lk(g_code_mu);
+  if (!g_by_id || code == 0 || code > g_by_id->size()) return false;
+  const Code *c = (*g_by_id)[code - 1];
+  out.file = c->file;
+  out.name = c->name;
+  out.first_line = c->first_line;
+  return true;
+}
+
+void fork_prepare() { g_code_mu.lock(); }
+
+void fork_parent() { g_code_mu.unlock(); }
+
+void fork_child() {
+  // One thread left: the child's log starts empty, so every code object is written again.
+  for (auto &slot : g_codes) slot.store(nullptr, std::memory_order_relaxed);
+  for (auto &slot : g_lines) slot.key.store(0, std::memory_order_relaxed);
+  g_next_code.store(0, std::memory_order_relaxed);
+  if (g_by_id) g_by_id->clear();
+  g_code_mu.unlock();
+}
+
+}  // namespace cmg::shim::py

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checked reads (see pyframes_mem.h).
+#include "pyframes_mem.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace cmg::shim::py {
+namespace {
+
+constexpr std::uintptr_t kPage = 4096;
+constexpr int kPages = 64;  // per thread, direct-mapped by page number
+
+// Pages of this thread's own Python objects read once through the kernel. Initial-exec TLS: the
+// shim is preloaded, so its block is in the static TLS of every thread.
+struct PageCache {
+  std::uintptr_t page[kPages];
+};
+thread_local __attribute__((tls_model("initial-exec"))) PageCache t_pages{};
+
+std::atomic<int> g_refused{0};  // process_vm_readv answered ENOSYS/EPERM once
+
+bool kernel_read(std::uintptr_t addr, void *out, std::size_t n) {
+  iovec local{out, n};
+  iovec remote{reinterpret_cast<void *>(addr), n};
+  const ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+  if (got == static_cast<ssize_t>(n)) return true;
+  if (got < 0 && (errno == ENOSYS || errno == EPERM)) g_refused.store(1, std::memory_order_relaxed);
+  return false;
+}
+
+bool known(std::uintptr_t page) {
+  return t_pages.page[(page / kPage) % kPages] == page;
+}
+
+void remember(std::uintptr_t page) { t_pages.page[(page / kPage) % kPages] = page; }
+
+}  // namespace
+
+bool read(std::uintptr_t addr, void *out, std::size_t n, bool owned) {
+  if (!addr || n == 0 || addr + n < addr) return false;
+  if (!owned || n > kPage) return kernel_read(addr, out, n);
+  const std::uintptr_t first = addr & ~(kPage - 1), last = (addr + n - 1) & ~(kPage - 1);
+  if (known(first) && (last == first || known(last))) {
+    std::memcpy(out, reinterpret_cast<const void *>(addr), n);
+    return true;
+  }
+  if (!kernel_read(addr, out, n)) return false;
+  remember(first);
+  if (last != first) remember(last);
+  return true;
+}
+
+bool checked_reads_available() { return g_refused.load(std::memory_order_relaxed) == 0; }
+
+}  // namespace cmg::shim::py
