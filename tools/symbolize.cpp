@@ -124,9 +124,11 @@ std::vector<Frame> merge_python(std::vector<std::vector<Frame>> native, const Py
 }
 
 std::string frame_text(const Frame &f) {
-  if (f.kind == Frame::Kind::Python)
+  if (f.kind == Frame::Kind::Python) {
+    if (f.file.empty()) return fmt::format("{} (line {})", f.function, f.line);
     return f.line > 0 ? fmt::format("{} ({}:{})", f.function, f.file, f.line)
                       : fmt::format("{} ({})", f.function, f.file);
+  }
   if (f.kind == Frame::Kind::Marker)
     return f.function == "truncated" ? "... (deeper Python frames not recorded)"
                                      : fmt::format("... (Python frames end here: {})", f.function);

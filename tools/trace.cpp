@@ -36,6 +36,23 @@ std::string counter_name(std::int64_t dev, const std::string &mem) {
                  : fmt::format("bytes {} dev{}", mem, dev);
 }
 
+// The Python frames of a stack as "f (file:line) <- g (file:line)", innermost first (at most 4),
+// or "" for a stack without them: a finding's instant then names the program's line.
+std::string python_where(const Log &l, std::optional<std::uint64_t> stack) {
+  if (!stack) return {};
+  const auto it = l.py_stacks.find(*stack);
+  if (it == l.py_stacks.end()) return {};
+  std::string out;
+  for (std::size_t i = 0; i < it->second.frames.size() && i < 4; ++i) {
+    const PyFrameRef &r = it->second.frames[i];
+    const auto c = l.pycodes.find(r.code);
+    if (!out.empty()) out += " <- ";
+    out += c == l.pycodes.end() ? fmt::format("<python code {}>:{}", r.code, r.line)
+                                : fmt::format("{} ({}:{})", c->second.name, c->second.file, r.line);
+  }
+  return out;
+}
+
 class TraceWriter final : public EventSink {
  public:
   TraceWriter(const ReportOptions &opt, std::function<void(std::string_view)> write)
@@ -116,6 +133,8 @@ class TraceWriter final : public EventSink {
       if (f->bytes) args += fmt::format(",\"bytes\":{}", *f->bytes);
       if (f->blocked_ns) args += fmt::format(",\"blocked_ns\":{}", *f->blocked_ns);
       if (!f->suppressed.empty()) args += ",\"suppressed\":" + json_string(f->suppressed);
+      if (const std::string py = python_where(*logs_[li], e.stack); !py.empty())
+        args += ",\"python\":" + json_string(py);
       instant(json_string(f->cls), f->suppressed.empty() ? "finding" : "suppressed", t, pid, e.tid,
               't', args);
     } else if (const auto *n = std::get_if<Nccl>(&e.body)) {

@@ -43,6 +43,9 @@ CASES = {
     'hostile': (['logs/hostile.log'], 1),
     'hostile-json': (['--json', 'logs/hostile.log'], 1),
     'duplicate': (['logs/clean.log', 'logs/clean.log', './logs/clean.log'], 0),
+    'python': (['logs/python.log'], 1),
+    'python-json': (['--json', 'logs/python.log'], 1),
+    'python-gen-suppressions': (['--gen-suppressions', 'logs/python.log'], 1),
 }
 
 
