@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Python frames in the stacks of findings (tests/programs/python/pyframes_cases.py), with each
+# interpreter given: every case run plainly and under `cumemguard run`, then `cumemguard report
+# --json` must name the exact file, qualified function and line of the second free, the first
+# free and the allocation, innermost first, in place of the interpreter's frames; the text report
+# must name them too; the suppression `--gen-suppressions` writes must silence that finding and no
+# other.
+#   check_pyframes.py --cg CUMEMGUARD --build BUILD_DIR --src SOURCE_DIR --python PY [--python PY]
+# A --python value is a command (split like a shell word list), so an interpreter run through a
+# loader of its own counts too.
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+FAILURES = []
+PASSED = [0]
+
+
+def check(cond, msg):
+    if cond:
+        PASSED[0] += 1
+    else:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+
+
+def markers(path):
+    """Line numbers of "# @NAME" comments: by NAME where it is marked once, and by
+    (function, NAME) within the top-level function that holds it."""
+    out, count, func = {}, {}, None
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            d = re.match(r"def (\w+)\(", line)
+            if d:
+                func = d.group(1)
+            m = re.search(r"# @([\w-]+)\s*$", line)
+            if m:
+                out[(func, m.group(1))] = n
+                out[m.group(1)] = n
+                count[m.group(1)] = count.get(m.group(1), 0) + 1
+    return {k: v for k, v in out.items() if isinstance(k, tuple) or count[k] == 1}
+
+
+def py_frames(stack):
+    return [f for f in (stack or {}).get("frames", []) if f.get("kind") == "python"]
+
+
+def related(example, what):
+    for r in example.get("related", []):
+        if r["what"] == what:
+            return r.get("stack")
+    return None
+
+
+def expect(label, stack, want, script):
+    """want: [(function, line), ...] the innermost Python frames, all in `script`."""
+    got = [(f["function"], f["line"]) for f in py_frames(stack)[:len(want)]]
+    files = {f["file"] for f in py_frames(stack)[:len(want)]}
+    check(got == want and files == {script}, f"{label}: want {want} in {script}, got {got} "
+          f"in {sorted(files)}")
+
+
+class Interp:
+    def __init__(self, spec, tmp):
+        self.cmd = shlex.split(spec)
+        q = subprocess.run(self.cmd + ["-c", "import sys, sysconfig; print(sys.version_info[0], "
+                                       "sys.version_info[1], sys.executable, "
+                                       "sysconfig.get_paths()['include'], "
+                                       "sysconfig.get_config_var('EXT_SUFFIX'), "
+                                       "sysconfig.get_config_var('Py_ENABLE_SHARED'))"],
+                           capture_output=True, text=True, timeout=60)
+        major, minor, exe, self.include, self.suffix, shared = q.stdout.split()
+        self.version = f"{major}.{minor}"
+        self.exe = exe
+        # Debian's python3 says Py_ENABLE_SHARED=1 (it ships libpython3.X.so too) but links the
+        # interpreter into the executable: what counts is whether the program loads libpython.
+        ldd = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=60).stdout
+        self.shared = "libpython" in ldd
+        self.label = f"python {self.version} ({'shared libpython' if self.shared else 'static'}, {exe})"
+        self.ext_dir = os.path.join(tmp, "ext-" + self.version + ("-shared" if self.shared else ""))
+        os.makedirs(self.ext_dir, exist_ok=True)
+
+    def build_extension(self, src):
+        out = os.path.join(self.ext_dir, "cmg_pyext" + self.suffix)
+        # The parent too: Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>.
+        p = subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-g", "-I" + self.include,
+                            "-I" + os.path.dirname(self.include), src, "-o",
+                            out, "-ldl", "-lpthread"], capture_output=True, text=True, timeout=120)
+        check(p.returncode == 0, f"{self.label}: building the C extension: {p.stderr[-500:]}")
+        return p.returncode == 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("--cg", "--build", "--src"):
+        ap.add_argument(a, required=True)
+    ap.add_argument("--python", action="append", required=True)
+    a = ap.parse_args()
+    cg = os.path.abspath(a.cg)
+    progs = os.path.join(os.path.abspath(a.src), "tests", "programs", "python")
+    script = os.path.join(progs, "pyframes_cases.py")
+    mark = markers(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_") and
+           k not in ("LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")}
+    env["LD_LIBRARY_PATH"] = os.path.join(os.path.abspath(a.build), "tests", "fakecuda")
+    if os.environ.get("CMG_PRELOAD_FIRST"):
+        env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"]
+    extra = os.environ.get("CMG_TEST_PYTHONS", "")  # more interpreters, ';'-separated commands
+    specs = a.python + [s for s in extra.split(";") if s.strip()]
+    with tempfile.TemporaryDirectory() as tmp:
+        seen = set()
+        for spec in specs:
+            it = Interp(spec, tmp)
+            key = (it.exe, it.version)
+            if key in seen:
+                continue
+            seen.add(key)
+            print("==", it.label)
+            run_interp(cg, it, script, mark, env, tmp, progs)
+    if FAILURES:
+        print(f"{PASSED[0]} passed, {len(FAILURES)} failed")
+        sys.exit(1)
+    print(f"{PASSED[0]} passed, 0 failed")
+
+
+def run_case(cg, it, script, case, env, tmp, extra_env=None, args=()):
+    log = os.path.join(tmp, f"{case}-{it.version}-{int(it.shared)}-{len(os.listdir(tmp))}.log")
+    cmd = it.cmd + [script, case] + list(args)
+    plain = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+    e = dict(env, **(extra_env or {}))
+    p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + cmd, env=e, cwd=tmp,
+                       capture_output=True, text=True, timeout=300)
+    check(plain.returncode == 0 and p.returncode == 0 and f"done {case}" in p.stdout and
+          f"done {case}" in plain.stdout,
+          f"{it.label} {case}: plain {plain.returncode} {plain.stderr[-300:]!r}, under the shim "
+          f"{p.returncode} {p.stdout[-200:]!r} {p.stderr[-600:]!r}")
+    r = subprocess.run([cg, "report", "--json", log], capture_output=True, text=True, timeout=120)
+    try:
+        rep = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        check(False, f"{it.label} {case}: report --json: {r.stdout[:200]!r} {r.stderr[-300:]!r}")
+        return log, None, []
+    groups = []
+    for c in rep["findings"]["classes"]:
+        if c["class"] == "double-free":
+            groups += c["groups"]
+    return log, rep, groups
+
+
+def run_interp(cg, it, script, mark, env, tmp, progs):
+    class ByCase(dict):
+        """m["first-call"] inside the case being listed: the marker of that case's function."""
+        case = None
+
+        def __missing__(self, name):
+            return mark[(self.case, name)]
+
+    m = ByCase((k, v) for k, v in mark.items() if not isinstance(k, tuple))
+    # Each case: the frames of the second free, of the first free, and the function that called
+    # alloc(), innermost first, as (qualified function, line).
+    def c(case):
+        m.case = "case_" + case.replace("-", "_")
+        return m.case
+
+    cases = {
+        "ctypes": (c("ctypes") and [("free_buffer", m["free"]), ("case_ctypes", m["second-call"])],
+                   [("free_buffer", m["free"]), ("case_ctypes", m["first-call"])], "case_ctypes"),
+        "stale": (c("stale") and [("free_buffer", m["free"]), ("case_stale", m["second-call"])],
+                  [("free_buffer", m["free"]), ("case_stale", m["first-call"])], "case_stale"),
+        "thread": (c("thread") and [("free_buffer", m["free"]), ("worker", m["thread-call"])],
+                   [("free_buffer", m["free"]), ("case_thread", m["first-call"])], "case_thread"),
+        "generator": (c("generator") and [("free_buffer", m["free"]), ("freeing_generator", m["gen-second"]),
+                       ("case_generator", m["second-call"])],
+                      [("free_buffer", m["free"]), ("freeing_generator", m["gen-first"]),
+                       ("case_generator", m["first-call"])], "case_generator"),
+        "recursion": (c("recursion") and [("free_buffer", m["free"]), ("recurse", m["deep-call"])] +
+                      [("recurse", m["recurse-call"])] * 10,
+                      [("free_buffer", m["free"]), ("case_recursion", m["first-call"])],
+                      "case_recursion"),
+        "exception": (c("exception") and [("free_buffer", m["free"]), ("raising", m["finally-call"]),
+                       ("case_exception", m["raising-call"])],
+                      [("free_buffer", m["free"]), ("case_exception", m["first-call"])],
+                      "case_exception"),
+        "thread-exit": (c("thread-exit") and [("free_buffer", m["free"]), ("case_thread_exit", m["second-call"])],
+                        [("free_buffer", m["free"]), ("case_thread_exit", m["first-call"])],
+                        "case_thread_exit"),
+    }
+    alloc = lambda caller: [("alloc", m["malloc"]), (caller, mark[(caller, "alloc-call")])]
+    for case, (second, first, caller) in cases.items():
+        log, rep, groups = run_case(cg, it, script, case, env, tmp)
+        if rep is None:
+            continue
+        label = f"{it.label} {case}"
+        check(len(groups) == 1 and groups[0]["count"] == 1,
+              f"{label}: one double free, got {[g['count'] for g in groups]}")
+        if not groups:
+            continue
+        ex = groups[0]["example"]
+        expect(f"{label} second free", groups[0]["stack"], second, script)
+        expect(f"{label} first free", related(ex, "first free"), first, script)
+        expect(f"{label} allocation", related(ex, "allocation"), alloc(caller), script)
+        frames = groups[0]["stack"]["frames"]
+        # The interpreter's eval loop is not shown where its Python frames are.
+        check(not any(f.get("function", "").startswith("_PyEval_EvalFrame") for f in frames[:8]),
+              f"{label}: an eval frame above the Python frames: {frames[:8]}")
+        if case == "recursion":
+            py = py_frames(groups[0]["stack"])
+            marker = [f for f in frames if f.get("kind") == "marker"]
+            check(len(py) == 64 and marker == [{"kind": "marker", "python_end": "truncated"}],
+                  f"{label}: 64 Python frames then the truncation marker, got {len(py)} {marker}")
+        if case == "thread":
+            py = py_frames(groups[0]["stack"])
+            check(len(py) >= 3 and py[2]["function"] == "Thread.run" and
+                  py[2]["file"].endswith("threading.py"),
+                  f"{label}: the thread's own frames below worker: {py[:4]}")
+        if case == "ctypes":
+            text = subprocess.run([cg, "report", log], capture_output=True, text=True,
+                                  timeout=120).stdout
+            for fn, line in second + first + alloc(caller):
+                check(f"{fn} ({script}:{line})" in text,
+                      f"{label}: the text report names {fn} ({script}:{line})")
+            gen = subprocess.run([cg, "report", "--gen-suppressions", log], capture_output=True,
+                                 text=True, timeout=120).stdout
+            rules = [l for l in gen.splitlines() if l and not l.startswith("#")]
+            check(rules == ["double-free:free_buffer"],
+                  f"{label}: --gen-suppressions names the program's frame: {rules}")
+            supp = os.path.join(tmp, f"supp-{it.version}-{int(it.shared)}.txt")
+            with open(supp, "w") as f:
+                f.write(gen)
+            # The rule silences that finding ...
+            _, rep2, groups2 = run_case(cg, it, script, "ctypes", env, tmp,
+                                        {"CUMEMGUARD_SUPPRESSIONS": supp})
+            if rep2 is not None:
+                rules2 = (rep2.get("suppressed") or {}).get("rules", [])
+                check(not groups2 and [(r["class"], r["pattern"], r["count"]) for r in rules2] ==
+                      [("double-free", "free_buffer", 1)],
+                      f"{label}: suppressed by the generated rule: {groups2} {rules2}")
+            # ... and no other: the C extension's double free has no free_buffer frame.
+            if it.build_extension(os.path.join(progs, "cmg_pyext.c")):
+                _, rep3, groups3 = run_case(cg, it, script, "cext", env, tmp,
+                                            {"CUMEMGUARD_SUPPRESSIONS": supp}, [it.ext_dir])
+                check(rep3 is not None and len(groups3) == 2,
+                      f"{label}: the rule leaves other double frees alone: {len(groups3)} groups")
+    # The C extension: the GIL held during the free, its own native frame above the Python ones,
+    # and a native thread with no Python frames at all.
+    if not it.build_extension(os.path.join(progs, "cmg_pyext.c")):
+        return
+    log, rep, groups = run_case(cg, it, script, "cext", env, tmp, None, [it.ext_dir])
+    if rep is None:
+        return
+    label = f"{it.label} cext"
+    with_py = [g for g in groups if py_frames(g["stack"])]
+    without = [g for g in groups if not py_frames(g["stack"])]
+    check(len(with_py) == 1 and len(without) == 1,
+          f"{label}: one double free from Python, one from a native thread: {len(with_py)} "
+          f"{len(without)}")
+    if with_py:
+        g = with_py[0]
+        ex = g["example"]
+        expect(f"{label} second free", g["stack"], [("ext_free", m["ext-call"]),
+                                                    ("case_cext", mark[("case_cext", "second-call")])],
+               script)
+        expect(f"{label} first free", related(ex, "first free"),
+               [("ext_free", m["ext-call"]), ("case_cext", mark[("case_cext", "first-call")])],
+               script)
+        expect(f"{label} allocation", related(ex, "allocation"), alloc("case_cext"), script)
+        frames = g["stack"]["frames"]
+        first_py = next(i for i, f in enumerate(frames) if f.get("kind") == "python")
+        check(any("cmg_pyext" in (f.get("module") or "") for f in frames[:first_py]),
+              f"{label}: the extension's native frame above the Python frames: {frames[:first_py]}")
+    if without:
+        frames = without[0]["stack"]["frames"]
+        check(frames and all(f.get("kind") == "native" for f in frames),
+              f"{label}: the native thread's stack is native frames only: {frames[:3]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Double frees reached from Python in every way the frame reader must follow: ctypes (the GIL
+# released during the call), a stale free of an address handed out again, a threading.Thread, a C
+# extension (the GIL held), a generator, deep recursion, an exception unwinding through the call,
+# threads exiting while another thread's stacks are captured, and a native thread with no Python
+# frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
+#   pyframes_cases.py CASE [EXTENSION_DIR]
+import ctypes
+import sys
+import threading
+
+rt = ctypes.CDLL("libcudart.so.13")
+
+
+def alloc():
+    p = ctypes.c_void_p(0)
+    rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20))  # @malloc
+    return p
+
+
+def free_buffer(p):
+    return rt.cudaFree(p)  # @free
+
+
+def case_ctypes():
+    p = alloc()  # @alloc-call
+    free_buffer(p)  # @first-call
+    free_buffer(p)  # @second-call
+
+
+def case_stale():
+    p = alloc()  # @alloc-call
+    free_buffer(p)  # @first-call
+    q = alloc()
+    free_buffer(p)  # @second-call
+    free_buffer(q)
+
+
+def worker(p):
+    free_buffer(p)  # @thread-call
+
+
+def case_thread():
+    p = alloc()  # @alloc-call
+    free_buffer(p)  # @first-call
+    t = threading.Thread(target=worker, args=(p,))
+    t.start()
+    t.join()
+
+
+def ext_free(ext, p):
+    ext.free(p.value)  # @ext-call
+
+
+def case_cext(ext):
+    p = alloc()  # @alloc-call
+    ext_free(ext, p)  # @first-call
+    ext_free(ext, p)  # @second-call
+    ext.native_thread_double_free()
+
+
+def freeing_generator(p):
+    yield 1
+    free_buffer(p)  # @gen-first
+    yield 2
+    free_buffer(p)  # @gen-second
+    yield 3
+
+
+def case_generator():
+    p = alloc()  # @alloc-call
+    g = freeing_generator(p)
+    next(g)
+    next(g)  # @first-call
+    next(g)  # @second-call
+
+
+def recurse(n, p):
+    if n == 0:
+        return free_buffer(p)  # @deep-call
+    return recurse(n - 1, p)  # @recurse-call
+
+
+def case_recursion():
+    p = alloc()  # @alloc-call
+    free_buffer(p)  # @first-call
+    recurse(200, p)
+
+
+def raising(p):
+    try:
+        raise RuntimeError("unwinding")
+    finally:
+        free_buffer(p)  # @finally-call
+
+
+def case_exception():
+    p = alloc()  # @alloc-call
+    free_buffer(p)  # @first-call
+    try:
+        raising(p)  # @raising-call
+    except RuntimeError:
+        pass
+
+
+def short_lived():
+    pass
+
+
+def case_thread_exit():
+    # Threads start and exit (their thread states come and go from the interpreter's list) while
+    # this thread allocates and frees, each call a captured stack.
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            ts = [threading.Thread(target=short_lived) for _ in range(8)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+
+    c = threading.Thread(target=churn)
+    c.start()
+    for _ in range(200):
+        free_buffer(alloc())
+    p = alloc()  # @alloc-call
+    free_buffer(p)  # @first-call
+    free_buffer(p)  # @second-call
+    stop.set()
+    c.join()
+
+
+def main():
+    case = sys.argv[1]
+    if case == "cext":
+        sys.path.insert(0, sys.argv[2])
+        import cmg_pyext
+        case_cext(cmg_pyext)
+    else:
+        globals()["case_" + case.replace("-", "_")]()
+    print("done", case)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
