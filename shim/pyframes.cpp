@@ -137,6 +137,22 @@ const Interp *interp() {
   return g_found.load(std::memory_order_acquire) == Found::Ready ? &g_interp : nullptr;
 }
 
+// An object's fields read at once (Layout's spans), taken out by offset.
+struct Window {
+  std::uint32_t lo = 0;
+  unsigned char b[kMaxSpan];
+  bool load(std::uintptr_t obj, std::uint32_t from, std::uint32_t len) {
+    lo = from;
+    return read(obj + from, b, len);
+  }
+  template <class T>
+  T get(std::uint32_t off) const {
+    T v;
+    std::memcpy(&v, b + (off - lo), sizeof v);
+    return v;
+  }
+};
+
 template <class T>
 bool field(std::uintptr_t obj, std::uint32_t off, T &v, bool owned = true) {
   return read_as(obj + off, v, owned);
@@ -270,9 +286,16 @@ struct CodeFields {
 };
 
 bool code_fields(const Interp &in, std::uintptr_t code, CodeFields &f) {
-  return has_type(in, code, in.code_type) && field(code, in.l.co_filename, f.filename) &&
-         field(code, in.l.co_qualname, f.qualname) && field(code, in.l.co_linetable, f.linetable) &&
-         field(code, in.l.co_firstlineno, f.first_line);
+  const Layout &l = in.l;
+  Window w;
+  if (!code || (code & 7) || !w.load(code, l.co_lo, l.co_len) ||
+      w.get<std::uintptr_t>(l.ob_type) != in.code_type)
+    return false;
+  f.filename = w.get<std::uintptr_t>(l.co_filename);
+  f.qualname = w.get<std::uintptr_t>(l.co_qualname);
+  f.linetable = w.get<std::uintptr_t>(l.co_linetable);
+  f.first_line = w.get<std::int32_t>(l.co_firstlineno);
+  return true;
 }
 
 void write_pycode(const Code &c) {
@@ -355,9 +378,23 @@ int line_of(const Interp &in, const Code &c, int addr) {
   return line;
 }
 
+// What this thread resolved lately, by (code object, instruction): a repeated site skips the code
+// object's checks, the interning and the line look-up. An entry is only ever hit by a frame that
+// runs that code object at that instruction now; the code object it was validated for could only
+// differ if it had been freed and another made at its address, running at the same offset.
+struct Memo {
+  std::uintptr_t code, instr;
+  const Code *entry;
+  std::int32_t line;
+};
+constexpr int kMemo = 64;
+thread_local __attribute__((tls_model("initial-exec"))) Memo t_memo[kMemo];
+thread_local __attribute__((tls_model("initial-exec"))) std::uint32_t t_memo_gen = 0;
+std::atomic<std::uint32_t> g_memo_gen{1};  // bumped at fork: entries of the parent's table go
+
 // ---- the walk ---------------------------------------------------------------------------------
 struct Raw {
-  std::uintptr_t code;
+  std::uintptr_t code, instr;
   int addr;          // byte offset of the instruction
   bool last_of_eval; // the first frame the eval call it belongs to ran
 };
@@ -371,45 +408,41 @@ int walk_frames(const Interp &in, std::uintptr_t ts, Raw *out, int max, End &end
       !field(fr, static_cast<std::uint32_t>(l.cframe_current_frame), fr))
     return end = End::Unreadable, 0;
   int n = 0;
+  Window w;
   for (int steps = 0; fr; ++steps) {
-    if (steps > 100000 || (fr & 7)) return end = End::Unreadable, n;
-    std::uintptr_t code = 0, prev = 0;
-    if (!field(fr, l.fr_code, code) || !field(fr, l.fr_previous, prev))
+    if (steps > 100000 || (fr & 7) || !w.load(fr, l.fr_lo, l.fr_len))
       return end = End::Unreadable, n;
-    code &= l.fr_code_mask;
+    const std::uintptr_t code = w.get<std::uintptr_t>(l.fr_code) & l.fr_code_mask;
+    const std::uintptr_t prev = w.get<std::uintptr_t>(l.fr_previous);
     bool entry = false;
     if (l.model == FrameModel::Objects) {
-      if (!has_type(in, fr, in.frame_type)) return end = End::Unreadable, n;
+      if (w.get<std::uintptr_t>(l.ob_type) != in.frame_type) return end = End::Unreadable, n;
       entry = true;  // 3.10: one eval call per frame
     } else {
-      std::uint8_t owner = 0;
-      if (!field(fr, l.fr_owner, owner)) return end = End::Unreadable, n;
+      const auto owner = w.get<std::uint8_t>(l.fr_owner);
       if (owner == l.owner_cstack || owner == l.owner_interpreter) {
         // 3.12+: the entry frame an eval call pushes on the C stack ends that call's frames.
         if (owner == l.owner_cstack && n > 0) out[n - 1].last_of_eval = true;
         fr = prev;
         continue;
       }
-      if (l.fr_is_entry >= 0) {
-        std::uint8_t e = 0;
-        if (!field(fr, static_cast<std::uint32_t>(l.fr_is_entry), e)) return end = End::Unreadable, n;
-        entry = e != 0;
-      }
+      if (l.fr_is_entry >= 0)
+        entry = w.get<std::uint8_t>(static_cast<std::uint32_t>(l.fr_is_entry)) != 0;
     }
     int addr = -1;
+    std::uintptr_t instr = 0;
     if (l.fr_instr_is_int) {
-      std::int32_t lasti = 0;
-      if (!field(fr, l.fr_instr, lasti)) return end = End::Unreadable, n;
+      const auto lasti = w.get<std::int32_t>(l.fr_instr);
       addr = lasti < 0 ? -1 : lasti * 2;
+      instr = static_cast<std::uintptr_t>(static_cast<std::uint32_t>(addr + 1));
     } else {
-      std::uintptr_t instr = 0;
-      if (!field(fr, l.fr_instr, instr)) return end = End::Unreadable, n;
+      instr = w.get<std::uintptr_t>(l.fr_instr);
       const std::intptr_t d = static_cast<std::intptr_t>(instr - (code + l.co_code_adaptive));
-      addr = d < 0 ? -1 : d > (1 << 28) ? -2 : static_cast<int>(d & ~std::intptr_t{1});
-      if (addr == -2) return end = End::Unreadable, n;
+      if (d > (1 << 28)) return end = End::Unreadable, n;
+      addr = d < 0 ? -1 : static_cast<int>(d & ~std::intptr_t{1});
     }
     if (n == max) return end = End::Truncated, n;
-    out[n++] = Raw{code, addr, entry};
+    out[n++] = Raw{code, instr, addr, entry};
     fr = prev;
   }
   return n;
@@ -436,14 +469,23 @@ void capture(const std::uintptr_t *pcs, int npcs, Stack &out) {
     return native < npcs ? native++ : npcs;
   };
   int at = next_eval();
+  const std::uint32_t gen = g_memo_gen.load(std::memory_order_relaxed);
+  if (t_memo_gen != gen) {
+    for (Memo &e : t_memo) e = Memo{};
+    t_memo_gen = gen;
+  }
   for (int i = 0; i < n; ++i) {
-    CodeFields f;
-    const Code *c = code_fields(*in, raw[i].code, f) ? intern(*in, raw[i].code, f) : nullptr;
-    if (!c) {
-      end = End::Unreadable;
-      break;
+    Memo &memo = t_memo[((raw[i].code ^ raw[i].instr) * 0x9E3779B97F4A7C15ull) >> 58];
+    if (memo.code != raw[i].code || memo.instr != raw[i].instr || !memo.entry) {
+      CodeFields f;
+      const Code *c = code_fields(*in, raw[i].code, f) ? intern(*in, raw[i].code, f) : nullptr;
+      if (!c) {
+        end = End::Unreadable;
+        break;
+      }
+      memo = Memo{raw[i].code, raw[i].instr, c, line_of(*in, *c, raw[i].addr)};
     }
-    out.f[out.n++] = Frame{c->id, line_of(*in, *c, raw[i].addr), static_cast<std::uint16_t>(at)};
+    out.f[out.n++] = Frame{memo.entry->id, memo.line, static_cast<std::uint16_t>(at)};
     if (raw[i].last_of_eval) at = next_eval();
   }
   out.end = end;
@@ -469,6 +511,7 @@ void fork_child() {
   for (auto &slot : g_lines) slot.key.store(0, std::memory_order_relaxed);
   g_next_code.store(0, std::memory_order_relaxed);
   if (g_by_id) g_by_id->clear();
+  g_memo_gen.fetch_add(1, std::memory_order_relaxed);
   g_code_mu.unlock();
 }
 

@@ -7,7 +7,11 @@
 // PyUnicode_Type, PyBytes_Type, PyFrame_Type) and the thread list's back pointers to agree.
 #include "pyframes_layout.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "pyframes_mem.h"
 
@@ -174,6 +178,35 @@ bool from_debug_offsets(std::uintptr_t runtime, std::uint32_t hex, const DebugPo
   return true;
 }
 
+// [lo, hi) over the fields (offset, size) given.
+void span(std::initializer_list<std::pair<std::int64_t, std::uint32_t>> fields, std::uint32_t &lo,
+          std::uint32_t &len) {
+  std::int64_t a = INT64_MAX, b = 0;
+  for (const auto &[off, size] : fields) {
+    if (off < 0) continue;
+    a = std::min(a, off);
+    b = std::max(b, off + size);
+  }
+  lo = static_cast<std::uint32_t>(a);
+  len = static_cast<std::uint32_t>(b - a);
+}
+
+bool spans(Layout &l, std::string &why) {
+  const bool objects = l.model == FrameModel::Objects;
+  span({{l.fr_code, 8}, {l.fr_previous, 8}, {l.fr_instr, l.fr_instr_is_int ? 4u : 8u},
+        {objects ? -1 : std::int64_t{l.fr_owner}, 1}, {l.fr_is_entry, 1},
+        {objects ? std::int64_t{l.ob_type} : -1, 8}},
+       l.fr_lo, l.fr_len);
+  span({{l.ob_type, 8}, {l.co_filename, 8}, {l.co_qualname, 8}, {l.co_linetable, 8},
+        {l.co_firstlineno, 4}},
+       l.co_lo, l.co_len);
+  if (l.fr_len > kMaxSpan || l.co_len > kMaxSpan) {
+    why = "its frame or code object fields lie too far apart";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool layout_for(std::uintptr_t runtime, std::uint32_t hex, Layout &out, std::string &why) {
@@ -182,6 +215,7 @@ bool layout_for(std::uintptr_t runtime, std::uint32_t hex, Layout &out, std::str
     l.major = 3;
     l.minor = 10;
     v310(l);
+    if (!spans(l, why)) return false;
     out = l;
     return true;
   }
@@ -204,6 +238,7 @@ bool layout_for(std::uintptr_t runtime, std::uint32_t hex, Layout &out, std::str
     why = "no frame layout is known for this version (known: 3.10 to 3.14)";
     return false;
   }
+  if (!spans(l, why)) return false;
   out = l;
   return true;
 }

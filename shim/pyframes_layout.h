@@ -43,7 +43,11 @@ struct Layout {
   // PyObject, PyBytesObject, str
   std::uint32_t ob_type = 8, bytes_size = 16, bytes_data = 32;
   std::uint32_t str_length = 16, str_state = 32, str_ascii_size = 40, str_compact_size = 56;
+  // The spans of a frame and of a code object holding every field above, read in one go.
+  std::uint32_t fr_lo = 0, fr_len = 0, co_lo = 0, co_len = 0;
 };
+
+inline constexpr std::uint32_t kMaxSpan = 256;
 
 // Fills `out` for the CPython whose _PyRuntime is at `runtime` and whose hex version is `hex`
 // (Py_Version; 0 for 3.10, which has none), reading its _Py_DebugOffsets where it has them.

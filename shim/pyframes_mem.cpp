@@ -12,16 +12,6 @@
 namespace cmg::shim::py {
 namespace {
 
-constexpr std::uintptr_t kPage = 4096;
-constexpr int kPages = 64;  // per thread, direct-mapped by page number
-
-// Pages of this thread's own Python objects read once through the kernel. Initial-exec TLS: the
-// shim is preloaded, so its block is in the static TLS of every thread.
-struct PageCache {
-  std::uintptr_t page[kPages];
-};
-thread_local __attribute__((tls_model("initial-exec"))) PageCache t_pages{};
-
 std::atomic<int> g_refused{0};  // process_vm_readv answered ENOSYS/EPERM once
 
 bool kernel_read(std::uintptr_t addr, void *out, std::size_t n) {
@@ -33,22 +23,16 @@ bool kernel_read(std::uintptr_t addr, void *out, std::size_t n) {
   return false;
 }
 
-bool known(std::uintptr_t page) {
-  return t_pages.page[(page / kPage) % kPages] == page;
-}
-
 void remember(std::uintptr_t page) { t_pages.page[(page / kPage) % kPages] = page; }
 
 }  // namespace
 
-bool read(std::uintptr_t addr, void *out, std::size_t n, bool owned) {
+thread_local __attribute__((tls_model("initial-exec"))) PageCache t_pages{};
+
+bool read_slow(std::uintptr_t addr, void *out, std::size_t n, bool owned) {
   if (!addr || n == 0 || addr + n < addr) return false;
   if (!owned || n > kPage) return kernel_read(addr, out, n);
   const std::uintptr_t first = addr & ~(kPage - 1), last = (addr + n - 1) & ~(kPage - 1);
-  if (known(first) && (last == first || known(last))) {
-    std::memcpy(out, reinterpret_cast<const void *>(addr), n);
-    return true;
-  }
   if (!kernel_read(addr, out, n)) return false;
   remember(first);
   if (last != first) remember(last);

@@ -187,7 +187,7 @@ void capture(Captured &c, int max_frames) {
     _Unwind_Backtrace(on_frame, &f);  // something the cached walker does not model
   std::copy(f.pc, f.pc + f.n, c.pc);
   c.n = f.n;
-  py::capture(c.pc, c.n, c.py);
+  if (state().opts.python_frames) py::capture(c.pc, c.n, c.py);
 }
 
 std::uint32_t intern_stack(const Captured &c) {
