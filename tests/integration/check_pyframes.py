@@ -102,6 +102,7 @@ def main():
     for a in ("--cg", "--build", "--src"):
         ap.add_argument(a, required=True)
     ap.add_argument("--python", action="append", required=True)
+    ap.add_argument("--fake-python", help="tests/programs/fake_python.c, built")
     a = ap.parse_args()
     cg = os.path.abspath(a.cg)
     progs = os.path.join(os.path.abspath(a.src), "tests", "programs", "python")
@@ -124,6 +125,9 @@ def main():
             seen.add(key)
             print("==", it.label)
             run_interp(cg, it, script, mark, env, tmp, progs)
+        if a.fake_python:
+            print("== interpreters the reader must not trust")
+            run_fake(cg, os.path.abspath(a.fake_python), env, tmp)
     if FAILURES:
         print(f"{PASSED[0]} passed, {len(FAILURES)} failed")
         sys.exit(1)
@@ -279,6 +283,48 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
         frames = without[0]["stack"]["frames"]
         check(frames and all(f.get("kind") == "native" for f in frames),
               f"{label}: the native thread's stack is native frames only: {frames[:3]}")
+
+
+def run_fake(cg, exe, env, tmp):
+    for mode in ("future", "garbage", "cycle"):
+        log = os.path.join(tmp, f"fake-{mode}.log")
+        plain = subprocess.run([exe, mode], env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--", exe, mode], env=env,
+                           capture_output=True, text=True, timeout=60)
+        label = f"fake_python {mode}"
+        check(plain.returncode == 0 and plain.stdout == "malloc 0 free 0 free_again 1\n" and
+              p.returncode == 0 and p.stdout == "malloc 0 free 0 free_again 0\n",
+              f"{label}: plain {plain.returncode} {plain.stdout!r}, under the shim {p.returncode} "
+              f"{p.stdout!r} {p.stderr[-400:]!r}")
+        with open(log, encoding="utf-8") as f:
+            records = [json.loads(l) for l in f if l.startswith("{")]
+        notes = [r["msg"] for r in records if r.get("k") == "note" and "frames are not read" in
+                 r.get("msg", "")]
+        rep = json.loads(subprocess.run([cg, "report", "--json", log], capture_output=True,
+                                        text=True, timeout=60).stdout)
+        groups = [g for c in rep["findings"]["classes"] if c["class"] == "double-free"
+                  for g in c["groups"]]
+        check(len(groups) == 1, f"{label}: one double free: {len(groups)}")
+        if not groups:
+            continue
+        frames = groups[0]["stack"]["frames"]
+        native = [f for f in frames if f.get("kind") == "native"]
+        py = py_frames(groups[0]["stack"])
+        marker = [f.get("python_end") for f in frames if f.get("kind") == "marker"]
+        check(native and any("fake_python" in (f.get("module") or "") for f in native),
+              f"{label}: the native frames stay: {frames[:3]}")
+        if mode == "future":
+            check(notes == ["CPython 3.15.0: its frames are not read (no frame layout is known "
+                            "for this version (known: 3.10 to 3.14)); stacks show native frames "
+                            "only"] and not py and not marker,
+                  f"{label}: one note, native frames only: {notes} {py} {marker}")
+        elif mode == "garbage":
+            check(not notes and not py and marker == ["unreadable"],
+                  f"{label}: the unreadable frame ends the Python part: {py} {marker} {notes}")
+        else:
+            check(len(py) == 64 and {(f["function"], f["file"], f["line"]) for f in py} ==
+                  {("fake_fn", "fake.py", 8)} and marker == ["truncated"],
+                  f"{label}: the looping chain is cut at 64 frames: {len(py)} {py[:1]} {marker}")
 
 
 if __name__ == "__main__":
