@@ -103,6 +103,8 @@ def main():
         ap.add_argument(a, required=True)
     ap.add_argument("--python", action="append", required=True)
     ap.add_argument("--fake-python", help="tests/programs/fake_python.c, built")
+    ap.add_argument("--real", action="store_true",
+                    help="the CUDA libraries of LD_LIBRARY_PATH (the gpu suite), not the fakes")
     a = ap.parse_args()
     cg = os.path.abspath(a.cg)
     progs = os.path.join(os.path.abspath(a.src), "tests", "programs", "python")
@@ -110,7 +112,8 @@ def main():
     mark = markers(script)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_") and
            k not in ("LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")}
-    env["LD_LIBRARY_PATH"] = os.path.join(os.path.abspath(a.build), "tests", "fakecuda")
+    if not a.real:
+        env["LD_LIBRARY_PATH"] = os.path.join(os.path.abspath(a.build), "tests", "fakecuda")
     if os.environ.get("CMG_PRELOAD_FIRST"):
         env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"]
     extra = os.environ.get("CMG_TEST_PYTHONS", "")  # more interpreters, ';'-separated commands
