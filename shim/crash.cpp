@@ -99,7 +99,7 @@ bool has_address(int sig) {
 // thread, into buf[used, cap).
 void crash_record(int sig, const siginfo_t *info, const void *uc, std::uint64_t ts, char *buf,
                   std::size_t cap, std::size_t &used) {
-  const int frames = write_crash_stack(uc, buf, cap, used);
+  const int frames = write_crash_stack(uc, buf, cap, used, state().opts.python_frames);
   char line[256];
   JsonLine j(line, sizeof line);
   j.str("k", "crash").unum("ts", ts).num("tid", static_cast<std::int64_t>(syscall(SYS_gettid)))

@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string_view>
 
 #include "jsonline.h"
 #include "loader.h"
+#include "pyframes.h"
 #include "stackwalk.h"
 
 namespace cmg::shim {
@@ -121,9 +123,53 @@ void append(char *buf, std::size_t cap, std::size_t &used, std::string_view line
   used += line.size();
 }
 
+// `pycode` records of code objects first seen at the crash, into the crash buffer.
+class CrashCodes final : public py::CodeSink {
+ public:
+  CrashCodes(char *buf, std::size_t cap, std::size_t &used) : buf_(buf), cap_(cap), used_(used) {}
+  void code(std::uint32_t id, std::string_view file, std::string_view name, int first) override {
+    static char line[2 * 4 * 4096 + 256];
+    JsonLine j(line, sizeof line);
+    j.ident("k", "pycode").unum("id", id).str("file", file).str("name", name).num("first", first);
+    append(buf_, cap_, used_, j.finish());
+  }
+
+ private:
+  char *buf_;
+  std::size_t cap_;
+  std::size_t &used_;
+};
+
+// The faulting thread's Python frames, in a frame of its own for sigsetjmp.
+__attribute__((noinline)) const py::Stack &python_frames(const std::uintptr_t *pcs, int m,
+                                                         bool python, CrashCodes &codes) {
+  static py::Stack py;  // static: a small frame
+  py.n = 0;
+  py.end = py::End::Complete;
+  if (!python) return py;
+  if (sigsetjmp(g_walk_jmp, 1) != 0) {
+    py.end = py::End::Unreadable;  // a fault all the same: the frames read before it stay
+    g_walker.store(0);
+    return py;
+  }
+  // Checked reads throughout; a fault all the same ends the Python part, not the handler (as in
+  // walk(): the faults unblocked for the handler to be re-entered).
+  sigset_t faults;
+  sigemptyset(&faults);
+  sigaddset(&faults, SIGSEGV);
+  sigaddset(&faults, SIGBUS);
+  g_walker.store(syscall(SYS_gettid));
+  pthread_sigmask(SIG_UNBLOCK, &faults, nullptr);
+  py::capture_in_handler(pcs, m, true, py, &codes);
+  pthread_sigmask(SIG_BLOCK, &faults, nullptr);
+  g_walker.store(0);
+  return py;
+}
+
 }  // namespace
 
-int write_crash_stack(const void *ucv, char *buf, std::size_t cap, std::size_t &used) {
+int write_crash_stack(const void *ucv, char *buf, std::size_t cap, std::size_t &used,
+                      bool python) {
   const auto *uc = static_cast<const ucontext_t *>(ucv);
   static std::uintptr_t walked[kMaxFrames], pcs[kMaxFrames];  // static: a small frame
   const int n = walk(walked, kMaxFrames);
@@ -148,10 +194,24 @@ int write_crash_stack(const void *ucv, char *buf, std::size_t cap, std::size_t &
     append(buf, cap, used, j.finish());
     remember_module_written(lo, hi);
   }
+  CrashCodes codes(buf, cap, used);
+  const py::Stack &py = python_frames(pcs, m, python, codes);
   JsonLine j(line, sizeof line);
   j.str("k", "stack").unum("id", kCrashStackId).begin_array("pcs");
   for (int i = 0; i < m; ++i) j.elem_hex(pcs[i]);
   j.end_array();
+  if (py.n) {
+    j.begin_array("py");
+    for (int i = 0; i < py.n; ++i) {
+      char e[48];
+      const int len = std::snprintf(e, sizeof e, "[%u,%u,%d]", unsigned{py.f[i].at}, py.f[i].code,
+                                    py.f[i].line);
+      j.elem_raw(std::string_view(e, static_cast<std::size_t>(len)));
+    }
+    j.end_array();
+  }
+  if (py.end == py::End::Truncated) j.ident("py_end", "truncated");
+  if (py.end == py::End::Unreadable) j.ident("py_end", "unreadable");
   const std::string_view rec = j.finish();
   if (used + rec.size() > cap) return 0;
   append(buf, cap, used, rec);

@@ -19,7 +19,9 @@ inline constexpr std::uint32_t kCrashStackId = 0xffffffffu;
 // Appends to buf[used, cap) the module records the faulting thread's return addresses need that
 // the log does not have yet, then its `stack` record. `uc` is the handler's ucontext. Returns the
 // number of addresses (0: no stack record written).
-int write_crash_stack(const void *uc, char *buf, std::size_t cap, std::size_t &used);
+// `python`: also the thread's Python frames (CUMEMGUARD_PYTHON_FRAMES), as far as the code objects
+// were interned before (pyframes.h, capture_in_handler).
+int write_crash_stack(const void *uc, char *buf, std::size_t cap, std::size_t &used, bool python);
 
 // stacks.cpp: the module [lo, hi) has its record in the log. Lock-free, for the handler to read.
 void remember_module_written(std::uintptr_t lo, std::uintptr_t hi);

@@ -245,38 +245,63 @@ LineSlot g_lines[kLineSlots];
 
 std::size_t hash_ptr(std::uintptr_t p) { return (p * 0x9E3779B97F4A7C15ull) >> 50; }  // 14 bits
 
-bool read_str(const Interp &in, std::uintptr_t s, std::string &out) {
+// A str's characters as UTF-8 into out[0, cap): false for what is not a compact str or does not fit.
+// No allocation: the crash handler uses it too.
+bool read_str_into(const Interp &in, std::uintptr_t s, char *out, std::size_t cap,
+                   std::size_t &len) {
+  len = 0;
   if (!has_type(in, s, in.str_type)) return false;
-  std::int64_t len = 0;
+  std::int64_t n = 0;
   std::uint32_t state = 0;
-  if (!field(s, in.l.str_length, len) || !field(s, in.l.str_state, state)) return false;
+  if (!field(s, in.l.str_length, n) || !field(s, in.l.str_state, state)) return false;
   const unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
-  if (!compact || len < 0 || len > 4096 || (kind != 1 && kind != 2 && kind != 4)) return false;
-  const std::uintptr_t data = s + (ascii ? in.l.str_ascii_size : in.l.str_compact_size);
-  std::vector<unsigned char> raw(static_cast<std::size_t>(len) * kind);
-  if (!raw.empty() && !read(data, raw.data(), raw.size())) return false;
-  out.clear();
-  for (std::size_t i = 0; i < static_cast<std::size_t>(len); ++i) {
-    std::uint32_t c = kind == 1 ? raw[i]
-                      : kind == 2 ? raw[2 * i] | raw[2 * i + 1] << 8
-                                  : raw[4 * i] | raw[4 * i + 1] << 8 | raw[4 * i + 2] << 16 |
-                                        static_cast<std::uint32_t>(raw[4 * i + 3]) << 24;
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xc0 | c >> 6);
-      out += static_cast<char>(0x80 | (c & 63));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xe0 | c >> 12);
-      out += static_cast<char>(0x80 | ((c >> 6) & 63));
-      out += static_cast<char>(0x80 | (c & 63));
-    } else {
-      out += static_cast<char>(0xf0 | c >> 18);
-      out += static_cast<char>(0x80 | ((c >> 12) & 63));
-      out += static_cast<char>(0x80 | ((c >> 6) & 63));
-      out += static_cast<char>(0x80 | (c & 63));
+  if (!compact || n < 0 || n > 4096 || (kind != 1 && kind != 2 && kind != 4)) return false;
+  std::uintptr_t data = s + (ascii ? in.l.str_ascii_size : in.l.str_compact_size);
+  unsigned char chunk[256];
+  std::size_t have = 0, used = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (used + kind > have) {  // the next piece of the characters
+      const std::size_t left = static_cast<std::size_t>(n - i) * kind;
+      have = left < sizeof chunk ? left : sizeof chunk - sizeof chunk % 4;
+      if (!read(data, chunk, have)) return false;
+      data += have;
+      used = 0;
     }
+    const unsigned char *p = chunk + used;
+    used += kind;
+    const std::uint32_t c = kind == 1 ? p[0]
+                            : kind == 2 ? static_cast<std::uint32_t>(p[0] | p[1] << 8)
+                                        : p[0] | p[1] << 8 | p[2] << 16 |
+                                              static_cast<std::uint32_t>(p[3]) << 24;
+    char u[4];
+    std::size_t k = 0;
+    if (c < 0x80) {
+      u[k++] = static_cast<char>(c);
+    } else if (c < 0x800) {
+      u[k++] = static_cast<char>(0xc0 | c >> 6);
+      u[k++] = static_cast<char>(0x80 | (c & 63));
+    } else if (c < 0x10000) {
+      u[k++] = static_cast<char>(0xe0 | c >> 12);
+      u[k++] = static_cast<char>(0x80 | ((c >> 6) & 63));
+      u[k++] = static_cast<char>(0x80 | (c & 63));
+    } else {
+      u[k++] = static_cast<char>(0xf0 | (c >> 18 & 7));
+      u[k++] = static_cast<char>(0x80 | ((c >> 12) & 63));
+      u[k++] = static_cast<char>(0x80 | ((c >> 6) & 63));
+      u[k++] = static_cast<char>(0x80 | (c & 63));
+    }
+    if (len + k > cap) return false;
+    std::memcpy(out + len, u, k);
+    len += k;
   }
+  return true;
+}
+
+bool read_str(const Interp &in, std::uintptr_t s, std::string &out) {
+  char buf[4 * 4096];
+  std::size_t len = 0;
+  if (!read_str_into(in, s, buf, sizeof buf, len)) return false;
+  out.assign(buf, len);
   return true;
 }
 
@@ -306,6 +331,19 @@ void write_pycode(const Code &c) {
   j.ident("k", "pycode").unum("id", c.id).str("file", c.file).str("name", c.name)
       .num("first", c.first_line);
   s.log.write(j.finish(), now_ns());
+}
+
+// The entry of a code object interned before, or nullptr: lock-free, allocation-free.
+const Code *find_code(std::uintptr_t code, const CodeFields &f) {
+  const std::size_t h = hash_ptr(code);
+  for (std::size_t i = 0; i < kProbe; ++i) {
+    const Code *c = g_codes[(h + i) & (kCodeSlots - 1)].load(std::memory_order_acquire);
+    if (!c) return nullptr;
+    if (c->code == code && c->filename == f.filename && c->qualname == f.qualname &&
+        c->linetable == f.linetable && c->first_line == f.first_line)
+      return c;
+  }
+  return nullptr;
 }
 
 const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
@@ -352,7 +390,7 @@ const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
   return c;
 }
 
-int line_of(const Interp &in, const Code &c, int addr) {
+int line_of(const Interp &in, const Code &c, int addr, bool may_allocate = true) {
   const std::uint64_t key = (static_cast<std::uint64_t>(c.id) << 32) |
                             static_cast<std::uint32_t>(addr + 1);
   LineSlot &slot = g_lines[(key * 0x9E3779B97F4A7C15ull) >> 49];  // 15 bits
@@ -363,13 +401,23 @@ int line_of(const Interp &in, const Code &c, int addr) {
   }
   int line = -1;
   std::int64_t size = 0;
+  // The crash handler reads the table into a static buffer (one handler runs at a time).
+  static std::uint8_t in_handler[1 << 16];
   if (has_type(in, c.linetable, in.bytes_type) && field(c.linetable, in.l.bytes_size, size) &&
-      size >= 0 && size <= (1 << 20)) {
-    std::vector<std::uint8_t> t(static_cast<std::size_t>(size));
-    if (t.empty() || read(c.linetable + in.l.bytes_data, t.data(), t.size()))
-      line = py_line_for(t, in.l.linetable_pep626 ? PyLineTable::Pep626 : PyLineTable::Locations,
+      size >= 0 && size <= (may_allocate ? (1 << 20) : static_cast<std::int64_t>(sizeof in_handler))) {
+    std::vector<std::uint8_t> heap;
+    std::uint8_t *t = in_handler;
+    if (may_allocate) {
+      heap.resize(static_cast<std::size_t>(size));
+      t = heap.data();
+    }
+    const auto n = static_cast<std::size_t>(size);
+    if (n == 0 || read(c.linetable + in.l.bytes_data, t, n))
+      line = py_line_for(std::span<const std::uint8_t>(t, n),
+                         in.l.linetable_pep626 ? PyLineTable::Pep626 : PyLineTable::Locations,
                          c.first_line, addr);
   }
+  if (!may_allocate) return line < 0 ? 0 : line;  // the cache is not written from a handler
   if (line < 0) line = 0;
   slot.key.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -450,14 +498,38 @@ int walk_frames(const Interp &in, std::uintptr_t ts, Raw *out, int max, End &end
 
 }  // namespace
 
-void capture(const std::uintptr_t *pcs, int npcs, Stack &out) {
+namespace {
+
+// In the handler: a code object never interned gets an id of its own and its record written
+// through the sink, from static buffers (one crash handler runs at a time).
+const Code *describe_in_handler(const Interp &in, std::uintptr_t code, const CodeFields &f,
+                                CodeSink *sink) {
+  static char file[4 * 4096], name[4 * 4096];
+  static Code c;
+  std::size_t fl = 0, nl = 0;
+  if (!sink || !read_str_into(in, f.filename, file, sizeof file, fl) ||
+      !read_str_into(in, f.qualname, name, sizeof name, nl))
+    return nullptr;
+  c.code = code;
+  c.filename = f.filename;
+  c.qualname = f.qualname;
+  c.linetable = f.linetable;
+  c.first_line = f.first_line;
+  c.id = g_next_code.fetch_add(1, std::memory_order_relaxed) + 1;
+  sink->code(c.id, std::string_view(file, fl), std::string_view(name, nl), f.first_line);
+  return &c;
+}
+
+void capture_impl(const Interp *in, const std::uintptr_t *pcs, int npcs, bool in_handler,
+                  Stack &out, CodeSink *sink = nullptr) {
   out.n = 0;
   out.end = End::Complete;
-  const Interp *in = interp();
   if (!in) return;
   std::uintptr_t fin = 0;
   if (!field(in->runtime, in->l.rt_finalizing, fin) || fin) return;  // shutting down
-  const std::uintptr_t ts = thread_state(*in);
+  const std::uintptr_t ts = in_handler && g_tss_key.load(std::memory_order_relaxed) < 0
+                                ? walk_threads(*in)
+                                : thread_state(*in);
   if (!ts) return;
   Raw raw[kMaxFrames];
   End end = End::Complete;
@@ -476,19 +548,43 @@ void capture(const std::uintptr_t *pcs, int npcs, Stack &out) {
   }
   for (int i = 0; i < n; ++i) {
     Memo &memo = t_memo[((raw[i].code ^ raw[i].instr) * 0x9E3779B97F4A7C15ull) >> 58];
-    if (memo.code != raw[i].code || memo.instr != raw[i].instr || !memo.entry) {
+    const Code *c = nullptr;
+    int line = 0;
+    if (memo.code == raw[i].code && memo.instr == raw[i].instr && memo.entry) {
+      c = memo.entry;
+      line = memo.line;
+    } else {
       CodeFields f;
-      const Code *c = code_fields(*in, raw[i].code, f) ? intern(*in, raw[i].code, f) : nullptr;
+      if (code_fields(*in, raw[i].code, f)) {
+        c = in_handler ? find_code(raw[i].code, f) : intern(*in, raw[i].code, f);
+        if (!c && in_handler) c = describe_in_handler(*in, raw[i].code, f, sink);
+      }
       if (!c) {
         end = End::Unreadable;
         break;
       }
-      memo = Memo{raw[i].code, raw[i].instr, c, line_of(*in, *c, raw[i].addr)};
+      line = line_of(*in, *c, raw[i].addr, !in_handler);
+      if (!in_handler) memo = Memo{raw[i].code, raw[i].instr, c, line};
     }
-    out.f[out.n++] = Frame{memo.entry->id, memo.line, static_cast<std::uint16_t>(at)};
+    out.f[out.n++] = Frame{c->id, line, static_cast<std::uint16_t>(at)};
     if (raw[i].last_of_eval) at = next_eval();
   }
   out.end = end;
+}
+
+}  // namespace
+
+void capture(const std::uintptr_t *pcs, int npcs, Stack &out) {
+  capture_impl(interp(), pcs, npcs, false, out);
+}
+
+void capture_in_handler(const std::uintptr_t *pcs, int npcs, bool enabled, Stack &out,
+                        CodeSink *sink) {
+  out.n = 0;
+  out.end = End::Complete;
+  // Only an interpreter found before: the look-up itself may allocate.
+  if (!enabled || g_found.load(std::memory_order_acquire) != Found::Ready) return;
+  capture_impl(&g_interp, pcs, npcs, true, out, sink);
 }
 
 bool code_info(std::uint32_t code, CodeInfo &out) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace cmg::shim::py {
 
@@ -40,6 +41,20 @@ struct Stack {
 // first call; a library loaded later is noticed), the thread has no Python frames, or the
 // interpreter is one the reader does not know (then one note says so, once).
 void capture(const std::uintptr_t *pcs, int npcs, Stack &out);
+
+// The same from a fatal-signal handler (the crash record): no allocation, no lock. A code object
+// not interned before gets an id of its own and its `pycode` record through `sink` (written from
+// static buffers); a line not cached before reads 0. Nothing when `enabled` is false, or before
+// an interpreter was found by an earlier capture.
+class CodeSink {
+ public:
+  virtual void code(std::uint32_t id, std::string_view file, std::string_view name, int first) = 0;
+
+ protected:
+  ~CodeSink() = default;
+};
+void capture_in_handler(const std::uintptr_t *pcs, int npcs, bool enabled, Stack &out,
+                        CodeSink *sink);
 
 // The file and qualified function name of a code id (empty when unknown): the host's own uses of
 // a Python frame (suppressions, the flush site).

@@ -255,6 +255,25 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
                                             {"CUMEMGUARD_SUPPRESSIONS": supp}, [it.ext_dir])
                 check(rep3 is not None and len(groups3) == 2,
                       f"{label}: the rule leaves other double frees alone: {len(groups3)} groups")
+    # A crash: the crash record's stack has the Python frames, the exit status is the signal's.
+    log = os.path.join(tmp, f"crash-{it.version}-{int(it.shared)}.log")
+    p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + it.cmd + [script, "crash"],
+                       env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(it.cmd + [script, "crash"], env=env, cwd=tmp, capture_output=True,
+                           text=True, timeout=120)
+    label = f"{it.label} crash"
+    check(plain.returncode == -11 and p.returncode in (-11, 139),
+          f"{label}: SIGSEGV with and without the shim: {plain.returncode} {p.returncode}")
+    rep = json.loads(subprocess.run([cg, "report", "--json", log], capture_output=True,
+                                    text=True, timeout=120).stdout or "{}")
+    crash = ((rep.get("logs") or [{}])[0].get("outcome") or {}).get("crash") or {}
+    # Innermost: ctypes' own string_at (the standard library), then the script's frames.
+    cpy = py_frames(crash.get("stack"))
+    check(cpy and cpy[0]["function"] == "string_at" and cpy[0]["line"] > 0 and
+          cpy[0]["file"].endswith("ctypes/__init__.py"), f"{label}: ctypes' frame first: {cpy[:1]}")
+    expect(f"{label} stack", {"frames": cpy[1:]},
+           [("crash_here", mark[("crash_here", "crash")]),
+            ("case_crash", mark[("case_crash", "crash-call")])], script)
     # The C extension: the GIL held during the free, its own native frame above the Python ones,
     # and a native thread with no Python frames at all.
     if not it.build_extension(os.path.join(progs, "cmg_pyext.c")):

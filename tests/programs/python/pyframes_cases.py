@@ -3,8 +3,8 @@
 # Double frees reached from Python in every way the frame reader must follow: ctypes (the GIL
 # released during the call), a stale free of an address handed out again, a threading.Thread, a C
 # extension (the GIL held), a generator, deep recursion, an exception unwinding through the call,
-# threads exiting while another thread's stacks are captured, and a native thread with no Python
-# frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
+# threads exiting while another thread's stacks are captured, a native thread with no Python
+# frames, and a crash (SIGSEGV) under Python frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
 #   pyframes_cases.py CASE [EXTENSION_DIR]
 import ctypes
 import sys
@@ -130,6 +130,16 @@ def case_thread_exit():
     free_buffer(p)  # @second-call
     stop.set()
     c.join()
+
+
+def crash_here():
+    return ctypes.string_at(0)  # @crash
+
+
+def case_crash():
+    # A fatal signal under a Python frame no earlier stack had: the crash record names it.
+    free_buffer(alloc())
+    crash_here()  # @crash-call
 
 
 def main():
