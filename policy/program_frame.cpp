@@ -9,7 +9,8 @@ bool python_program_file(std::string_view file) {
   if (file.find("/site-packages/") != file.npos || file.find("/dist-packages/") != file.npos)
     return false;
   // The standard library: a "lib/pythonX.Y/" directory (lib64 too), as sysconfig's stdlib path.
-  for (std::size_t at = file.find("/python3."); at != file.npos; at = file.find("/python3.", at + 1)) {
+  for (std::size_t at = file.find("/python3."); at != file.npos;
+       at = file.find("/python3.", at + 1)) {
     const std::size_t lib = file.rfind('/', at == 0 ? 0 : at - 1);
     const std::string_view dir = file.substr(lib == file.npos ? 0 : lib + 1, at - (lib + 1));
     std::size_t i = at + 9;

@@ -9,8 +9,8 @@
 namespace cmg {
 
 // False for the interpreter's frozen modules ("<frozen importlib._bootstrap>"), the standard
-// library (".../lib/python3.X/...") and packages (".../site-packages/...", ".../dist-packages/...");
-// true for everything else, code given with -c ("<string>") included.
+// library (".../lib/python3.X/...") and packages (".../site-packages/...",
+// ".../dist-packages/..."); true for everything else, code given with -c ("<string>") included.
 bool python_program_file(std::string_view file);
 
 }  // namespace cmg

@@ -40,20 +40,28 @@ int locations(std::span<const std::uint8_t> table, int first_line, int addr) {
     int delta = 0;
     bool none = false;
     switch (code) {
-      case 15: none = true; break;                              // PY_CODE_LOCATION_INFO_NONE
-      case 14:                                                  // LONG
+      case 15:
+        none = true;
+        break;  // PY_CODE_LOCATION_INFO_NONE
+      case 14:  // LONG
         delta = r.svarint();
         r.varint();
         r.varint();
         r.varint();
         break;
-      case 13: delta = r.svarint(); break;                      // NO_COLUMNS
-      case 12: case 11: case 10:                                // ONE_LINE0..2
+      case 13:
+        delta = r.svarint();
+        break;  // NO_COLUMNS
+      case 12:
+      case 11:
+      case 10:  // ONE_LINE0..2
         delta = code - 10;
         r.byte();
         r.byte();
         break;
-      default: r.byte(); break;                                 // SHORT0..9
+      default:
+        r.byte();
+        break;  // SHORT0..9
     }
     if (!r.ok) return -1;
     line += delta;

@@ -3,7 +3,8 @@
 // instruction: what PyCode_Addr2Line computes, decoded here without the interpreter.
 //   3.11 and later: co_linetable is the location table of CPython's Objects/locations.md (entries
 //   of a start byte 1cccclll, c the kind, l+1 code units, then varints by kind).
-//   3.10: co_linetable holds (bytes of code, signed line delta) pairs, -128 meaning no line (PEP 626).
+//   3.10: co_linetable holds (bytes of code, signed line delta) pairs, -128 meaning no line (PEP
+//   626).
 #pragma once
 
 #include <cstdint>

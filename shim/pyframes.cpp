@@ -49,8 +49,8 @@ struct Interp {
 std::atomic<Found> g_found{Found::Unknown};
 std::atomic<std::uint64_t> g_checked_gen{0};  // objects generation of the last "none" answer
 std::mutex g_detect_mu;
-Interp g_interp;                        // written once, before g_found becomes Ready
-std::atomic<long> g_tss_key{-1};        // the interpreter's autoTSSkey, once found
+Interp g_interp;                  // written once, before g_found becomes Ready
+std::atomic<long> g_tss_key{-1};  // the interpreter's autoTSSkey, once found
 
 std::uintptr_t sym(const char *name) {
   return reinterpret_cast<std::uintptr_t>(real_dlsym(RTLD_DEFAULT, name));
@@ -116,7 +116,8 @@ void detect() {
   if (!ok) {
     g_found.store(Found::Unsupported, std::memory_order_release);
     char v[40] = "(no Py_Version)";
-    if (hex) std::snprintf(v, sizeof v, "%u.%u.%u", hex >> 24, (hex >> 16) & 0xff, (hex >> 8) & 0xff);
+    if (hex)
+      std::snprintf(v, sizeof v, "%u.%u.%u", hex >> 24, (hex >> 16) & 0xff, (hex >> 8) & 0xff);
     note(LogLevel::Info, std::string("CPython ") + v + ": its frames are not read (" + why +
                              "); stacks show native frames only");
     return;
@@ -232,7 +233,7 @@ struct Code {
 constexpr std::size_t kCodeSlots = 1 << 14, kProbe = 16;
 std::atomic<const Code *> g_codes[kCodeSlots];
 std::atomic<std::uint32_t> g_next_code{0};
-std::mutex g_code_mu;  // inserts (and the records they write)
+std::mutex g_code_mu;                          // inserts (and the records they write)
 std::vector<const Code *> *g_by_id = nullptr;  // id -> entry, under g_code_mu
 
 // Lines per (code id, instruction): key written last, checked again after the line is read.
@@ -243,10 +244,12 @@ struct LineSlot {
 };
 LineSlot g_lines[kLineSlots];
 
-std::size_t hash_ptr(std::uintptr_t p) { return (p * 0x9E3779B97F4A7C15ull) >> 50; }  // 14 bits
+std::size_t hash_ptr(std::uintptr_t p) {
+  return (p * 0x9E3779B97F4A7C15ull) >> 50;
+}  // 14 bits
 
-// A str's characters as UTF-8 into out[0, cap): false for what is not a compact str or does not fit.
-// No allocation: the crash handler uses it too.
+// A str's characters as UTF-8 into out[0, cap): false for what is not a compact str or does not
+// fit. No allocation: the crash handler uses it too.
 bool read_str_into(const Interp &in, std::uintptr_t s, char *out, std::size_t cap,
                    std::size_t &len) {
   len = 0;
@@ -269,10 +272,10 @@ bool read_str_into(const Interp &in, std::uintptr_t s, char *out, std::size_t ca
     }
     const unsigned char *p = chunk + used;
     used += kind;
-    const std::uint32_t c = kind == 1 ? p[0]
-                            : kind == 2 ? static_cast<std::uint32_t>(p[0] | p[1] << 8)
-                                        : p[0] | p[1] << 8 | p[2] << 16 |
-                                              static_cast<std::uint32_t>(p[3]) << 24;
+    const std::uint32_t c =
+        kind == 1   ? p[0]
+        : kind == 2 ? static_cast<std::uint32_t>(p[0] | p[1] << 8)
+                    : p[0] | p[1] << 8 | p[2] << 16 | static_cast<std::uint32_t>(p[3]) << 24;
     char u[4];
     std::size_t k = 0;
     if (c < 0x80) {
@@ -328,7 +331,10 @@ void write_pycode(const Code &c) {
   if (!s.log.is_open()) return;
   char buf[8192 + 512];
   JsonLine j(buf, sizeof buf);
-  j.ident("k", "pycode").unum("id", c.id).str("file", c.file).str("name", c.name)
+  j.ident("k", "pycode")
+      .unum("id", c.id)
+      .str("file", c.file)
+      .str("name", c.name)
       .num("first", c.first_line);
   s.log.write(j.finish(), now_ns());
 }
@@ -361,7 +367,8 @@ const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
       return c;
   }
   // New (or a new object at an old address): read its names once, write its record, publish.
-  auto *c = new (std::nothrow) Code{code, f.filename, f.qualname, f.linetable, f.first_line, 0, {}, {}};
+  auto *c =
+      new (std::nothrow) Code{code, f.filename, f.qualname, f.linetable, f.first_line, 0, {}, {}};
   if (!c) return nullptr;
   if (!read_str(in, f.filename, c->file) || !read_str(in, f.qualname, c->name)) {
     delete c;
@@ -391,8 +398,8 @@ const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
 }
 
 int line_of(const Interp &in, const Code &c, int addr, bool may_allocate = true) {
-  const std::uint64_t key = (static_cast<std::uint64_t>(c.id) << 32) |
-                            static_cast<std::uint32_t>(addr + 1);
+  const std::uint64_t key =
+      (static_cast<std::uint64_t>(c.id) << 32) | static_cast<std::uint32_t>(addr + 1);
   LineSlot &slot = g_lines[(key * 0x9E3779B97F4A7C15ull) >> 49];  // 15 bits
   if (slot.key.load(std::memory_order_acquire) == key) {
     const int line = slot.line.load(std::memory_order_relaxed);
@@ -404,7 +411,8 @@ int line_of(const Interp &in, const Code &c, int addr, bool may_allocate = true)
   // The crash handler reads the table into a static buffer (one handler runs at a time).
   static std::uint8_t in_handler[1 << 16];
   if (has_type(in, c.linetable, in.bytes_type) && field(c.linetable, in.l.bytes_size, size) &&
-      size >= 0 && size <= (may_allocate ? (1 << 20) : static_cast<std::int64_t>(sizeof in_handler))) {
+      size >= 0 &&
+      size <= (may_allocate ? (1 << 20) : static_cast<std::int64_t>(sizeof in_handler))) {
     std::vector<std::uint8_t> heap;
     std::uint8_t *t = in_handler;
     if (may_allocate) {
@@ -443,8 +451,8 @@ std::atomic<std::uint32_t> g_memo_gen{1};  // bumped at fork: entries of the par
 // ---- the walk ---------------------------------------------------------------------------------
 struct Raw {
   std::uintptr_t code, instr;
-  int addr;          // byte offset of the instruction
-  bool last_of_eval; // the first frame the eval call it belongs to ran
+  int addr;           // byte offset of the instruction
+  bool last_of_eval;  // the first frame the eval call it belongs to ran
 };
 
 // The frames, innermost first; returns the count, with `end` set when the walk stopped early.
@@ -597,9 +605,13 @@ bool code_info(std::uint32_t code, CodeInfo &out) {
   return true;
 }
 
-void fork_prepare() { g_code_mu.lock(); }
+void fork_prepare() {
+  g_code_mu.lock();
+}
 
-void fork_parent() { g_code_mu.unlock(); }
+void fork_parent() {
+  g_code_mu.unlock();
+}
 
 void fork_child() {
   // One thread left: the child's log starts empty, so every code object is written again.

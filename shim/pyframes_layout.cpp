@@ -116,10 +116,10 @@ struct DebugPos {
   std::uint32_t ob_type, bytes_size, bytes_data, str_state, str_length, str_ascii_size;
   std::uint32_t end;  // bytes to read
 };
-constexpr DebugPos kDebug313{32, 40, 64, 72, 168, 176, 184, 192, 232, 240, 248, 264, 280, 288, 296,
-                             304, 312, 344, 360, 520, 528, 544, 552, 560, 584};
-constexpr DebugPos kDebug314{32, 40, 64, 72, 192, 200, 208, 216, 256, 264, 272, 288, 320, 328, 336,
-                             344, 352, 384, 408, 600, 608, 624, 632, 640, 760};
+constexpr DebugPos kDebug313{32,  40,  64,  72,  168, 176, 184, 192, 232, 240, 248, 264, 280,
+                             288, 296, 304, 312, 344, 360, 520, 528, 544, 552, 560, 584};
+constexpr DebugPos kDebug314{32,  40,  64,  72,  192, 200, 208, 216, 256, 264, 272, 288, 320,
+                             328, 336, 344, 352, 384, 408, 600, 608, 624, 632, 640, 760};
 
 bool from_debug_offsets(std::uintptr_t runtime, std::uint32_t hex, const DebugPos &p, Layout &l,
                         std::string &why) {
@@ -155,13 +155,14 @@ bool from_debug_offsets(std::uintptr_t runtime, std::uint32_t hex, const DebugPo
   std::uint32_t str_ascii = 0;
   const bool ok = o32(p.rt_finalizing, l.rt_finalizing) &&
                   o32(p.rt_interpreters_head, l.rt_interpreters_head) &&
-                  o32(p.is_next, l.is_next) && o32(p.is_threads_head, l.is_threads_head) && o32(p.ts_next, l.ts_next) &&
-                  o32(p.ts_interp, l.ts_interp) && o32(p.ts_current_frame, l.ts_frame) &&
-                  o32(p.ts_thread_id, l.ts_thread_id) && o32(p.fr_previous, l.fr_previous) &&
-                  o32(p.fr_executable, l.fr_code) && o32(p.fr_instr_ptr, l.fr_instr) &&
-                  o32(p.fr_owner, l.fr_owner) && o32(p.co_filename, l.co_filename) &&
-                  o32(p.co_name, l.co_name) && o32(p.co_qualname, l.co_qualname) &&
-                  o32(p.co_linetable, l.co_linetable) && o32(p.co_firstlineno, l.co_firstlineno) &&
+                  o32(p.is_next, l.is_next) && o32(p.is_threads_head, l.is_threads_head) &&
+                  o32(p.ts_next, l.ts_next) && o32(p.ts_interp, l.ts_interp) &&
+                  o32(p.ts_current_frame, l.ts_frame) && o32(p.ts_thread_id, l.ts_thread_id) &&
+                  o32(p.fr_previous, l.fr_previous) && o32(p.fr_executable, l.fr_code) &&
+                  o32(p.fr_instr_ptr, l.fr_instr) && o32(p.fr_owner, l.fr_owner) &&
+                  o32(p.co_filename, l.co_filename) && o32(p.co_name, l.co_name) &&
+                  o32(p.co_qualname, l.co_qualname) && o32(p.co_linetable, l.co_linetable) &&
+                  o32(p.co_firstlineno, l.co_firstlineno) &&
                   o32(p.co_code_adaptive, l.co_code_adaptive) && o32(p.ob_type, l.ob_type) &&
                   o32(p.bytes_size, l.bytes_size) && o32(p.bytes_data, l.bytes_data) &&
                   o32(p.str_state, l.str_state) && o32(p.str_length, l.str_length) &&
@@ -193,11 +194,17 @@ void span(std::initializer_list<std::pair<std::int64_t, std::uint32_t>> fields, 
 
 bool spans(Layout &l, std::string &why) {
   const bool objects = l.model == FrameModel::Objects;
-  span({{l.fr_code, 8}, {l.fr_previous, 8}, {l.fr_instr, l.fr_instr_is_int ? 4u : 8u},
-        {objects ? -1 : std::int64_t{l.fr_owner}, 1}, {l.fr_is_entry, 1},
+  span({{l.fr_code, 8},
+        {l.fr_previous, 8},
+        {l.fr_instr, l.fr_instr_is_int ? 4u : 8u},
+        {objects ? -1 : std::int64_t{l.fr_owner}, 1},
+        {l.fr_is_entry, 1},
         {objects ? std::int64_t{l.ob_type} : -1, 8}},
        l.fr_lo, l.fr_len);
-  span({{l.ob_type, 8}, {l.co_filename, 8}, {l.co_qualname, 8}, {l.co_linetable, 8},
+  span({{l.ob_type, 8},
+        {l.co_filename, 8},
+        {l.co_qualname, 8},
+        {l.co_linetable, 8},
         {l.co_firstlineno, 4}},
        l.co_lo, l.co_len);
   if (l.fr_len > kMaxSpan || l.co_len > kMaxSpan) {

@@ -28,12 +28,12 @@ struct Layout {
   std::uint32_t is_threads_head = 0, is_next = 0;
   // PyThreadState: the list, the owner, the current frame (through _PyCFrame for 3.11/3.12)
   std::uint32_t ts_next = 0, ts_interp = 0, ts_thread_id = 0;
-  std::uint32_t ts_frame = 0;               // 3.10 frame, 3.11/3.12 cframe, 3.13+ current_frame
-  std::int32_t cframe_current_frame = -1;   // offset in _PyCFrame; -1: ts_frame is the frame
+  std::uint32_t ts_frame = 0;              // 3.10 frame, 3.11/3.12 cframe, 3.13+ current_frame
+  std::int32_t cframe_current_frame = -1;  // offset in _PyCFrame; -1: ts_frame is the frame
   // The frame (_PyInterpreterFrame, or PyFrameObject for 3.10)
   std::uint32_t fr_code = 0, fr_previous = 0, fr_instr = 0, fr_owner = 0;
-  std::int32_t fr_is_entry = -1;            // 3.11 only
-  bool fr_instr_is_int = false;             // 3.10: f_lasti (an int in code units)
+  std::int32_t fr_is_entry = -1;                     // 3.11 only
+  bool fr_instr_is_int = false;                      // 3.10: f_lasti (an int in code units)
   std::uintptr_t fr_code_mask = ~std::uintptr_t{0};  // 3.14: f_executable is a tagged reference
   int owner_cstack = -1, owner_interpreter = -1;     // owner values that are not Python frames
   // PyCodeObject

@@ -23,7 +23,9 @@ bool kernel_read(std::uintptr_t addr, void *out, std::size_t n) {
   return false;
 }
 
-void remember(std::uintptr_t page) { t_pages.page[(page / kPage) % kPages] = page; }
+void remember(std::uintptr_t page) {
+  t_pages.page[(page / kPage) % kPages] = page;
+}
 
 }  // namespace
 
@@ -39,6 +41,8 @@ bool read_slow(std::uintptr_t addr, void *out, std::size_t n, bool owned) {
   return true;
 }
 
-bool checked_reads_available() { return g_refused.load(std::memory_order_relaxed) == 0; }
+bool checked_reads_available() {
+  return g_refused.load(std::memory_order_relaxed) == 0;
+}
 
 }  // namespace cmg::shim::py

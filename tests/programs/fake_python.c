@@ -26,7 +26,9 @@ __attribute__((used, visibility("default"))) unsigned char PyFrame_Type[512];
 static _Alignas(16) unsigned char interp[256], tstate[512], cframe[64], frame[128], code[256];
 static _Alignas(16) unsigned char filename[64], qualname[64], linetable[64];
 
-static void put(unsigned char *obj, int off, uintptr_t v) { memcpy(obj + off, &v, sizeof v); }
+static void put(unsigned char *obj, int off, uintptr_t v) {
+  memcpy(obj + off, &v, sizeof v);
+}
 
 static void str(unsigned char *s, const char *text) {
   put(s, 8, (uintptr_t)PyUnicode_Type);
@@ -67,10 +69,14 @@ static void build(int mode) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
-  if (!strcmp(mode, "future")) Py_Version = 0x030F00F0;
-  else if (!strcmp(mode, "garbage")) build('g');
-  else if (!strcmp(mode, "cycle")) build('c');
-  else return 64;
+  if (!strcmp(mode, "future"))
+    Py_Version = 0x030F00F0;
+  else if (!strcmp(mode, "garbage"))
+    build('g');
+  else if (!strcmp(mode, "cycle"))
+    build('c');
+  else
+    return 64;
   void *p = NULL;
   int a = cudaMalloc(&p, 1 << 20), b = cudaFree(p), c = cudaFree(p);
   printf("malloc %d free %d free_again %d\n", a, b, c);

@@ -13,8 +13,8 @@ using namespace cmg;
 
 namespace {
 
-// A function with a multi-line comprehension, a raise across lines and an except clause, compiled by
-// CPython 3.11.2: co_firstlineno 2, co_linetable as below, and the line of every code unit as
+// A function with a multi-line comprehension, a raise across lines and an except clause, compiled
+// by CPython 3.11.2: co_firstlineno 2, co_linetable as below, and the line of every code unit as
 // co_lines() gives it (-1: no location). 3.13 and 3.14 use the same format.
 const std::vector<std::uint8_t> kTable311 = {
     0x80, 0x00, 0xd8, 0x08, 0x09, 0x88, 0x41, 0x89, 0x05, 0x80, 0x41, 0xd8, 0x07, 0x08, 0x88, 0x31,
@@ -26,9 +26,9 @@ const std::vector<std::uint8_t> kTable311 = {
     0x00, 0x01, 0x05, 0x0d, 0xf0, 0x00, 0x01, 0x05, 0x0d, 0xf0, 0x00, 0x01, 0x05, 0x0d, 0xd8, 0x08,
     0x0c, 0x88, 0x04, 0xf0, 0x03, 0x01, 0x05, 0x0d, 0xf8, 0xf8, 0xf8, 0xe0, 0x0b, 0x0c, 0x80, 0x48};
 const std::vector<int> kLines311 = {
-    2,  3,  3,  3,  3,  3,  4,  4,  4,  4,  4,  4,  5,  5,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,
-    6,  6,  6,  5,  5,  5,  5,  5,  5,  5,  5,  5,  7,  7,  8,  9,  9,  9,  9,  9,  9,  10, 9,  9,  9,
-    9,  9,  9,  9,  9,  -1, 12, 12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 12, -1, -1, -1, 14, 14};
+    2, 3, 3, 3, 3, 3,  4,  4,  4,  4,  4,  4,  5,  5,  6,  6,  6,  6,  6,  6,  6,  6,  6, 6, 6,
+    6, 6, 6, 5, 5, 5,  5,  5,  5,  5,  5,  5,  7,  7,  8,  9,  9,  9,  9,  9,  9,  10, 9, 9, 9,
+    9, 9, 9, 9, 9, -1, 12, 12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 12, -1, -1, -1, 14, 14};
 
 }  // namespace
 
@@ -70,7 +70,8 @@ TEST_CASE("program files are not the interpreter's, the standard library's or a 
   CHECK_FALSE(python_program_file(""));
   CHECK_FALSE(python_program_file("<frozen importlib._bootstrap>"));
   CHECK_FALSE(python_program_file("/usr/lib/python3.11/threading.py"));
-  CHECK_FALSE(python_program_file("/root/.pyenv/versions/3.11.7/lib/python3.11/ctypes/__init__.py"));
+  CHECK_FALSE(
+      python_program_file("/root/.pyenv/versions/3.11.7/lib/python3.11/ctypes/__init__.py"));
   CHECK_FALSE(python_program_file("/usr/lib64/python3.12/asyncio/events.py"));
   CHECK_FALSE(python_program_file("/venv/lib/python3.12/site-packages/torch/cuda/memory.py"));
   CHECK_FALSE(python_program_file("/usr/lib/python3/dist-packages/numpy/core/x.py"));

@@ -45,19 +45,19 @@ static PyObject *ext_native_thread_double_free(PyObject *self, PyObject *unused)
   (void)self;
   (void)unused;
   pthread_t t;
-  Py_BEGIN_ALLOW_THREADS
-  if (pthread_create(&t, NULL, native_thread, NULL) == 0) pthread_join(t, NULL);
-  Py_END_ALLOW_THREADS
-  Py_RETURN_NONE;
+  Py_BEGIN_ALLOW_THREADS if (pthread_create(&t, NULL, native_thread, NULL) == 0)
+      pthread_join(t, NULL);
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
-    {"free", ext_free, METH_O, "cudaFree(ptr) with the GIL held"},
-    {"native_thread_double_free", ext_native_thread_double_free, METH_NOARGS,
-     "a double free from a thread Python never saw"},
-    {NULL, NULL, 0, NULL}};
+static PyMethodDef methods[] = {{"free", ext_free, METH_O, "cudaFree(ptr) with the GIL held"},
+                                {"native_thread_double_free", ext_native_thread_double_free,
+                                 METH_NOARGS, "a double free from a thread Python never saw"},
+                                {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cmg_pyext", NULL, -1, methods,
-                                    NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cmg_pyext", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit_cmg_pyext(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_cmg_pyext(void) {
+  return PyModule_Create(&module);
+}
