@@ -3,6 +3,8 @@
 // (3.10: advance/_PyCode_CheckLineNumber; 3.11+: get_line_delta, scan_varint, next_code_delta).
 #include "py_linetable.h"
 
+#include <cstdint>
+
 namespace cmg {
 namespace {
 
@@ -31,7 +33,9 @@ struct Reader {
 
 int locations(std::span<const std::uint8_t> table, int first_line, int addr) {
   Reader r{table};
-  int line = first_line, start = 0;
+  // 64 bits: a table that is not what it claims cannot overflow the count.
+  std::int64_t line = first_line;
+  int start = 0;
   while (r.i < table.size()) {
     const std::uint8_t b = r.byte();
     if (!(b & 0x80)) return -1;  // not the first byte of an entry: the table is not what we think
@@ -65,14 +69,16 @@ int locations(std::span<const std::uint8_t> table, int first_line, int addr) {
     }
     if (!r.ok) return -1;
     line += delta;
-    if (addr < end) return none ? -1 : line;
+    if (line < 0 || line > INT32_MAX) return -1;
+    if (addr < end) return none ? -1 : static_cast<int>(line);
     start = end;
   }
   return -1;
 }
 
 int pep626(std::span<const std::uint8_t> table, int first_line, int addr) {
-  int line = first_line, start = 0, end = 0, shown = -1;
+  std::int64_t line = first_line, shown = -1;
+  int start = 0, end = 0;
   for (std::size_t i = 0; i + 1 < table.size(); i += 2) {
     start = end;
     end += table[i];
@@ -83,7 +89,8 @@ int pep626(std::span<const std::uint8_t> table, int first_line, int addr) {
       line += delta;
       shown = line;
     }
-    if (start != end && start <= addr && addr < end) return shown;
+    if (start != end && start <= addr && addr < end)
+      return shown > INT32_MAX ? -1 : static_cast<int>(shown);
   }
   return -1;
 }
