@@ -21,6 +21,8 @@ import tempfile
 
 FAILURES = []
 PASSED = [0]
+# Sanitized builds stretch every limit (tools/dev sanitize sets the multiplier).
+SLOW = max(1, int(os.environ.get("CMG_TIMEOUT_MULTIPLIER", "1")))
 
 
 def check(cond, msg):
@@ -75,13 +77,13 @@ class Interp:
                                        "sysconfig.get_paths()['include'], "
                                        "sysconfig.get_config_var('EXT_SUFFIX'), "
                                        "sysconfig.get_config_var('Py_ENABLE_SHARED'))"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60 * SLOW)
         major, minor, exe, self.include, self.suffix, shared = q.stdout.split()
         self.version = f"{major}.{minor}"
         self.exe = exe
         # Debian's python3 says Py_ENABLE_SHARED=1 (it ships libpython3.X.so too) but links the
         # interpreter into the executable: what counts is whether the program loads libpython.
-        ldd = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=60).stdout
+        ldd = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=60 * SLOW).stdout
         self.shared = "libpython" in ldd
         self.label = f"python {self.version} ({'shared libpython' if self.shared else 'static'}, {exe})"
         self.ext_dir = os.path.join(tmp, "ext-" + self.version + ("-shared" if self.shared else ""))
@@ -92,7 +94,7 @@ class Interp:
         # The parent too: Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>.
         p = subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-g", "-I" + self.include,
                             "-I" + os.path.dirname(self.include), src, "-o",
-                            out, "-ldl", "-lpthread"], capture_output=True, text=True, timeout=120)
+                            out, "-ldl", "-lpthread"], capture_output=True, text=True, timeout=120 * SLOW)
         check(p.returncode == 0, f"{self.label}: building the C extension: {p.stderr[-500:]}")
         return p.returncode == 0
 
@@ -140,15 +142,15 @@ def main():
 def run_case(cg, it, script, case, env, tmp, extra_env=None, args=()):
     log = os.path.join(tmp, f"{case}-{it.version}-{int(it.shared)}-{len(os.listdir(tmp))}.log")
     cmd = it.cmd + [script, case] + list(args)
-    plain = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=120 * SLOW)
     e = dict(env, **(extra_env or {}))
     p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + cmd, env=e, cwd=tmp,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300 * SLOW)
     check(plain.returncode == 0 and p.returncode == 0 and f"done {case}" in p.stdout and
           f"done {case}" in plain.stdout,
           f"{it.label} {case}: plain {plain.returncode} {plain.stderr[-300:]!r}, under the shim "
           f"{p.returncode} {p.stdout[-200:]!r} {p.stderr[-600:]!r}")
-    r = subprocess.run([cg, "report", "--json", log], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([cg, "report", "--json", log], capture_output=True, text=True, timeout=120 * SLOW)
     try:
         rep = json.loads(r.stdout)
     except json.JSONDecodeError:
@@ -229,12 +231,12 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
                   f"{label}: the thread's own frames below worker: {py[:4]}")
         if case == "ctypes":
             text = subprocess.run([cg, "report", log], capture_output=True, text=True,
-                                  timeout=120).stdout
+                                  timeout=120 * SLOW).stdout
             for fn, line in second + first + alloc(caller):
                 check(f"{fn} ({script}:{line})" in text,
                       f"{label}: the text report names {fn} ({script}:{line})")
             gen = subprocess.run([cg, "report", "--gen-suppressions", log], capture_output=True,
-                                 text=True, timeout=120).stdout
+                                 text=True, timeout=120 * SLOW).stdout
             rules = [l for l in gen.splitlines() if l and not l.startswith("#")]
             check(rules == ["double-free:free_buffer"],
                   f"{label}: --gen-suppressions names the program's frame: {rules}")
@@ -258,14 +260,14 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
     # A crash: the crash record's stack has the Python frames, the exit status is the signal's.
     log = os.path.join(tmp, f"crash-{it.version}-{int(it.shared)}.log")
     p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + it.cmd + [script, "crash"],
-                       env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+                       env=env, cwd=tmp, capture_output=True, text=True, timeout=120 * SLOW)
     plain = subprocess.run(it.cmd + [script, "crash"], env=env, cwd=tmp, capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120 * SLOW)
     label = f"{it.label} crash"
     check(plain.returncode == -11 and p.returncode in (-11, 139),
           f"{label}: SIGSEGV with and without the shim: {plain.returncode} {p.returncode}")
     rep = json.loads(subprocess.run([cg, "report", "--json", log], capture_output=True,
-                                    text=True, timeout=120).stdout or "{}")
+                                    text=True, timeout=120 * SLOW).stdout or "{}")
     crash = ((rep.get("logs") or [{}])[0].get("outcome") or {}).get("crash") or {}
     # Innermost: ctypes' own string_at (the standard library), then the script's frames.
     cpy = py_frames(crash.get("stack"))
@@ -310,9 +312,9 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
 def run_fake(cg, exe, env, tmp):
     for mode in ("future", "garbage", "cycle"):
         log = os.path.join(tmp, f"fake-{mode}.log")
-        plain = subprocess.run([exe, mode], env=env, capture_output=True, text=True, timeout=60)
+        plain = subprocess.run([exe, mode], env=env, capture_output=True, text=True, timeout=60 * SLOW)
         p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--", exe, mode], env=env,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60 * SLOW)
         label = f"fake_python {mode}"
         check(plain.returncode == 0 and plain.stdout == "malloc 0 free 0 free_again 1\n" and
               p.returncode == 0 and p.stdout == "malloc 0 free 0 free_again 0\n",
@@ -323,7 +325,7 @@ def run_fake(cg, exe, env, tmp):
         notes = [r["msg"] for r in records if r.get("k") == "note" and "frames are not read" in
                  r.get("msg", "")]
         rep = json.loads(subprocess.run([cg, "report", "--json", log], capture_output=True,
-                                        text=True, timeout=60).stdout)
+                                        text=True, timeout=60 * SLOW).stdout)
         groups = [g for c in rep["findings"]["classes"] if c["class"] == "double-free"
                   for g in c["groups"]]
         check(len(groups) == 1, f"{label}: one double free: {len(groups)}")
