@@ -49,6 +49,14 @@ struct Layout {
 
 inline constexpr std::uint32_t kMaxSpan = 256;
 
+// One interpreter found in the process: its layout and the addresses the reader compares with.
+struct Interp {
+  Layout l;
+  std::uintptr_t runtime = 0, runtime_size = 0;
+  std::uintptr_t code_type = 0, str_type = 0, bytes_type = 0, frame_type = 0;
+  std::uintptr_t eval_lo = 0, eval_hi = 0;
+};
+
 // Fills `out` for the CPython whose _PyRuntime is at `runtime` and whose hex version is `hex`
 // (Py_Version; 0 for 3.10, which has none), reading its _Py_DebugOffsets where it has them.
 // Returns false with `why` set for an interpreter it does not know.
