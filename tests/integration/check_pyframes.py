@@ -139,7 +139,28 @@ def main():
     print(f"{PASSED[0]} passed, 0 failed")
 
 
+def sanitizer_env(env, it, crash=False):
+    """A sanitized build preloads its runtime into every process (CMG_PRELOAD_FIRST). Its
+    LeakSanitizer tells CPython's leaks at exit (by design) from others by CPython's allocator
+    functions (tests/sanitizers/lsan.supp); an interpreter without a symbol table names none, so
+    its runs check no leaks (the shared-libpython runs of the same cases do). A crash case lets
+    SIGSEGV take its default action, as without the sanitizer."""
+    pre = env.get("LD_PRELOAD", "")
+    if not any(k in pre for k in ("asan", "tsan")):
+        return env
+    e = dict(env)
+    for var in ("ASAN_OPTIONS", "TSAN_OPTIONS"):
+        opts = e.get(var, "")
+        if var == "ASAN_OPTIONS" and not it.shared:
+            opts += ":detect_leaks=0"
+        if crash:
+            opts += ":handle_segv=0"
+        e[var] = opts.lstrip(":")
+    return e
+
+
 def run_case(cg, it, script, case, env, tmp, extra_env=None, args=()):
+    env = sanitizer_env(env, it)
     log = os.path.join(tmp, f"{case}-{it.version}-{int(it.shared)}-{len(os.listdir(tmp))}.log")
     cmd = it.cmd + [script, case] + list(args)
     plain = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=120 * SLOW)
@@ -259,6 +280,7 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
                       f"{label}: the rule leaves other double frees alone: {len(groups3)} groups")
     # A crash: the crash record's stack has the Python frames, the exit status is the signal's.
     log = os.path.join(tmp, f"crash-{it.version}-{int(it.shared)}.log")
+    env = sanitizer_env(env, it, crash=True)
     p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + it.cmd + [script, "crash"],
                        env=env, cwd=tmp, capture_output=True, text=True, timeout=120 * SLOW)
     plain = subprocess.run(it.cmd + [script, "crash"], env=env, cwd=tmp, capture_output=True,
