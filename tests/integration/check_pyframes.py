@@ -81,6 +81,10 @@ class Interp:
         major, minor, exe, self.include, self.suffix, shared = q.stdout.split()
         self.version = f"{major}.{minor}"
         self.exe = exe
+        # The interpreter itself, not a launcher script in front of it (pyenv's shims are bash
+        # scripts): bash dies of SIGSEGV with a sanitizer runtime preloaded (its own malloc against
+        # the runtime's), which made the run without the shim fail where the program did not.
+        self.cmd = [exe] + self.cmd[1:]
         # Debian's python3 says Py_ENABLE_SHARED=1 (it ships libpython3.X.so too) but links the
         # interpreter into the executable: what counts is whether the program loads libpython.
         ldd = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=60 * SLOW).stdout
