@@ -184,10 +184,11 @@ std::uintptr_t thread_state(const Interp &in) {
   return ts;
 }
 
-// What this thread resolved lately, by (code object, instruction): a repeated site skips the code
-// object's checks, the interning and the line look-up. An entry is only ever hit by a frame that
-// runs that code object at that instruction now; the code object it was validated for could only
-// differ if it had been freed and another made at its address, running at the same offset.
+// What this thread resolved lately, by (code object, instruction): a repeated site skips the
+// interning and the line look-up. A hit is taken only when the code object's fields are still the
+// entry's: a code object freed and another made at its address (the same function exec'd again, a
+// generated __init__) runs at the same instruction addresses, and pymalloc hands a freed block of
+// the same size out again first.
 struct Memo {
   std::uintptr_t code, instr;
   const Code *entry;
@@ -288,15 +289,18 @@ void capture_impl(const Interp *in, const std::uintptr_t *pcs, int npcs, bool in
     Memo &memo = t_memo[((raw[i].code ^ raw[i].instr) * 0x9E3779B97F4A7C15ull) >> 58];
     const Code *c = nullptr;
     int line = 0;
-    if (memo.code == raw[i].code && memo.instr == raw[i].instr && memo.entry) {
+    CodeFields f;
+    if (!code_fields(*in, raw[i].code, f)) {
+      end = End::Unreadable;
+      break;
+    }
+    if (memo.code == raw[i].code && memo.instr == raw[i].instr && memo.entry &&
+        same_code(*memo.entry, raw[i].code, f)) {
       c = memo.entry;
       line = memo.line;
     } else {
-      CodeFields f;
-      if (code_fields(*in, raw[i].code, f)) {
-        c = in_handler ? find_code(raw[i].code, f) : intern(*in, raw[i].code, f);
-        if (!c && in_handler) c = describe_in_handler(*in, raw[i].code, f, sink);
-      }
+      c = in_handler ? find_code(raw[i].code, f) : intern(*in, raw[i].code, f);
+      if (!c && in_handler) c = describe_in_handler(*in, raw[i].code, f, sink);
       if (!c) {
         end = End::Unreadable;
         break;

@@ -128,9 +128,7 @@ const Code *find_code(std::uintptr_t code, const CodeFields &f) {
   for (std::size_t i = 0; i < kProbe; ++i) {
     const Code *c = g_codes[(h + i) & (kCodeSlots - 1)].load(std::memory_order_acquire);
     if (!c) return nullptr;
-    if (c->code == code && c->filename == f.filename && c->qualname == f.qualname &&
-        c->linetable == f.linetable && c->first_line == f.first_line)
-      return c;
+    if (same_code(*c, code, f)) return c;
   }
   return nullptr;
 }
@@ -145,9 +143,7 @@ const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
       free_at = at;
       break;
     }
-    if (c->code == code && c->filename == f.filename && c->qualname == f.qualname &&
-        c->linetable == f.linetable && c->first_line == f.first_line)
-      return c;
+    if (same_code(*c, code, f)) return c;
   }
   // New (or a new object at an old address): read its names once, write its record, publish.
   auto *c =

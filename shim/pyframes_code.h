@@ -55,6 +55,13 @@ struct CodeFields {
   std::int32_t first_line = 0;
 };
 
+// Whether an entry was made for the code object whose fields these are: a code object freed and
+// another made at its address (exec'd or generated code) has names and a table of its own.
+inline bool same_code(const Code &c, std::uintptr_t code, const CodeFields &f) {
+  return c.code == code && c.filename == f.filename && c.qualname == f.qualname &&
+         c.linetable == f.linetable && c.first_line == f.first_line;
+}
+
 // The fields of the code object at `code`, its type checked; false for anything else.
 bool code_fields(const Interp &in, std::uintptr_t code, CodeFields &f);
 // The entry of a code object interned before, or nullptr: lock-free, allocation-free.

@@ -21,6 +21,7 @@ import tempfile
 
 FAILURES = []
 PASSED = [0]
+STDOUT = {}  # log -> what the program printed under the shim
 # Sanitized builds stretch every limit (tools/dev sanitize sets the multiplier).
 SLOW = max(1, int(os.environ.get("CMG_TIMEOUT_MULTIPLIER", "1")))
 
@@ -171,6 +172,7 @@ def run_case(cg, it, script, case, env, tmp, extra_env=None, args=()):
     e = dict(env, **(extra_env or {}))
     p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + cmd, env=e, cwd=tmp,
                        capture_output=True, text=True, timeout=300 * SLOW)
+    STDOUT[log] = p.stdout
     check(plain.returncode == 0 and p.returncode == 0 and f"done {case}" in p.stdout and
           f"done {case}" in plain.stdout,
           f"{it.label} {case}: plain {plain.returncode} {plain.stderr[-300:]!r}, under the shim "
@@ -282,6 +284,31 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
                                             {"CUMEMGUARD_SUPPRESSIONS": supp}, [it.ext_dir])
                 check(rep3 is not None and len(groups3) == 2,
                       f"{label}: the rule leaves other double frees alone: {len(groups3)} groups")
+    # Code objects made at the address of freed ones: each double free names its own function
+    # (and the case must really have reused an address, or it shows nothing).
+    log, rep, groups = run_case(cg, it, script, "reused-code", env, tmp)
+    if rep is not None:
+        label = f"{it.label} reused-code"
+        reused = re.search(r"reused code addresses (\d+)", STDOUT[log])
+        check(reused and int(reused.group(1)) > 0, f"{label}: no code address was reused: "
+              f"{STDOUT[log][-200:]!r}")
+        c("reused-code")
+        got, want = [], []
+        for i in range(6):
+            want.append([("free_buffer", m["free"], script), (f"generated_{i}", 2, "generated.py"),
+                         ("case_reused_code", m["second-call"], script)])
+        for g in groups:
+            got.append([(f["function"], f["line"], f["file"]) for f in py_frames(g["stack"])[:3]])
+        check(sorted(got) == sorted(want) and all(g["count"] == 1 for g in groups),
+              f"{label}: each double free names its own generated function: {got} "
+              f"{[g['count'] for g in groups]}")
+        for g in groups:
+            name = py_frames(g["stack"])[1]["function"] if len(py_frames(g["stack"])) > 1 else "?"
+            first = [(f["function"], f["line"]) for f in py_frames(related(g["example"],
+                                                                          "first free"))[:3]]
+            check(first == [("free_buffer", m["free"]), (name, 2),
+                            ("case_reused_code", m["first-call"])],
+                  f"{label}: the first free of {name}: {first}")
     # A crash: the crash record's stack has the Python frames, the exit status is the signal's.
     log = os.path.join(tmp, f"crash-{it.version}-{int(it.shared)}.log")
     env = sanitizer_env(env, it, crash=True)

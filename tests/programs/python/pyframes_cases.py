@@ -4,9 +4,11 @@
 # released during the call), a stale free of an address handed out again, a threading.Thread, a C
 # extension (the GIL held), a generator, deep recursion, an exception unwinding through the call,
 # threads exiting while another thread's stacks are captured, a native thread with no Python
-# frames, and a crash (SIGSEGV) under Python frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
+# frames, code objects made at the address of freed ones, and a crash (SIGSEGV) under Python
+# frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
 #   pyframes_cases.py CASE [EXTENSION_DIR]
 import ctypes
+import gc
 import sys
 import threading
 
@@ -130,6 +132,29 @@ def case_thread_exit():
     free_buffer(p)  # @second-call
     stop.set()
     c.join()
+
+
+GENERATED = "def {name}(p):\n    return free_buffer(p)\n"
+
+
+def case_reused_code():
+    # Functions exec'd one after another from one source shape, each freed before the next is
+    # made: pymalloc hands a freed code object's block out again, so a later function's code
+    # object lives at an earlier one's address, running at the same instruction addresses. Each
+    # double free must name its own function; the case says how many addresses were reused.
+    seen, reused = [], 0
+    for i in range(6):
+        ns = {"free_buffer": free_buffer}
+        exec(compile(GENERATED.format(name=f"generated_{i}"), "generated.py", "exec"), ns)
+        fn = ns[f"generated_{i}"]
+        reused += id(fn.__code__) in seen
+        seen.append(id(fn.__code__))
+        p = alloc()  # @alloc-call
+        fn(p)  # @first-call
+        fn(p)  # @second-call
+        del ns, fn
+        gc.collect()
+    print("reused code addresses", reused)
 
 
 def crash_here():
