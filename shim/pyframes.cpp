@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -339,7 +340,12 @@ void fork_parent() {
 
 void fork_child() {
   // One thread left: the child's log starts empty, so every code object is written again, and
-  // this thread's memo of the parent's entries goes.
+  // this thread's memo of the parent's entries goes. A thread of the parent may have been inside
+  // the interpreter look-up (detect()): its lock is not held across fork(), since that look-up
+  // calls the loader and writes notes, whose locks other threads can be waiting on; the child,
+  // where that thread does not exist, gets the lock free (left held, the child's first captured
+  // stack waited for it forever) and looks again if the parent had not finished.
+  new (&g_detect_mu) std::mutex();
   g_memo_gen.fetch_add(1, std::memory_order_relaxed);
   code_fork_child();
 }

@@ -362,7 +362,37 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
               f"{label}: the native thread's stack is native frames only: {frames[:3]}")
 
 
+def run_fork(cg, exe, env, tmp):
+    """A fork while another thread's first captured stack is inside the reader's look-up of the
+    interpreter: the child's own stacks are captured (its double free names the fake frame), it
+    exits, and the parent goes on."""
+    log = os.path.join(tmp, "fake-fork.log")
+    plain = subprocess.run([exe, "fork"], env=env, capture_output=True, text=True, timeout=120 * SLOW)
+    p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--", exe, "fork"], env=env,
+                       capture_output=True, text=True, timeout=120 * SLOW)
+    label = "fake_python fork"
+    # Without the shim the parent's thread has made CUDA ready before the fork, so the child's
+    # calls fail as a forked child's do; under the shim the fork comes first.
+    check(plain.returncode == 0 and plain.stdout.endswith("child: exit 0\n") and
+          p.returncode == 0 and
+          p.stdout == "child: malloc 0 free 0 free_again 0\nchild: exit 0\n",
+          f"{label}: plain {plain.returncode} {plain.stdout!r}, under the shim {p.returncode} "
+          f"{p.stdout!r} {p.stderr[-400:]!r}")
+    child_logs = [f for f in os.listdir(tmp) if f.startswith("fake-fork.log.")]
+    check(len(child_logs) == 1, f"{label}: one log of the child: {child_logs}")
+    if len(child_logs) != 1:
+        return
+    rep = json.loads(subprocess.run([cg, "report", "--json", os.path.join(tmp, child_logs[0])],
+                                    capture_output=True, text=True, timeout=60 * SLOW).stdout)
+    groups = [g for c in rep["findings"]["classes"] if c["class"] == "double-free"
+              for g in c["groups"]]
+    py = [(f["function"], f["file"], f["line"]) for g in groups for f in py_frames(g["stack"])]
+    check(len(groups) == 1 and py == [("fake_fn", "fake.py", 8)],
+          f"{label}: the child's double free with its Python frame: {len(groups)} {py}")
+
+
 def run_fake(cg, exe, env, tmp):
+    run_fork(cg, exe, env, tmp)
     for mode in ("future", "garbage", "cycle"):
         log = os.path.join(tmp, f"fake-{mode}.log")
         plain = subprocess.run([exe, mode], env=env, capture_output=True, text=True, timeout=60 * SLOW)

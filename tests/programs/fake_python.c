@@ -5,11 +5,20 @@
 //   fake_python garbage  3.11's layout with this thread's state whose frame points at unmapped
 //                        memory: the Python part ends "unreadable", the native frames stay
 //   fake_python cycle    a well-formed frame whose `previous` is itself: 64 frames, "truncated"
+//   fake_python fork     one well-formed frame; a thread's first captured stack is held inside
+//                        the reader's look-up of the interpreter (at its dladdr1 of _PyRuntime,
+//                        which this program interposes) while the main thread forks, and the
+//                        child captures stacks of its own
+#define _GNU_SOURCE
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 // 3.11 offsets (shim/pyframes_layout.cpp): _PyRuntime.interpreters.head 40, interp threads.head
 // 16, tstate next 8 interp 16 cframe 56 thread_id 152, _PyCFrame.current_frame 8,
@@ -50,7 +59,7 @@ static void build(int mode) {
     return;
   }
   put(frame, 32, (uintptr_t)code);
-  put(frame, 48, (uintptr_t)frame);       // previous: itself
+  put(frame, 48, mode == 'c' ? (uintptr_t)frame : 0);  // previous: itself, or none
   put(frame, 56, (uintptr_t)code + 184);  // the first instruction
   put(code, 8, (uintptr_t)PyCode_Type);
   const int32_t first = 7;
@@ -67,8 +76,69 @@ static void build(int mode) {
   linetable[33] = 2;                     // svarint +1
 }
 
+// fork: the reader's first look-up of the interpreter, held until the child has run.
+static pid_t g_parent;
+static int g_hold;
+static sem_t g_in_lookup, g_release;
+
+int dladdr1(const void *addr, Dl_info *info, void **extra, int flags) {
+  static int (*real)(const void *, Dl_info *, void **, int);
+  if (!real) real = (int (*)(const void *, Dl_info *, void **, int))dlsym(RTLD_NEXT, "dladdr1");
+  if (addr == (const void *)_PyRuntime && g_hold && getpid() == g_parent) {
+    g_hold = 0;
+    sem_post(&g_in_lookup);
+    sem_wait(&g_release);
+  }
+  return real(addr, info, extra, flags);
+}
+
+static void *first_stack(void *arg) {
+  (void)arg;
+  void *p = NULL;
+  if (cudaMalloc(&p, 4096) == 0) cudaFree(p);
+  if (g_hold) {  // no reader asked (no shim, or no stacks): the main thread goes on all the same
+    g_hold = 0;
+    sem_post(&g_in_lookup);
+  }
+  return NULL;
+}
+
+static int fork_case(void) {
+  g_parent = getpid();
+  g_hold = 1;
+  sem_init(&g_in_lookup, 0, 0);
+  sem_init(&g_release, 0, 0);
+  pthread_t t;
+  if (pthread_create(&t, NULL, first_stack, NULL) != 0) return 70;
+  sem_wait(&g_in_lookup);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(60);  // a child that hangs ends by SIGALRM, and the parent says so
+    void *p = NULL;
+    int a = cudaMalloc(&p, 1 << 20), b = cudaFree(p), c = cudaFree(p);
+    printf("child: malloc %d free %d free_again %d\n", a, b, c);
+    fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  const int waited = child > 0 ? waitpid(child, &status, 0) : -1;
+  sem_post(&g_release);
+  pthread_join(t, NULL);
+  if (waited != child)
+    printf("fork failed\n");
+  else if (WIFSIGNALED(status))
+    printf("child: killed by signal %d\n", WTERMSIG(status));
+  else
+    printf("child: exit %d\n", WEXITSTATUS(status));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
+  if (!strcmp(mode, "fork")) {
+    build('f');
+    return fork_case();
+  }
   if (!strcmp(mode, "future"))
     Py_Version = 0x030F00F0;
   else if (!strcmp(mode, "garbage"))
