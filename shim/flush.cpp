@@ -130,7 +130,7 @@ FlushCheck flush_check(Call &c, FlushTarget target) {
       s.transport.flushing_here())
     return fc;
   Captured cap;
-  capture(cap, kFrames);
+  capture_native(cap, kFrames);  // the Python frames only for a flush kept below
   const std::uintptr_t *pc = cap.pc;
   const int n = cap.n;
   const FrameSym *fs[kFrames];
@@ -142,6 +142,7 @@ FlushCheck flush_check(Call &c, FlushTarget target) {
   if (!v.opportunistic()) return fc;
   fc.opportunistic = true;
   fc.action = decide_flush(s.opts, target);
+  capture_python(cap);
   if (!c.ev().stack) c.set_stack(intern_stack(cap));
   fc.site = site_for(fs, cap, v, c.ev().stack);
   return fc;

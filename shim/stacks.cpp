@@ -177,7 +177,7 @@ void ensure_module_locked(Table &t, std::uintptr_t pc) {
 
 }  // namespace
 
-void capture(Captured &c, int max_frames) {
+void capture_native(Captured &c, int max_frames) {
   Frames f;
   f.max = std::clamp(max_frames, 1, 64);
   const int n = cached_backtrace(f.pc, f.max, shim_frame);
@@ -187,7 +187,17 @@ void capture(Captured &c, int max_frames) {
     _Unwind_Backtrace(on_frame, &f);  // something the cached walker does not model
   std::copy(f.pc, f.pc + f.n, c.pc);
   c.n = f.n;
+  c.py.n = 0;
+  c.py.end = py::End::Complete;
+}
+
+void capture_python(Captured &c) {
   if (state().opts.python_frames) py::capture(c.pc, c.n, c.py);
+}
+
+void capture(Captured &c, int max_frames) {
+  capture_native(c, max_frames);
+  capture_python(c);
 }
 
 std::uint32_t intern_stack(const Captured &c) {

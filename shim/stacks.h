@@ -25,6 +25,10 @@ std::uint32_t capture_stack(int max_frames);
 // such a stack, writing its records (module, pycode, stack) the first time it is seen.
 void capture(Captured &c, int max_frames);
 std::uint32_t intern_stack(const Captured &c);
+// capture() in two steps, for a caller that decides from the native frames alone whether it keeps
+// the stack (the flush classification): the Python frames are read only for a stack that is kept.
+void capture_native(Captured &c, int max_frames);
+void capture_python(Captured &c);
 
 // Warm the unwinder once at activation (its first use may load or initialise data).
 void stacks_warm_up();

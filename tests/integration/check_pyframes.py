@@ -22,6 +22,7 @@ import tempfile
 FAILURES = []
 PASSED = [0]
 STDOUT = {}  # log -> what the program printed under the shim
+FAKECACHING = []  # the PyTorch-shaped cache of the fake stack (not in the gpu suite's runs)
 # Sanitized builds stretch every limit (tools/dev sanitize sets the multiplier).
 SLOW = max(1, int(os.environ.get("CMG_TIMEOUT_MULTIPLIER", "1")))
 
@@ -121,6 +122,8 @@ def main():
            k not in ("LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")}
     if not a.real:
         env["LD_LIBRARY_PATH"] = os.path.join(os.path.abspath(a.build), "tests", "fakecuda")
+        FAKECACHING.append(os.path.join(os.path.abspath(a.build), "tests", "integration",
+                                        "libfakecaching.so"))
     if os.environ.get("CMG_PRELOAD_FIRST"):
         env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"]
     extra = os.environ.get("CMG_TEST_PYTHONS", "")  # more interpreters, ';'-separated commands
@@ -309,6 +312,27 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
             check(first == [("free_buffer", m["free"]), (name, 2),
                             ("case_reused_code", m["first-call"])],
                   f"{label}: the first free of {name}: {first}")
+    # Frees while NCCL is live, stacks off: only the stack of the cache flush is kept, and only its
+    # Python frames are read (pycode records of the other frees' functions would show the reader
+    # ran where no stack was kept).
+    if FAKECACHING:
+        log, rep, _ = run_case(cg, it, script, "nccl-free", env, tmp, {"CUMEMGUARD_STACKS": "0"},
+                               FAKECACHING)
+        if rep is not None:
+            label = f"{it.label} nccl-free"
+            with open(log, encoding="utf-8") as f:
+                records = [json.loads(l) for l in f if l.startswith("{")]
+            names = sorted(r["name"] for r in records if r.get("k") == "pycode")
+            stacks = [r for r in records if r.get("k") == "stack"]
+            check(names == ["<module>", "case_nccl_free", "main"] and len(stacks) == 1,
+                  f"{label}: Python frames read for the flush's stack alone: {names}, "
+                  f"{len(stacks)} stacks")
+            flush = [g for cl in rep["findings"]["classes"] if cl["class"] == "opportunistic-flush"
+                     for g in cl["groups"]]
+            c("nccl-free")
+            got = [(f["function"], f["line"]) for g in flush for f in py_frames(g["stack"])[:1]]
+            check(got == [("case_nccl_free", m["flush-call"])],
+                  f"{label}: the flush names the Python line that asked for it: {got}")
     # A crash: the crash record's stack has the Python frames, the exit status is the signal's.
     log = os.path.join(tmp, f"crash-{it.version}-{int(it.shared)}.log")
     env = sanitizer_env(env, it, crash=True)

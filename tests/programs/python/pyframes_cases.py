@@ -6,7 +6,7 @@
 # threads exiting while another thread's stacks are captured, a native thread with no Python
 # frames, code objects made at the address of freed ones, and a crash (SIGSEGV) under Python
 # frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
-#   pyframes_cases.py CASE [EXTENSION_DIR]
+#   pyframes_cases.py CASE [EXTENSION_DIR | libfakecaching.so]
 import ctypes
 import gc
 import sys
@@ -155,6 +155,31 @@ def case_reused_code():
         del ns, fn
         gc.collect()
     print("reused code addresses", reused)
+
+
+class NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def case_nccl_free():
+    # Frees while a communicator is live are classified by their native frames (a cache flush or
+    # not). These three are not flushes, and with stacks off no stack of theirs is kept: their
+    # Python frames must not be read (no pycode record of their functions).
+    nccl = ctypes.CDLL("libnccl.so.2")
+    uid = NcclUniqueId()
+    comm = ctypes.c_void_p(0)
+    assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    assert nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0
+    for _ in range(3):
+        free_buffer(alloc())
+    # A flush of a PyTorch-shaped cache (its emptyCache frame): that stack is kept, with the
+    # Python line that asked for it.
+    cache = ctypes.CDLL(sys.argv[2])
+    p = ctypes.c_void_p(0)
+    assert cache.fakecache_malloc(ctypes.byref(p), ctypes.c_size_t(1 << 20), None) == 0
+    cache.fakecache_free(p, ctypes.c_size_t(1 << 20))
+    cache.fakecache_empty_cache()  # @flush-call
+    assert nccl.ncclCommDestroy(comm) == 0
 
 
 def crash_here():
