@@ -2,9 +2,11 @@
 // Code objects of the frame reader (see pyframes_code.h).
 #include "pyframes_code.h"
 
+#include <memory>
 #include <mutex>
 #include <new>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "jsonline.h"
@@ -14,14 +16,20 @@
 namespace cmg::shim::py {
 namespace {
 
-// Interned once: immutable entries published into a fixed open-addressing table; a code object
-// freed and another made at its address is told apart by its names and table (a new entry).
+// Interned once: immutable entries, found lock-free in a fixed open-addressing table; a code
+// object freed and another made at its address is told apart by its names and table (a new
+// entry). The table is a cache of g_by_addr, which holds the entry of every code object address
+// seen: an entry pushed out of a full neighbourhood of the table is found there again, not
+// interned again (a new id and record each time it came back: 21,811 records for 20,000
+// functions called once each and a quarter of them again), and an address has one entry at a
+// time, the entry of the code object that lives there now.
 
 constexpr std::size_t kCodeSlots = 1 << 14, kProbe = 16;
 std::atomic<const Code *> g_codes[kCodeSlots];
 std::atomic<std::uint32_t> g_next_code{0};
 std::mutex g_code_mu;                          // inserts (and the records they write)
 std::vector<const Code *> *g_by_id = nullptr;  // id -> entry, under g_code_mu
+std::unordered_map<std::uintptr_t, const Code *> *g_by_addr = nullptr;  // under g_code_mu
 
 // Lines per (code id, instruction): key written last, checked again after the line is read.
 constexpr std::size_t kLineSlots = 1 << 15;
@@ -133,47 +141,53 @@ const Code *find_code(std::uintptr_t code, const CodeFields &f) {
   return nullptr;
 }
 
-const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
-  const std::size_t h = hash_ptr(code);
-  std::size_t free_at = kCodeSlots;
+namespace {
+
+// Into the table, lock held: the slot of this address's earlier entry, else a free one, else
+// (a full neighbourhood) the first, whose entry stays in g_by_addr.
+void publish_locked(const Code *c) {
+  const std::size_t h = hash_ptr(c->code);
+  std::size_t at = h & (kCodeSlots - 1);
   for (std::size_t i = 0; i < kProbe; ++i) {
-    const std::size_t at = (h + i) & (kCodeSlots - 1);
-    const Code *c = g_codes[at].load(std::memory_order_acquire);
-    if (!c) {
-      free_at = at;
+    const std::size_t k = (h + i) & (kCodeSlots - 1);
+    const Code *old = g_codes[k].load(std::memory_order_relaxed);
+    if (!old || old->code == c->code) {
+      at = k;
       break;
-    }
-    if (same_code(*c, code, f)) return c;
-  }
-  // New (or a new object at an old address): read its names once, write its record, publish.
-  auto *c =
-      new (std::nothrow) Code{code, f.filename, f.qualname, f.linetable, f.first_line, 0, {}, {}};
-  if (!c) return nullptr;
-  if (!read_str(in, f.filename, c->file) || !read_str(in, f.qualname, c->name)) {
-    delete c;
-    return nullptr;
-  }
-  std::lock_guard lk(g_code_mu);
-  c->id = g_next_code.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (!g_by_id) g_by_id = new std::vector<const Code *>;
-  g_by_id->push_back(c);
-  write_pycode(*c);
-  // Published after its record: no stack can name the id before the log has it. A full
-  // neighbourhood replaces the oldest look-up slot (the entry stays known by id).
-  std::size_t at = free_at;
-  if (at == kCodeSlots) {
-    at = h & (kCodeSlots - 1);
-    for (std::size_t i = 0; i < kProbe; ++i) {
-      const std::size_t k = (h + i) & (kCodeSlots - 1);
-      const Code *old = g_codes[k].load(std::memory_order_relaxed);
-      if (!old || old->code == code) {
-        at = k;
-        break;
-      }
     }
   }
   g_codes[at].store(c, std::memory_order_release);
-  return c;
+}
+
+}  // namespace
+
+const Code *intern(const Interp &in, std::uintptr_t code, const CodeFields &f) {
+  if (const Code *c = find_code(code, f)) return c;
+  try {
+    std::lock_guard lk(g_code_mu);
+    if (!g_by_addr) g_by_addr = new std::unordered_map<std::uintptr_t, const Code *>;
+    const Code *&known = (*g_by_addr)[code];
+    if (known && same_code(*known, code, f)) {  // pushed out of the table, or just interned
+      publish_locked(known);
+      return known;
+    }
+    // New (or a new object at an old address): read its names once, write its record, publish.
+    auto c = std::make_unique<Code>(
+        Code{code, f.filename, f.qualname, f.linetable, f.first_line, 0, {}, {}});
+    if (!read_str(in, f.filename, c->file) || !read_str(in, f.qualname, c->name)) return nullptr;
+    if (!g_by_id) g_by_id = new std::vector<const Code *>;
+    if (g_by_id->size() == g_by_id->capacity())  // the step that can fail, before the id is taken
+      g_by_id->reserve(2 * g_by_id->size() + 64);
+    c->id = g_next_code.fetch_add(1, std::memory_order_relaxed) + 1;
+    g_by_id->push_back(c.get());
+    write_pycode(*c);
+    // Published after its record: no stack can name the id before the log has it.
+    known = c.release();
+    publish_locked(known);
+    return known;
+  } catch (...) {  // out of memory: the frame ends the Python part, the host goes on
+    return nullptr;
+  }
 }
 
 int line_of(const Interp &in, const Code &c, int addr, bool may_allocate) {
@@ -256,6 +270,7 @@ void code_fork_child() {
   for (auto &slot : g_lines) slot.key.store(0, std::memory_order_relaxed);
   g_next_code.store(0, std::memory_order_relaxed);
   if (g_by_id) g_by_id->clear();
+  if (g_by_addr) g_by_addr->clear();
   g_code_mu.unlock();
 }
 

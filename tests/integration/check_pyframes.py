@@ -167,7 +167,7 @@ def sanitizer_env(env, it, crash=False):
     return e
 
 
-def run_case(cg, it, script, case, env, tmp, extra_env=None, args=()):
+def run_case(cg, it, script, case, env, tmp, extra_env=None, args=(), report=True):
     env = sanitizer_env(env, it)
     log = os.path.join(tmp, f"{case}-{it.version}-{int(it.shared)}-{len(os.listdir(tmp))}.log")
     cmd = it.cmd + [script, case] + list(args)
@@ -180,6 +180,8 @@ def run_case(cg, it, script, case, env, tmp, extra_env=None, args=()):
           f"done {case}" in plain.stdout,
           f"{it.label} {case}: plain {plain.returncode} {plain.stderr[-300:]!r}, under the shim "
           f"{p.returncode} {p.stdout[-200:]!r} {p.stderr[-600:]!r}")
+    if not report:
+        return log, {}, []
     r = subprocess.run([cg, "report", "--json", log], capture_output=True, text=True, timeout=120 * SLOW)
     try:
         rep = json.loads(r.stdout)
@@ -312,6 +314,15 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
             check(first == [("free_buffer", m["free"]), (name, 2),
                             ("case_reused_code", m["first-call"])],
                   f"{label}: the first free of {name}: {first}")
+    # More code objects than the look-up table has slots: each interned once (one pycode record).
+    log, _, _ = run_case(cg, it, script, "many-code", env, tmp, report=False)
+    if os.path.exists(log):
+        with open(log, encoding="utf-8") as f:
+            names = [json.loads(l)["name"] for l in f if l.startswith('{"k":"pycode"')]
+        many = [n for n in names if n.startswith("many_")]
+        check(len(many) == 20000 and len(set(many)) == 20000 and len(names) == len(set(names)),
+              f"{it.label} many-code: one record per code object: {len(many)} records of "
+              f"{len(set(many))} functions, {len(names) - len(set(names))} repeated")
     # Frees while NCCL is live, stacks off: only the stack of the cache flush is kept, and only its
     # Python frames are read (pycode records of the other frees' functions would show the reader
     # ran where no stack was kept).

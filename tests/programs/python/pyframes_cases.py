@@ -157,6 +157,20 @@ def case_reused_code():
     print("reused code addresses", reused)
 
 
+MANY = 20000  # more code objects than the reader's look-up table has slots (16,384)
+
+
+def case_many_code():
+    # MANY functions each allocate and free once, then the first quarter again: every code object
+    # is interned once, however full the look-up table is (one pycode record each).
+    src = "".join(f"def many_{i}():\n    free_buffer(alloc())\n" for i in range(MANY))
+    ns = {"free_buffer": free_buffer, "alloc": alloc}
+    exec(compile(src, "many_functions.py", "exec"), ns)
+    fns = [ns[f"many_{i}"] for i in range(MANY)]
+    for fn in fns + fns[:MANY // 4]:
+        fn()
+
+
 class NcclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
