@@ -129,28 +129,50 @@ const Interp *interp() {
   return g_found.load(std::memory_order_acquire) == Found::Ready ? &g_interp : nullptr;
 }
 
-// The thread list, matched on pthread_self(); every node read through the kernel.
-std::uintptr_t walk_threads(const Interp &in) {
+// The thread list, matched on pthread_self(); every node read through the kernel. The first
+// state of this thread found, or with `stack` (lo, hi: this thread's stack) the one whose
+// _PyCFrame lies deepest in it: a thread that runs a sub-interpreter has a state in each
+// interpreter it entered, and the eval loop running innermost is the running state's.
+std::uintptr_t walk_threads(const Interp &in, const std::uintptr_t *stack = nullptr) {
   const auto self = static_cast<unsigned long>(pthread_self());
-  std::uintptr_t is = 0;
+  std::uintptr_t is = 0, first = 0, deepest = 0, deepest_cframe = 0;
   if (!field(in.runtime, in.l.rt_interpreters_head, is)) return 0;
   for (int interps = 0; is && interps < 64; ++interps) {
     std::uintptr_t ts = 0;
-    if (!field(is, in.l.is_threads_head, ts, false)) return 0;
+    if (!field(is, in.l.is_threads_head, ts, false)) break;
     for (int n = 0; ts && n < 65536; ++n) {
       unsigned long tid = 0;
       std::uintptr_t owner = 0, next = 0;
       if (!field(ts, in.l.ts_thread_id, tid, false) || !field(ts, in.l.ts_interp, owner, false) ||
           !field(ts, in.l.ts_next, next, false) || owner != is)
         break;  // a node being freed, or not a thread state: this interpreter's list ends here
-      if (tid == self) return ts;
+      if (tid == self) {
+        if (!stack) return ts;
+        if (!first) first = ts;
+        std::uintptr_t cf = 0;
+        if (field(ts, static_cast<std::uint32_t>(in.l.ts_cframe), cf, false) &&
+            cf >= stack[0] && cf < stack[1] && (!deepest || cf < deepest_cframe)) {
+          deepest = ts;
+          deepest_cframe = cf;
+        }
+      }
       ts = next;
     }
     std::uintptr_t next_is = 0;
-    if (!field(is, in.l.is_next, next_is, false)) return 0;
+    if (!field(is, in.l.is_next, next_is, false)) break;
     is = next_is;
   }
-  return 0;
+  return deepest ? deepest : first;
+}
+
+// 3.10/3.11 with a sub-interpreter alive (the newest interpreter is not the main one): the
+// thread-specific key may name a state of another interpreter than the one running here.
+bool several_interpreters(const Interp &in) {
+  if (in.l.rt_interpreters_main < 0) return false;  // 3.12+: the key follows the running state
+  std::uintptr_t head = 0, main = 0;
+  return field(in.runtime, in.l.rt_interpreters_head, head) &&
+         field(in.runtime, static_cast<std::uint32_t>(in.l.rt_interpreters_main), main) &&
+         head != main;
 }
 
 // The Py_tss_t {int initialized; pthread_key_t key} in _PyRuntime whose value here is ts.
@@ -170,6 +192,10 @@ void find_tss_key(const Interp &in, std::uintptr_t ts) {
 }
 
 std::uintptr_t thread_state(const Interp &in) {
+  if (several_interpreters(in)) {
+    std::uintptr_t stack[2];
+    return walk_threads(in, this_thread_stack(stack[0], stack[1]) ? stack : nullptr);
+  }
   const long key = g_tss_key.load(std::memory_order_relaxed);
   std::uintptr_t ts = 0;
   if (key >= 0) {

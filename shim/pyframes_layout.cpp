@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Per-version layouts (see pyframes_layout.h). Offsets for 3.11 were printed with offsetof() from
-// the python3.11-dev headers of this machine (3.11.2 and 3.11.7 agree); the positions inside
-// _Py_DebugOffsets for 3.13 and 3.14 likewise from those releases' headers (3.13.18, 3.14.10);
-// 3.10 and 3.12 are read off the structure definitions at their release tags. Every offset is
+// Per-version layouts (see pyframes_layout.h). Offsets for 3.10, 3.11 and 3.12 were printed with
+// offsetof() from the internal headers of the interpreters on this machine (3.10.13, 3.11.2,
+// 3.11.7, 3.12.1; they agree with the structure definitions at the release tags); the positions
+// inside _Py_DebugOffsets for 3.13 and 3.14 likewise from those releases' headers (3.13.18,
+// 3.14.10). Every offset is
 // checked in use: the reader requires the types of the objects it reaches (PyCode_Type,
 // PyUnicode_Type, PyBytes_Type, PyFrame_Type) and the thread list's back pointers to agree.
 #include "pyframes_layout.h"
@@ -30,11 +31,13 @@ void common_311_plus(Layout &l) {
 void v310(Layout &l) {
   l.model = FrameModel::Objects;
   l.rt_interpreters_head = 32;  // pycore_runtime.h: 4 ints, _finalizing, interpreters{mutex, head}
+  l.rt_interpreters_main = 40;
   l.rt_finalizing = 16;
   l.is_threads_head = 8;  // pycore_interp.h: struct _is { next; tstate_head; ... }
   l.ts_next = 8;          // cpython/pystate.h: prev, next, interp, frame, ... thread_id
   l.ts_interp = 16;
   l.ts_frame = 24;
+  l.ts_cframe = 48;  // CFrame *cframe (3.10 has one for use_tracing)
   l.ts_thread_id = 176;
   l.fr_code = 32;  // cpython/frameobject.h: PyObject_VAR_HEAD, f_back, f_code, ... f_gen, f_lasti
   l.fr_previous = 24;
@@ -58,11 +61,13 @@ void v310(Layout &l) {
 void v311(Layout &l) {
   l.model = FrameModel::Interp311;
   l.rt_interpreters_head = 40;
+  l.rt_interpreters_main = 48;
   l.rt_finalizing = 24;
   l.is_threads_head = 16;
   l.ts_next = 8;
   l.ts_interp = 16;
   l.ts_frame = 56;  // cframe
+  l.ts_cframe = 56;
   l.cframe_current_frame = 8;
   l.ts_thread_id = 152;
   l.fr_code = 32;

@@ -24,6 +24,10 @@ struct Layout {
   FrameModel model = FrameModel::Interp311;
   // _PyRuntime
   std::uint32_t rt_interpreters_head = 0, rt_finalizing = 0;
+  // 3.10/3.11: the thread-specific key names a thread's first state, whichever interpreter runs
+  // on it now; with sub-interpreters the running state is the one whose _PyCFrame (a local of
+  // the eval loop running innermost) lies deepest on the thread's stack. -1: not needed.
+  std::int32_t rt_interpreters_main = -1, ts_cframe = -1;
   // PyInterpreterState
   std::uint32_t is_threads_head = 0, is_next = 0;
   // PyThreadState: the list, the owner, the current frame (through _PyCFrame for 3.11/3.12)

@@ -488,6 +488,14 @@ __attribute__((noinline)) int cached_backtrace(std::uintptr_t *pcs, int max,
 
 std::uint64_t objects_generation() { return g_gen.load(std::memory_order_relaxed); }
 
+bool this_thread_stack(std::uintptr_t &lo, std::uintptr_t &hi) {
+  const ThreadCache *c = t_cache;
+  if (!c) return false;
+  lo = c->lo;
+  hi = c->hi;
+  return true;
+}
+
 void stackwalk_fork_prepare() { g_caches_mu.lock(); }
 
 void stackwalk_fork_parent() { g_caches_mu.unlock(); }

@@ -28,6 +28,10 @@ int libgcc_backtrace(std::uintptr_t *pcs, int max, bool (*skip)(std::uintptr_t p
 // by the walks themselves): what was looked up among the loaded objects may need looking up again.
 std::uint64_t objects_generation();
 
+// The calling thread's stack [lo, hi), once a walk on this thread has found it: false before.
+// No allocation, no lock (the crash handler asks too).
+bool this_thread_stack(std::uintptr_t &lo, std::uintptr_t &hi);
+
 // Around fork: the child frees the per-thread caches of the threads it does not have.
 void stackwalk_fork_prepare();
 void stackwalk_fork_parent();

@@ -157,6 +157,44 @@ def case_reused_code():
     print("reused code addresses", reused)
 
 
+# Run in a sub-interpreter (its frames are those of "<string>": line k of this text is line k).
+SUB = """  # @sub-start
+import ctypes
+rt = ctypes.CDLL("libcudart.so.13")
+def sub_free(p):
+    return rt.cudaFree(p)  # @sub-free
+def sub_main():
+    p = ctypes.c_void_p(0)
+    rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))
+    sub_free(p)  # @sub-first
+    sub_free(p)  # @sub-second
+sub_main()  # @sub-module
+"""
+
+
+def case_subinterpreter():
+    # This thread's stacks were captured in the main interpreter first; then it runs a
+    # sub-interpreter, which has a thread state of its own on this thread: the double free there
+    # is named by the sub-interpreter's frames.
+    free_buffer(alloc())
+    try:
+        import _interpreters as subs  # 3.13+
+        run = lambda i: subs.exec(i, SUB)
+        make = lambda: subs.create("legacy")
+    except ImportError:
+        try:
+            import _xxsubinterpreters as subs  # 3.10-3.12
+        except ImportError:
+            print("no sub-interpreters")
+            return
+        run = lambda i: subs.run_string(i, SUB)
+        make = (lambda: subs.create(isolated=False)) if sys.version_info >= (3, 12) else subs.create
+    iid = make()
+    run(iid)
+    subs.destroy(iid)
+    free_buffer(alloc())  # @after-call
+
+
 MANY = 20000  # more code objects than the reader's look-up table has slots (16,384)
 
 
