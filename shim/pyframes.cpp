@@ -76,7 +76,10 @@ void detect() {
   const std::uintptr_t version = sym("Py_Version");  // 3.11+: const unsigned long
   std::string why;
   bool ok = true;
-  if (version) {
+  if (!checked_reads_available()) {  // first: every read below is one of them
+    ok = false;
+    why = "the kernel refuses process_vm_readv, so no read could be checked";
+  } else if (version) {
     unsigned long v = 0;
     ok = read_as(version, v);
     hex = static_cast<std::uint32_t>(v);
@@ -84,10 +87,6 @@ void detect() {
   } else if (!sym("Py_IsNone")) {  // 3.10 added Py_IsNone; 3.11 added Py_Version
     ok = false;
     why = "older than 3.10";
-  }
-  if (ok && !checked_reads_available()) {
-    ok = false;
-    why = "the kernel refuses process_vm_readv, so no read could be checked";
   }
   if (ok) ok = layout_for(in.runtime, hex, in.l, why);
   if (ok) {
@@ -106,10 +105,12 @@ void detect() {
   }
   if (!ok) {
     g_found.store(Found::Unsupported, std::memory_order_release);
-    char v[40] = "(no Py_Version)";
+    char v[40] = "";
     if (hex)
-      std::snprintf(v, sizeof v, "%u.%u.%u", hex >> 24, (hex >> 16) & 0xff, (hex >> 8) & 0xff);
-    note(LogLevel::Info, std::string("CPython ") + v + ": its frames are not read (" + why +
+      std::snprintf(v, sizeof v, " %u.%u.%u", hex >> 24, (hex >> 16) & 0xff, (hex >> 8) & 0xff);
+    else if (!version && checked_reads_available())
+      std::snprintf(v, sizeof v, " (no Py_Version)");
+    note(LogLevel::Info, std::string("CPython") + v + ": its frames are not read (" + why +
                              "); stacks show native frames only");
     return;
   }

@@ -50,6 +50,7 @@ bool read_as(std::uintptr_t addr, T &v, bool owned = true) {
 }
 
 // False when the kernel refuses process_vm_readv (a seccomp filter): no read can be checked.
+// The first call tries one read of the shim's own memory.
 bool checked_reads_available();
 
 }  // namespace cmg::shim::py

@@ -111,6 +111,7 @@ def main():
         ap.add_argument(a, required=True)
     ap.add_argument("--python", action="append", required=True)
     ap.add_argument("--fake-python", help="tests/programs/fake_python.c, built")
+    ap.add_argument("--no-vm-readv", help="tests/programs/no_vm_readv.c, built")
     ap.add_argument("--real", action="store_true",
                     help="the CUDA libraries of LD_LIBRARY_PATH (the gpu suite), not the fakes")
     a = ap.parse_args()
@@ -138,6 +139,8 @@ def main():
             seen.add(key)
             print("==", it.label)
             run_interp(cg, it, script, mark, env, tmp, progs)
+            if a.no_vm_readv:
+                run_refused(cg, it, os.path.abspath(a.no_vm_readv), script, env, tmp)
         if a.fake_python:
             print("== interpreters the reader must not trust")
             run_fake(cg, os.path.abspath(a.fake_python), env, tmp)
@@ -415,6 +418,45 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
         frames = without[0]["stack"]["frames"]
         check(frames and all(f.get("kind") == "native" for f in frames),
               f"{label}: the native thread's stack is native frames only: {frames[:3]}")
+    # CUDA calls from a C atexit handler, after Py_FinalizeEx: native frames only, the exit status
+    # the program's.
+    log, rep, groups = run_case(cg, it, script, "exit", env, tmp, None, [it.ext_dir])
+    if rep is not None:
+        frames = groups[0]["stack"]["frames"] if len(groups) == 1 else []
+        check(frames and all(f.get("kind") == "native" for f in frames) and
+              any(f.get("function") == "double_free_at_exit" for f in frames),
+              f"{it.label} exit: a double free after finalization, native frames only: "
+              f"{len(groups)} groups {frames[:4]}")
+
+
+def run_refused(cg, it, launcher, script, env, tmp):
+    """process_vm_readv refused by a seccomp filter: the reader reads nothing, says so once, and
+    the finding is there with its native frames."""
+    log = os.path.join(tmp, f"refused-{it.version}-{int(it.shared)}.log")
+    cmd = [launcher] + it.cmd + [script, "ctypes"]
+    e = sanitizer_env(env, it)
+    plain = subprocess.run(cmd, env=e, cwd=tmp, capture_output=True, text=True, timeout=120 * SLOW)
+    p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--"] + cmd, env=e, cwd=tmp,
+                       capture_output=True, text=True, timeout=120 * SLOW)
+    label = f"{it.label} process_vm_readv refused"
+    check(plain.returncode == 0 and p.returncode == 0 and "done ctypes" in p.stdout,
+          f"{label}: plain {plain.returncode} {plain.stderr[-300:]!r}, under the shim "
+          f"{p.returncode} {p.stderr[-300:]!r}")
+    with open(log, encoding="utf-8") as f:
+        records = [json.loads(l) for l in f if l.startswith("{")]
+    notes = [r["msg"] for r in records if r.get("k") == "note" and "frames are not read" in
+             r.get("msg", "")]
+    check(notes == ["CPython: its frames are not read (the kernel refuses process_vm_readv, so no "
+                    "read could be checked); stacks show native frames only"] and
+          not [r for r in records if r.get("k") == "pycode"],
+          f"{label}: one note, nothing read: {notes}")
+    rep = json.loads(subprocess.run([cg, "report", "--json", log], capture_output=True, text=True,
+                                    timeout=60 * SLOW).stdout)
+    groups = [g for c in rep["findings"]["classes"] if c["class"] == "double-free"
+              for g in c["groups"]]
+    check(len(groups) == 1 and groups[0]["stack"]["frames"] and
+          all(f.get("kind") == "native" for f in groups[0]["stack"]["frames"]),
+          f"{label}: the double free with native frames: {len(groups)}")
 
 
 def run_fork(cg, exe, env, tmp):

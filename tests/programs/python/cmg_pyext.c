@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 typedef int (*malloc_fn)(void **, size_t);
 typedef int (*free_fn)(void *);
@@ -50,9 +51,24 @@ static PyObject *ext_native_thread_double_free(PyObject *self, PyObject *unused)
   Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+// After the interpreter is gone (a C atexit handler runs after Py_FinalizeEx, as static
+// destructors of CUDA libraries do): a double free with no Python left to read.
+static void double_free_at_exit(void) {
+  native_thread(NULL);
+}
+
+static PyObject *ext_double_free_at_exit(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  if (atexit(double_free_at_exit) != 0) return PyErr_Format(PyExc_RuntimeError, "atexit failed");
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {{"free", ext_free, METH_O, "cudaFree(ptr) with the GIL held"},
                                 {"native_thread_double_free", ext_native_thread_double_free,
                                  METH_NOARGS, "a double free from a thread Python never saw"},
+                                {"double_free_at_exit", ext_double_free_at_exit, METH_NOARGS,
+                                 "a double free in a C atexit handler, after Py_FinalizeEx"},
                                 {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

@@ -55,6 +55,12 @@ def ext_free(ext, p):
     ext.free(p.value)  # @ext-call
 
 
+def case_exit(ext):
+    # CUDA calls in a C atexit handler, after the interpreter has been finalized.
+    free_buffer(alloc())
+    ext.double_free_at_exit()
+
+
 def case_cext(ext):
     p = alloc()  # @alloc-call
     ext_free(ext, p)  # @first-call
@@ -246,10 +252,10 @@ def case_crash():
 
 def main():
     case = sys.argv[1]
-    if case == "cext":
+    if case in ("cext", "exit"):
         sys.path.insert(0, sys.argv[2])
         import cmg_pyext
-        case_cext(cmg_pyext)
+        globals()["case_" + case](cmg_pyext)
     else:
         globals()["case_" + case.replace("-", "_")]()
     print("done", case)
