@@ -117,19 +117,6 @@ void write_pycode(const Code &c) {
 
 }  // namespace
 
-bool code_fields(const Interp &in, std::uintptr_t code, CodeFields &f) {
-  const Layout &l = in.l;
-  Window w;
-  if (!code || (code & 7) || !w.load(code, l.co_lo, l.co_len) ||
-      w.get<std::uintptr_t>(l.ob_type) != in.code_type)
-    return false;
-  f.filename = w.get<std::uintptr_t>(l.co_filename);
-  f.qualname = w.get<std::uintptr_t>(l.co_qualname);
-  f.linetable = w.get<std::uintptr_t>(l.co_linetable);
-  f.first_line = w.get<std::int32_t>(l.co_firstlineno);
-  return true;
-}
-
 // The entry of a code object interned before, or nullptr: lock-free, allocation-free.
 const Code *find_code(std::uintptr_t code, const CodeFields &f) {
   const std::size_t h = hash_ptr(code);

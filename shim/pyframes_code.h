@@ -16,18 +16,23 @@
 
 namespace cmg::shim::py {
 
-// An object's fields read at once (Layout's spans), taken out by offset.
+// An object's fields read at once (Layout's spans), taken out by offset: in place when its pages
+// were proven readable before (the calling thread's own frames and code objects, which do not
+// change during its C call), else copied through the kernel once.
 struct Window {
   std::uint32_t lo = 0;
+  const unsigned char *p = nullptr;
   unsigned char b[kMaxSpan];
   bool load(std::uintptr_t obj, std::uint32_t from, std::uint32_t len) {
     lo = from;
+    if ((p = known(obj + from, len))) return true;
+    p = b;
     return read(obj + from, b, len);
   }
   template <class T>
   T get(std::uint32_t off) const {
     T v;
-    std::memcpy(&v, b + (off - lo), sizeof v);
+    std::memcpy(&v, p + (off - lo), sizeof v);
     return v;
   }
 };
@@ -62,8 +67,20 @@ inline bool same_code(const Code &c, std::uintptr_t code, const CodeFields &f) {
          c.linetable == f.linetable && c.first_line == f.first_line;
 }
 
-// The fields of the code object at `code`, its type checked; false for anything else.
-bool code_fields(const Interp &in, std::uintptr_t code, CodeFields &f);
+// The fields of the code object at `code`, its type checked; false for anything else. Inline: a
+// repeated site checks each of its frames' code objects here (the memo's hit).
+inline bool code_fields(const Interp &in, std::uintptr_t code, CodeFields &f) {
+  const Layout &l = in.l;
+  Window w;
+  if (!code || (code & 7) || !w.load(code, l.co_lo, l.co_len) ||
+      w.get<std::uintptr_t>(l.ob_type) != in.code_type)
+    return false;
+  f.filename = w.get<std::uintptr_t>(l.co_filename);
+  f.qualname = w.get<std::uintptr_t>(l.co_qualname);
+  f.linetable = w.get<std::uintptr_t>(l.co_linetable);
+  f.first_line = w.get<std::int32_t>(l.co_firstlineno);
+  return true;
+}
 // The entry of a code object interned before, or nullptr: lock-free, allocation-free.
 const Code *find_code(std::uintptr_t code, const CodeFields &f);
 // The entry, interned (its record written) the first time; nullptr when its names cannot be read.

@@ -27,6 +27,15 @@ inline bool page_known(std::uintptr_t page) {
 
 bool read_slow(std::uintptr_t addr, void *out, std::size_t n, bool owned);
 
+// [addr, addr + n) as a pointer when every page of it was proven readable before (owned memory
+// only), else nullptr.
+inline const unsigned char *known(std::uintptr_t addr, std::size_t n) {
+  if (n > kPage || !addr || addr + n <= addr) return nullptr;
+  const std::uintptr_t first = addr & ~(kPage - 1), last = (addr + n - 1) & ~(kPage - 1);
+  if (!page_known(first) || (last != first && !page_known(last))) return nullptr;
+  return reinterpret_cast<const unsigned char *>(addr);
+}
+
 // Copies n bytes at addr into out. False when any byte is not readable (nothing is then to be
 // trusted in out). `owned`: the memory belongs to objects the calling thread keeps alive (its own
 // thread state, frames, their code objects and strings), so a page proven readable once stays so
@@ -34,12 +43,9 @@ bool read_slow(std::uintptr_t addr, void *out, std::size_t n, bool owned);
 // kernel every time.
 // Inline: a repeated site reads its frames through here tens of times per stack.
 inline bool read(std::uintptr_t addr, void *out, std::size_t n, bool owned = true) {
-  if (owned && n <= kPage && addr && addr + n > addr) {
-    const std::uintptr_t first = addr & ~(kPage - 1), last = (addr + n - 1) & ~(kPage - 1);
-    if (page_known(first) && (last == first || page_known(last))) {
-      std::memcpy(out, reinterpret_cast<const void *>(addr), n);
-      return true;
-    }
+  if (const unsigned char *p = owned ? known(addr, n) : nullptr) {
+    std::memcpy(out, p, n);
+    return true;
   }
   return read_slow(addr, out, n, owned);
 }
