@@ -9,6 +9,10 @@
 // thread state has been found that way, the interpreter's own thread-specific key (the Py_tss_t
 // in _PyRuntime whose value on this thread is that thread state: autoTSSkey, which CPython clears
 // when it deletes a thread state) is found once, and later captures ask pthread_getspecific().
+// Py_FinalizeEx deletes that key and a later Py_Initialize creates another (a host that embeds
+// the interpreter twice); the old key may by then be the program's own. So a thread that had a
+// state before and finds none under the key looks through the list again, and a state found
+// there means the key is no longer the interpreter's: it is looked up anew.
 //
 // The frames themselves cannot change while this thread is inside the C call, GIL or not, and
 // each keeps its code object alive, which keeps its names and location table alive.
@@ -42,6 +46,9 @@ std::atomic<std::uint64_t> g_checked_gen{0};  // objects generation of the last 
 std::mutex g_detect_mu;
 Interp g_interp;                  // written once, before g_found becomes Ready
 std::atomic<long> g_tss_key{-1};  // the interpreter's autoTSSkey, once found
+// This thread had a state of the interpreter: a thread that never ran Python and finds nothing
+// under the key pays no look-up.
+thread_local __attribute__((tls_model("initial-exec"))) bool t_had_state = false;
 
 std::uintptr_t sym(const char *name) {
   return reinterpret_cast<std::uintptr_t>(real_dlsym(RTLD_DEFAULT, name));
@@ -151,8 +158,8 @@ std::uintptr_t walk_threads(const Interp &in, const std::uintptr_t *stack = null
         if (!stack) return ts;
         if (!first) first = ts;
         std::uintptr_t cf = 0;
-        if (field(ts, static_cast<std::uint32_t>(in.l.ts_cframe), cf, false) &&
-            cf >= stack[0] && cf < stack[1] && (!deepest || cf < deepest_cframe)) {
+        if (field(ts, static_cast<std::uint32_t>(in.l.ts_cframe), cf, false) && cf >= stack[0] &&
+            cf < stack[1] && (!deepest || cf < deepest_cframe)) {
           deepest = ts;
           deepest_cframe = cf;
         }
@@ -192,23 +199,33 @@ void find_tss_key(const Interp &in, std::uintptr_t ts) {
   if (matches == 1) g_tss_key.store(found, std::memory_order_relaxed);
 }
 
-std::uintptr_t thread_state(const Interp &in) {
+// `learn`: a state found in the list may teach the key (not from a signal handler).
+std::uintptr_t thread_state(const Interp &in, bool learn) {
   if (several_interpreters(in)) {
     std::uintptr_t stack[2];
     return walk_threads(in, this_thread_stack(stack[0], stack[1]) ? stack : nullptr);
   }
-  const long key = g_tss_key.load(std::memory_order_relaxed);
+  long key = g_tss_key.load(std::memory_order_relaxed);
   std::uintptr_t ts = 0;
   if (key >= 0) {
     ts = reinterpret_cast<std::uintptr_t>(pthread_getspecific(static_cast<pthread_key_t>(key)));
     unsigned long tid = 0;
-    if (!ts || !field(ts, in.l.ts_thread_id, tid) ||
-        tid != static_cast<unsigned long>(pthread_self()))
-      return 0;
-    return ts;
+    if (ts && field(ts, in.l.ts_thread_id, tid) &&
+        tid == static_cast<unsigned long>(pthread_self())) {
+      t_had_state = true;
+      return ts;
+    }
+    // Nothing of the interpreter's under the key: a thread that never ran Python has no state;
+    // another (the key's value is not its state, or it had one) looks in the list.
+    if (!ts && !t_had_state) return 0;
   }
   ts = walk_threads(in);
-  if (ts) find_tss_key(in, ts);
+  if (!ts) return 0;
+  t_had_state = true;
+  if (learn) {
+    if (key >= 0) g_tss_key.compare_exchange_strong(key, -1, std::memory_order_relaxed);
+    find_tss_key(in, ts);
+  }
   return ts;
 }
 
@@ -294,9 +311,7 @@ void capture_impl(const Interp *in, const std::uintptr_t *pcs, int npcs, bool in
   if (!in) return;
   std::uintptr_t fin = 0;
   if (!field(in->runtime, in->l.rt_finalizing, fin) || fin) return;  // shutting down
-  const std::uintptr_t ts = in_handler && g_tss_key.load(std::memory_order_relaxed) < 0
-                                ? walk_threads(*in)
-                                : thread_state(*in);
+  const std::uintptr_t ts = thread_state(*in, !in_handler);
   if (!ts) return;
   Raw raw[kMaxFrames];
   End end = End::Complete;

@@ -78,9 +78,12 @@ class Interp:
                                        "sys.version_info[1], sys.executable, "
                                        "sysconfig.get_paths()['include'], "
                                        "sysconfig.get_config_var('EXT_SUFFIX'), "
-                                       "sysconfig.get_config_var('Py_ENABLE_SHARED'))"],
+                                       "sysconfig.get_config_var('Py_ENABLE_SHARED'), "
+                                       "sysconfig.get_config_var('LIBDIR'), "
+                                       "sysconfig.get_config_var('LDVERSION'))"],
                            capture_output=True, text=True, timeout=60 * SLOW)
-        major, minor, exe, self.include, self.suffix, shared = q.stdout.split()
+        major, minor, exe, self.include, self.suffix, shared, self.libdir, self.ldversion = \
+            q.stdout.split()
         self.version = f"{major}.{minor}"
         self.exe = exe
         # The interpreter itself, not a launcher script in front of it (pyenv's shims are bash
@@ -103,6 +106,18 @@ class Interp:
                             out, "-ldl", "-lpthread"], capture_output=True, text=True, timeout=120 * SLOW)
         check(p.returncode == 0, f"{self.label}: building the C extension: {p.stderr[-500:]}")
         return p.returncode == 0
+
+    def build_embedding(self, src):
+        """A program linked with this interpreter's libpython; None when it has none."""
+        if not self.shared:
+            return None
+        out = os.path.join(self.ext_dir, "cmg_embed")
+        p = subprocess.run(["cc", "-O1", "-g", "-I" + self.include, "-I" + os.path.dirname(self.include),
+                            src, "-o", out, "-L" + self.libdir, "-Wl,-rpath," + self.libdir,
+                            "-lpython" + self.ldversion, "-ldl", "-lpthread", "-lm"],
+                           capture_output=True, text=True, timeout=120 * SLOW)
+        check(p.returncode == 0, f"{self.label}: building the embedding program: {p.stderr[-500:]}")
+        return out if p.returncode == 0 else None
 
 
 def main():
@@ -418,6 +433,7 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
         frames = without[0]["stack"]["frames"]
         check(frames and all(f.get("kind") == "native" for f in frames),
               f"{label}: the native thread's stack is native frames only: {frames[:3]}")
+    run_embed(cg, it, env, tmp, progs)
     # CUDA calls from a C atexit handler, after Py_FinalizeEx: native frames only, the exit status
     # the program's.
     log, rep, groups = run_case(cg, it, script, "exit", env, tmp, None, [it.ext_dir])
@@ -427,6 +443,42 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
               any(f.get("function") == "double_free_at_exit" for f in frames),
               f"{it.label} exit: a double free after finalization, native frames only: "
               f"{len(groups)} groups {frames[:4]}")
+
+
+def run_embed(cg, it, env, tmp, progs):
+    """The interpreter embedded twice (Py_FinalizeEx, then Py_Initialize again), with the first
+    life's thread-specific key taken by the program in between: each life's double free names
+    its own Python frames (lines of the text each life runs)."""
+    exe = it.build_embedding(os.path.join(progs, "cmg_embed.c"))
+    if not exe:
+        return
+    env = sanitizer_env(env, it)
+    log = os.path.join(tmp, f"embed-{it.version}.log")
+    plain = subprocess.run([exe], env=env, cwd=tmp, capture_output=True, text=True, timeout=120 * SLOW)
+    p = subprocess.run([cg, "run", "--no-summary", "--log", log, "--", exe], env=env, cwd=tmp,
+                       capture_output=True, text=True, timeout=120 * SLOW)
+    label = f"{it.label} embed"
+    check(plain.returncode == 0 and plain.stdout == "done embed\n" and p.returncode == 0 and
+          p.stdout == "done embed\n",
+          f"{label}: plain {plain.returncode} {plain.stderr[-300:]!r}, under the shim "
+          f"{p.returncode} {p.stdout[-200:]!r} {p.stderr[-300:]!r}")
+    r = subprocess.run([cg, "report", "--json", log], capture_output=True, text=True,
+                       timeout=120 * SLOW)
+    try:
+        rep = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        check(False, f"{label}: report --json: {r.stdout[:200]!r} {r.stderr[-300:]!r}")
+        return
+    got = []
+    for c in rep["findings"]["classes"]:
+        for g in c["groups"] if c["class"] == "double-free" else []:
+            frames = lambda st: [(f["function"], f["line"], f["file"]) for f in py_frames(st)]
+            got.append((g["count"], frames(g["stack"]), frames(related(g["example"], "first free")),
+                        frames(related(g["example"], "allocation"))))
+    want = [(1, [(fn, 3, "<string>"), ("<module>", 6, "<string>")],
+             [(fn, 3, "<string>"), ("<module>", 5, "<string>")], [("<module>", 4, "<string>")])
+            for fn in ("first_life", "second_life")]
+    check(sorted(got) == want, f"{label}: each life's double free with its frames: {got}")
 
 
 def run_refused(cg, it, launcher, script, env, tmp):
