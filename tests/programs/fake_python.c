@@ -96,9 +96,13 @@ static void *first_stack(void *arg) {
   (void)arg;
   void *p = NULL;
   if (cudaMalloc(&p, 4096) == 0) cudaFree(p);
-  if (g_hold) {  // no reader asked (no shim, or no stacks): the main thread goes on all the same
+  // No reader asked (no shim, or no stacks): the main thread forks all the same, with this thread
+  // alive as under the reader (one that had ended unjoined before the fork is a thread leak to
+  // ThreadSanitizer in the child, which exits 66 then).
+  if (g_hold) {
     g_hold = 0;
     sem_post(&g_in_lookup);
+    sem_wait(&g_release);
   }
   return NULL;
 }
