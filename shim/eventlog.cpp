@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,7 +18,9 @@
 #include <new>
 
 #include "lock_within.h"
+#include "log_file.h"
 #include "owned_fd.h"
+#include "text.h"
 #include "threads.h"
 
 // Defined when the ThreadSanitizer runtime is loaded (weak: null otherwise; no dlsym, whose
@@ -60,21 +63,38 @@ void warn_raw(std::string_view msg) {
   write_all(2, std::string_view(line, head.size() + n + 1));
 }
 
-// Why an existing file at the log path is not ours to truncate, or empty. A file another user
-// owns was planted (in /tmp, or in any directory others may write, sticky or not); a file with
-// more than one link is also some other name, which a planted hard link would make us truncate.
 std::string not_ours(const struct stat &st) {
-  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
-    return "it is a FIFO or socket (refused: a reader that stops would block the program)";
-  if (S_ISCHR(st.st_mode)) return {};
-  if (!S_ISREG(st.st_mode)) return "not a regular file";
-  if (st.st_uid != geteuid())
-    return "the file belongs to another user (uid " + std::to_string(st.st_uid) +
-           "; refused: it may have been planted)";
-  if (st.st_nlink != 1)
-    return "the file has " + std::to_string(st.st_nlink) +
-           " links (refused: a hard link would make the log truncate another file)";
-  return {};
+  return log_file_refusal(st.st_mode, st.st_uid, st.st_nlink, geteuid());
+}
+
+// Whether the regular file at fd is another process's log, which must not be truncated: one a
+// live process writes (it holds the file's lock, taken here for this process otherwise, and
+// kept until it exits; flock(2) locks belong to the open file, so a forked child's copy of the
+// descriptor, closed in fork_child, never gives it back), or one a process of this run wrote (its
+// header names this run's CUMEMGUARD_RUN_ID). Anything else is an earlier run's, replaced as
+// before. A file system without locks (ENOLCK) leaves the header check alone.
+bool another_process_log(int fd, std::string_view run_id) {
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) return true;
+  if (run_id.empty()) return false;
+  // The header is the first line; the run id is a key of its "options" object. Inside a JSON
+  // string every quote is escaped, so these bytes can only be that key.
+  const std::string needle = "\"CUMEMGUARD_RUN_ID\":\"" + json_escape(run_id) + "\"";
+  std::string buf(64 * 1024, '\0');
+  std::size_t keep = 0;  // bytes carried over from the previous chunk (a needle cut in two)
+  for (off_t off = 0; off < (off_t{1} << 20);) {
+    const ssize_t n = pread(fd, buf.data() + keep, buf.size() - keep, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    const std::string_view chunk(buf.data(), keep + static_cast<std::size_t>(n));
+    const std::size_t eol = chunk.find('\n');
+    const std::string_view line = chunk.substr(0, eol);
+    if (line.find(needle) != std::string_view::npos) return true;
+    if (eol != std::string_view::npos) return false;
+    off += n;
+    keep = std::min(needle.size() - 1, chunk.size());
+    std::memmove(buf.data(), chunk.data() + chunk.size() - keep, keep);
+  }
+  return false;
 }
 
 std::string absolute(const std::string &path) {
@@ -110,11 +130,15 @@ inline void EventLog::unlock() {
   mu_.unlock();
 }
 
-std::string EventLog::open(const std::string &path) {
+std::string EventLog::open(const std::string &path, std::string_view run_id, bool *taken) {
+  if (taken) *taken = false;
   const std::string what = "cannot open event log " + path + ": ";
   // No O_TRUNC yet: nothing is changed before the file is known to be ours. O_NONBLOCK: a FIFO
   // planted at the path would otherwise block the host in open() until someone reads it.
-  int raw = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+  // Read and write: the header of a file already there says whose it is (another_process_log).
+  constexpr int kFlags = O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
+  int raw = ::open(path.c_str(), O_RDWR | kFlags, 0666);
+  if (raw < 0 && errno == EACCES) raw = ::open(path.c_str(), O_WRONLY | kFlags, 0666);
   if (raw < 0) {
     int e = errno;
     std::string why = std::strerror(e);
@@ -130,6 +154,11 @@ std::string EventLog::open(const std::string &path) {
     refuse = std::strerror(errno);
   else
     refuse = not_ours(st);
+  if (refuse.empty() && S_ISREG(st.st_mode) && another_process_log(fd.fd, run_id)) {
+    fd.close();  // gives the lock back: the file stays as its writer left it
+    if (taken) *taken = true;
+    return what + "another process of the run writes or wrote it";
+  }
   if (refuse.empty() && S_ISREG(st.st_mode) && ftruncate(fd.fd, 0) != 0)
     refuse = std::strerror(errno);
   if (!refuse.empty()) {
@@ -163,6 +192,7 @@ bool EventLog::ours_locked() {
       ::open(abs_path_.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (again.valid() && again.dev == dev_ && again.ino == ino_) {
     fcntl(again.fd, F_SETFL, fcntl(again.fd, F_GETFL) & ~O_NONBLOCK);
+    (void)flock(again.fd, LOCK_EX | LOCK_NB);  // the lock went with the closed descriptor
     const off_t end = lseek(again.fd, 0, SEEK_END);
     pos_ = end < 0 ? 0 : end;
     fd_.store(again.fd, std::memory_order_release);

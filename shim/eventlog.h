@@ -32,7 +32,9 @@ class EventLog {
   // socket, a file of another user (planted in a shared directory) or with other names (a hard
   // link to a file the attacker chose) is refused before anything is changed. Returns an error
   // text on failure. The descriptor is kept above the host's range (owned_fd.h).
-  std::string open(const std::string &path);
+  // A regular file another process writes (it holds the file's lock) or wrote in this run (its
+  // header names run_id) is left alone: `taken` is set, and the caller tries the next name.
+  std::string open(const std::string &path, std::string_view run_id = {}, bool *taken = nullptr);
   bool is_open() const { return fd_.load(std::memory_order_acquire) >= 0; }
   const std::string &path() const { return path_; }
   // Appends one complete line ('\n'-terminated). It reaches the file when the buffer fills, when a

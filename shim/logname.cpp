@@ -112,6 +112,11 @@ LogNameInputs log_name_inputs(long pid, int rank) {
   return in;
 }
 
+std::string log_name_candidate(const std::string &path, long pid, int k) {
+  if (k <= 0) return path;
+  return path + "." + std::to_string(pid) + (k > 1 ? "." + std::to_string(k - 1) : std::string());
+}
+
 std::string expand_log_path(std::string_view pattern, long pid, int rank) {
   return expand_log_name(pattern, log_name_inputs(pid, rank)).path;
 }

@@ -40,6 +40,12 @@ int local_rank_from_env();
 // The inputs of this process (getenv, gethostname, the exec'd file from AT_EXECFN).
 LogNameInputs log_name_inputs(long pid, int rank);
 
+// The names a process tries for its log, in order, when the one before is another process's
+// (EventLog::open says `taken`): k = 0 the expanded path itself, 1 PATH.<pid>, k >= 2
+// PATH.<pid>.<k-1> (an image exec'd by a process that had PATH.<pid>, which keeps the pid).
+inline constexpr int kLogNameCandidates = 8;
+std::string log_name_candidate(const std::string &path, long pid, int k);
+
 // Compatibility: the expansion with this process's inputs, problems dropped.
 std::string expand_log_path(std::string_view pattern, long pid, int rank);
 

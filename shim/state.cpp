@@ -187,9 +187,15 @@ void activate_slow() {
   State &s = state();
   const std::vector<Interposer> before = interposers_before();
   if (!s.opts.log.empty()) {
-    std::string path = log_path_for(s.opts.log, s.rank);
-    if (g_parent_log && path == *g_parent_log) path += "." + std::to_string(getpid());
-    std::string err = s.log.open(path);
+    const std::string path = log_path_for(s.opts.log, s.rank);
+    // A name another process of the run holds or wrote (docs/log-format.md, "Log names"): the
+    // next candidate, NAME.<pid>. A forked child starts there: its parent may be gone, but the
+    // file is still the parent's.
+    std::string err;
+    bool taken = true;
+    for (int k = g_parent_log && path == *g_parent_log ? 1 : 0; taken && k < kLogNameCandidates;
+         ++k)
+      err = s.log.open(log_name_candidate(path, getpid(), k), s.opts.run_id, &taken);
     if (!err.empty()) {
       note(LogLevel::Warn, err + "; continuing without an event log");
     } else {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -424,4 +425,62 @@ TEST_CASE("After exit began, a write does not wait for a lock that is never give
   CHECK(recs[0]["k"] == "end");
   step = 2;
   holder.join();
+}
+
+TEST_CASE("EventLog leaves a log another process holds or this run wrote; an earlier run's is replaced") {
+  TempDir d;
+  const std::string path = d / "same.log";
+  bool taken = true;
+  auto first = std::make_unique<EventLog>();
+  REQUIRE(first->open(path, "run-1", &taken).empty());
+  CHECK_FALSE(taken);
+  // Held: the first writer keeps the file's lock while it lives (another open file, as another
+  // process has).
+  EventLog second;
+  CHECK(second.open(path, "run-1", &taken).find("another process") != std::string::npos);
+  CHECK(taken);
+  CHECK_FALSE(second.is_open());
+  const std::string header = R"({"cumemguard_log":1,"options":{"CUMEMGUARD_RUN_ID":"run-1"}})" "\n";
+  first->write(header, 0);
+  first->write("{\"k\":\"finding\"}\n", 0);
+  first->flush();
+  first.reset();  // the writer is gone: its lock with it
+  // Written by this run: still not ours to truncate.
+  EventLog third;
+  CHECK_FALSE(third.open(path, "run-1", &taken).empty());
+  CHECK(taken);
+  CHECK(read_lines(path).size() == 2);
+  // A run id only in a string (argv) is not the key: and another run's log is replaced.
+  EventLog fourth;
+  CHECK(fourth.open(path, "run-2", &taken).empty());
+  CHECK_FALSE(taken);
+  CHECK(read_lines(path).empty());
+  CHECK(cmg::shim::log_name_candidate(path, 42, 0) == path);
+  CHECK(cmg::shim::log_name_candidate(path, 42, 1) == path + ".42");
+  CHECK(cmg::shim::log_name_candidate(path, 42, 3) == path + ".42.2");
+}
+
+TEST_CASE("EventLog finds the run id in a header longer than one read, cut across reads") {
+  TempDir d;
+  const std::string path = d / "long.log";
+  for (std::size_t pad : {65536u - 40u, 65536u - 20u, 65536u - 3u, 200000u}) {
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << R"({"cumemguard_log":1,"argv":[")" << std::string(pad, 'a')
+          << R"(\"CUMEMGUARD_RUN_ID\":\"r\""],"options":{"CUMEMGUARD_RUN_ID":"r"}})" << "\n";
+    }
+    bool taken = false;
+    EventLog l;
+    CHECK_FALSE(l.open(path, "r", &taken).empty());
+    CHECK(taken);
+    // The same text quoted inside argv alone does not make it this run's.
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << R"({"cumemguard_log":1,"argv":[")" << std::string(pad, 'a')
+          << R"(\"CUMEMGUARD_RUN_ID\":\"r\""],"options":{}})" << "\n";
+    }
+    EventLog m;
+    CHECK(m.open(path, "r", &taken).empty());
+    CHECK_FALSE(taken);
+  }
 }
