@@ -23,6 +23,7 @@
 #include "crash_stack.h"
 #include "errors.h"
 #include "state.h"
+#include "status_channel.h"
 
 namespace cmg::shim {
 namespace {
@@ -115,6 +116,7 @@ void crash_record(int sig, const siginfo_t *info, const void *uc, std::uint64_t 
 void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   State &s = state();
   if (!active() || s.summary_printed.load(std::memory_order_acquire)) return;
+  status_signalled();
   const std::uint64_t ts = mono_ns() - s.start_mono_ns;
   // Static buffers, since the crashing thread's stack may be nearly spent: the crash context
   // (modules, the stack, the crash record) first, then the counters, large enough for every API

@@ -29,6 +29,7 @@
 #include "loader.h"
 #include "records.h"
 #include "stacks.h"
+#include "status_channel.h"
 #include "summary.h"
 #include "suppress.h"
 #include "cmg_config.h"
@@ -116,6 +117,7 @@ void fork_child() {
   s.warned.store(0);
   s.summary_printed.store(false);
   crash_fork_child();
+  status_fork_child();
   new (&g_activate_mu) std::mutex();
   // The child activates (and opens its own log) at its own first CUDA call.
   g_active.store(false);
@@ -186,6 +188,7 @@ void activate_slow() {
   if (g_active.load(std::memory_order_relaxed)) return;
   State &s = state();
   const std::vector<Interposer> before = interposers_before();
+  status_open();
   if (!s.opts.log.empty()) {
     const std::string path = log_path_for(s.opts.log, s.rank);
     // A name another process of the run holds or wrote (docs/log-format.md, "Log names"): the
@@ -201,6 +204,7 @@ void activate_slow() {
     } else {
       write_header_record(before);
     }
+    status_log(s.log.is_open() ? s.log.path() : path, s.log.is_open());
   }
   for (const Interposer &i : before) note(LogLevel::Warn, interposer_note(i));
   if (s.opts.stacks > 0) stacks_warm_up();
@@ -288,7 +292,10 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
     t_suppressed_abort = {c.ev().seq, f.cls};
     action = Action::Forward;
   }
-  if (!sup) s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
+  if (!sup) {
+    s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
+    status_findings();
+  }
   std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   std::uint64_t ts = now_ns();
   if (s.log.is_open()) {
@@ -312,6 +319,7 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
 void report_finding_without_call(Finding f, const char *where, bool print) {
   State &s = state();
   s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
+  status_findings();
   const std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   write_finding_without_call(f, where, seq, now_ns());
   if (print) print_finding(f, Action::Forward, 0, where, /*from_call=*/false);

@@ -20,6 +20,7 @@
 #include "loader.h"
 #include "lock_within.h"
 #include "state.h"
+#include "status_channel.h"
 #include "suppress.h"
 
 namespace cmg::shim {
@@ -85,6 +86,14 @@ Live read_live_and_write_leaks(State &s, bool log) {
              " stayed locked by a thread that did not come back (a signal handler that called "
              "exit() interrupted it); what they hold is not in the leak report");
   return live;
+}
+
+// One leak per allocation, handle and reservation live at exit: the leak records of the log, the
+// summary's "leak N" and the launcher's --fail-on-leaks count the same things.
+std::size_t leaked_count(const Live &live) {
+  std::size_t n = live.vmm.phys + live.vmm.reservations;
+  for (const auto &[k, e] : live.linear) n += e.first;
+  return n;
 }
 
 void write_summary_record(State &s, const Live &live) {
@@ -164,8 +173,7 @@ void print_summary(State &s, const Live &live) {
     }
   // Leaks are findings of class leak: counted here from what is live at exit (they are leak
   // records in the log, not finding records), so a leaking run never says "findings: none".
-  std::size_t leaked = vc.phys + vc.reservations;
-  for (const auto &[k, e] : live.linear) leaked += e.first;
+  const std::size_t leaked = leaked_count(live);
   if (leaked) {
     out += fmt::format("{} leak {} (live at exit)", any ? "," : "", leaked);
     any = true;
@@ -212,6 +220,7 @@ void exit_summary(bool from_abort) {
   if (!from_abort) held().release_all_at_exit();
   ReentryGuard guard;  // nothing below calls CUDA, but be sure nothing is recorded twice
   const Live live = read_live_and_write_leaks(s, s.log.is_open());
+  status_exit(leaked_count(live));
   if (s.log.is_open()) {
     write_summary_record(s, live);
     char buf[128];

@@ -94,6 +94,9 @@ def case_options_garbage(r):
                 elif name == "SUPPRESSIONS":  # a path: one line saying it cannot be read
                     expect("cannot read" in l and "no suppressions loaded" in l,
                            f"{label}: unclear line {l[:300]}")
+                elif name == "STATUS_DIR":  # the launcher's directory: one line, what is lost
+                    expect("cannot keep this process's status" in l and "will not count" in l,
+                           f"{label}: unclear line {l[:300]}")
                 else:
                     expect("not valid" in l and "keeping" in l, f"{label}: unclear line {l[:300]}")
             expect(dt < 10 * scale(), f"{label}: took {dt:.1f} s")
