@@ -223,6 +223,10 @@ bool validate(const Options &o, std::size_t row, std::string &why) {
     why = "must be between 0 and 64";
     return false;
   }
+  if (n == "WARN_FRAMES" && (o.warn_frames < 0 || o.warn_frames > 64)) {
+    why = "must be between 0 and 64";
+    return false;
+  }
   if (n == "STACK_SAMPLE" && o.stack_sample < 1) {
     why = "must be at least 1";
     return false;

@@ -13,6 +13,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "live_stacks.h"
 #include "state.h"
 
 namespace cmg::shim {
@@ -82,9 +83,13 @@ std::string prefix() {
 
 }  // namespace
 
-void diag_line(LogLevel level, std::string_view msg) {
+void diag_line(LogLevel level, std::string_view msg, std::string_view more) {
   if (!enabled(level)) return;
   std::string line = prefix() + level_word(level) + ": " + one_line(msg);
+  if (!more.empty()) {
+    line += '\n';
+    line.append(more.substr(0, more.size() - (more.back() == '\n')));
+  }
   if (g_exit_begun.load(std::memory_order_acquire)) {
     std::string raw = line + "\n";
     ssize_t n = ::write(2, raw.data(), raw.size());
@@ -135,7 +140,8 @@ void write_or_keep(std::string line) {
   if (g_pending_lines->size() < 256) g_pending_lines->push_back(std::move(line));
 }
 
-void print_finding(const Finding &f, Action action, int res, const char *api, bool from_call) {
+void print_finding(const Finding &f, Action action, int res, const char *api, bool from_call,
+                   std::uint32_t stack) {
   State &s = state();
   if (!enabled(LogLevel::Warn)) return;
   std::int64_t n = s.warned.fetch_add(1, std::memory_order_relaxed);
@@ -154,8 +160,10 @@ void print_finding(const Finding &f, Action action, int res, const char *api, bo
   }
   // A finding without a call (the environment at load) was not forwarded anywhere: saying "the
   // driver returned 0" there would be false.
-  diag_line(LogLevel::Warn, std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg +
-                                (from_call ? " [" + what + "]" : std::string()));
+  diag_line(LogLevel::Warn,
+            std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg +
+                (from_call ? " [" + what + "]" : std::string()),
+            finding_stack_lines(f, stack, static_cast<int>(s.opts.warn_frames), prefix()));
 }
 
 void diag_exit_begun() { g_exit_begun.store(true, std::memory_order_release); }

@@ -69,6 +69,7 @@ struct Table {
   Shard shards[kShards];
   std::mutex mu;  // ids, modules and the records of new stacks
   std::uint32_t next_id = 0;
+  std::vector<std::uint64_t> hash_of;  // by id - 1: where stack_frames finds a stack again
   std::vector<Module> modules;  // sorted by lo
 };
 
@@ -217,6 +218,7 @@ std::uint32_t intern_stack(const Captured &c) {
   const std::uint32_t id = ++t.next_id;
   known.push_back(Table::Known{id, std::vector<std::uintptr_t>(c.pc, c.pc + n),
                                std::vector<py::Frame>(c.py.f, c.py.f + c.py.n), c.py.end});
+  t.hash_of.push_back(h);
   if (state().log.is_open()) {
     for (int i = 0; i < n; ++i) ensure_module_locked(t, c.pc[i]);
     // 64 addresses of up to 21 bytes, 64 Python frames of up to 30 ([at,code,line]).
@@ -239,6 +241,33 @@ std::uint32_t intern_stack(const Captured &c) {
     state().log.write(j.finish(), now_ns());
   }
   return id;
+}
+
+bool stack_frames(std::uint32_t id, Captured &out) {
+  out.n = 0;
+  out.py.n = 0;
+  if (!id) return false;
+  Table &t = table();
+  std::uint64_t h;
+  {
+    std::lock_guard lk(t.mu);
+    if (id > t.hash_of.size()) return false;
+    h = t.hash_of[id - 1];
+  }
+  Table::Shard &sh = t.shards[h % Table::kShards];
+  std::lock_guard slk(sh.mu);
+  const auto it = sh.by_hash.find(h);
+  if (it == sh.by_hash.end()) return false;
+  for (const Table::Known &k : it->second)
+    if (k.id == id) {
+      out.n = static_cast<int>(std::min<std::size_t>(k.pcs.size(), std::size(out.pc)));
+      std::copy(k.pcs.begin(), k.pcs.begin() + out.n, out.pc);
+      out.py.n = static_cast<int>(std::min<std::size_t>(k.py.size(), py::kMaxFrames));
+      std::copy(k.py.begin(), k.py.begin() + out.py.n, out.py.f);
+      out.py.end = k.py_end;
+      return true;
+    }
+  return false;
 }
 
 std::uint32_t capture_stack(int max_frames) {
@@ -280,6 +309,7 @@ void stacks_fork_child() {
     s.by_hash.clear();
   }
   t.next_id = 0;
+  t.hash_of.clear();
   t.modules.clear();
 }
 

@@ -30,6 +30,10 @@ std::uint32_t intern_stack(const Captured &c);
 void capture_native(Captured &c, int max_frames);
 void capture_python(Captured &c);
 
+// A stack interned before, as it was captured (its return addresses and Python frames); false
+// when the id is unknown (0, or a stack of the parent in a forked child).
+bool stack_frames(std::uint32_t id, Captured &out);
+
 // Warm the unwinder once at activation (its first use may load or initialise data).
 void stacks_warm_up();
 

@@ -243,9 +243,10 @@ Call::Call(Api api, StackWhen stack, Nested nested)
   }
   ev_.tid = thread_id();
   ev_.api = api_name(api);
-  // Stacks are shown only from the log (findings, leaks, the report): without one they are not
-  // captured at all.
-  if (s.opts.stacks > 0 && stack != StackWhen::Never && s.log.is_open()) {
+  // Stacks are shown from the log (findings, leaks, the report) and under live finding messages
+  // (CUMEMGUARD_WARN_FRAMES): with neither they are not captured at all.
+  if (s.opts.stacks > 0 && stack != StackWhen::Never &&
+      (s.log.is_open() || s.opts.warn_frames > 0)) {
     bool take = stack == StackWhen::Always || s.opts.stack_sample <= 1 ||
                 ev_.seq % static_cast<std::uint64_t>(s.opts.stack_sample) == 0;
     if (take) ev_.stack = capture_stack(static_cast<int>(s.opts.stacks));
@@ -298,17 +299,19 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
   }
   std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   std::uint64_t ts = now_ns();
-  if (s.log.is_open()) {
-    // A finding always has the stack of its call, stacks on or not: it is the first thing a user
-    // reads (findings are rare; the capture costs microseconds once).
-    const std::uint32_t stack = c.ev().stack ? c.ev().stack
-                                             : capture_stack(s.opts.stacks > 0
-                                                                 ? static_cast<int>(s.opts.stacks)
-                                                                 : kFindingFrames);
-    write_finding_record(c, f, action, res, args, seq, ts, stack ? stack : sup.stack,
-                         sup ? sup.text.c_str() : nullptr);
+  // A finding always has the stack of its call, stacks on or not: it is the first thing a user
+  // reads, in the log and under the live message (findings are rare; the capture costs
+  // microseconds once).
+  std::uint32_t stack = 0;
+  if (s.log.is_open() || (!sup && s.opts.warn_frames > 0)) {
+    stack = c.ev().stack ? c.ev().stack
+                         : capture_stack(s.opts.stacks > 0 ? static_cast<int>(s.opts.stacks)
+                                                           : kFindingFrames);
+    if (!stack) stack = sup.stack;
   }
-  if (!sup) print_finding(f, action, res, api_name(c.api()));
+  if (s.log.is_open())
+    write_finding_record(c, f, action, res, args, seq, ts, stack, sup ? sup.text.c_str() : nullptr);
+  if (!sup) print_finding(f, action, res, api_name(c.api()), true, stack);
   if (action == Action::Abort) {
     diag_line(LogLevel::Error, "strict mode: aborting at the first finding (CUMEMGUARD_MODE=strict)");
     exit_summary(/*from_abort=*/true);
