@@ -357,9 +357,9 @@ namespace {
 // One kind of problem: the first kMaxProblemsPerKind lines, then one line with the rest's count.
 class Capped {
  public:
-  Capped(std::vector<std::string> &out, const char *rest) : out_(out), rest_(rest) {}
+  Capped(ParsedOptions &r, ProblemKind kind, const char *rest) : r_(r), kind_(kind), rest_(rest) {}
   void add(std::string msg) {
-    if (++n_ <= kMaxProblemsPerKind) out_.push_back(std::move(msg));
+    if (++n_ <= kMaxProblemsPerKind) push(std::move(msg));
   }
   // Whether the next problem is still printed: its message is built only then (a suggestion costs
   // an edit distance per option name; 20,000 unknown names must not cost 20,000 of them).
@@ -367,11 +367,16 @@ class Capped {
   void count() { ++n_; }
   void finish() {
     if (n_ > kMaxProblemsPerKind)
-      out_.push_back("and " + std::to_string(n_ - kMaxProblemsPerKind) + " more " + rest_);
+      push("and " + std::to_string(n_ - kMaxProblemsPerKind) + " more " + rest_);
   }
 
  private:
-  std::vector<std::string> &out_;
+  void push(std::string msg) {
+    r_.problems.push_back(std::move(msg));
+    r_.problem_kinds.push_back(kind_);
+  }
+  ParsedOptions &r_;
+  ProblemKind kind_;
   const char *rest_;
   std::size_t n_ = 0;
 };
@@ -456,10 +461,10 @@ std::string_view option_source_name(OptionSource s) {
 ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::string_view>> env) {
   ParsedOptions r;
   const std::size_t rows = specs().size();
-  Capped unknown(r.problems, "unknown CUMEMGUARD_* names; ignored");
-  Capped bad(r.problems, "invalid CUMEMGUARD_* values; defaults kept");
-  Capped repeated(r.problems, "names set more than once; the first entry of each is used");
-  Capped malformed(r.problems, "malformed CUMEMGUARD_OPTIONS entries; ignored");
+  Capped unknown(r, ProblemKind::Unknown, "unknown CUMEMGUARD_* names; ignored");
+  Capped bad(r, ProblemKind::BadValue, "invalid CUMEMGUARD_* values; defaults kept");
+  Capped repeated(r, ProblemKind::Repeated, "names set more than once; the first entry of each is used");
+  Capped malformed(r, ProblemKind::Malformed, "malformed CUMEMGUARD_OPTIONS entries; ignored");
 
   // 1. The variables, first entry of a name winning as getenv() has it; each repeat counted.
   struct Set {

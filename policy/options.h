@@ -72,10 +72,16 @@ struct OptionValue {
   bool rejected = false;  // set, but the value was refused (the default was kept)
 };
 
+// What a problem line is about. `cumemguard run` stops for the kinds that leave a setting the
+// user asked for not applied (an unknown name, a bad value, a malformed entry) and lets a repeated
+// name through (the shim says which entry it used).
+enum class ProblemKind : unsigned char { Unknown, BadValue, Repeated, Malformed };
+
 struct ParsedOptions {
   Options options;
   std::vector<OptionValue> values;     // one per option_specs() row, same order
   std::vector<std::string> problems;   // one line each: bad values, unknown names, duplicates
+  std::vector<ProblemKind> problem_kinds;  // the kind of each line of problems, same order
   bool fatal = false;                  // a problem with strict_config set
   OptionSource profile_source = OptionSource::Default;  // where CUMEMGUARD_PROFILE came from
   bool has_options_variable = false;   // CUMEMGUARD_OPTIONS present

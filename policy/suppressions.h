@@ -18,6 +18,10 @@
 
 namespace cmg {
 
+// A suppressions file is a few lines; one larger than this is not one (the shim refuses it, and
+// `cumemguard run` stops before the program starts).
+inline constexpr std::size_t kMaxSuppressionsBytes = 1u << 20;
+
 struct SuppressionRule {
   std::string cls;      // a finding class id, or "*"
   std::string pattern;  // the glob

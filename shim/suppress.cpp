@@ -25,8 +25,7 @@ namespace {
 
 // Frames searched: deep enough to pass the shim's, the runtime's and a vendor library's own.
 constexpr int kFrames = 48;
-// A suppressions file is a few lines; one larger than this is not one.
-constexpr std::size_t kMaxFileBytes = 1u << 20;
+constexpr std::size_t kMaxFileBytes = kMaxSuppressionsBytes;
 
 struct Loaded {
   Suppressions rules;

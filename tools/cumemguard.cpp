@@ -35,6 +35,7 @@ void usage(FILE *f) {
                "  1    findings (report; config: PyTorch would fail on the environment)\n"
                "  64   a usage error: an unknown command or option, a bad argument\n"
                "  66   an input file cannot be read\n"
+               "  73   run: the event log cannot be written (the program is not started)\n"
                "  run passes the program's own status otherwise (see cumemguard run --help)\n");
 }
 

@@ -1,30 +1,33 @@
 // SPDX-License-Identifier: Apache-2.0
 // `cumemguard run`: runs a program with the shim preloaded, passes its exit status through, and
-// says where the logs went and how to read them (heaptrack's launcher habit).
+// says where the logs went and how to read them (heaptrack's launcher habit). What it reports of
+// the run (the --error-exitcode status, the list of logs) comes from the status record each
+// process of the program keeps in a directory the launcher made (run_files.h), never from the logs.
 #include "run_cmd.h"
 
 #include <fcntl.h>
-#include <glob.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <ctime>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cmg_config.h"
 #include "options.h"
+#include "run_files.h"
 #include "run_preload.h"
+#include "suppressions.h"
 #include "torch_conf.h"
 
 extern char **environ;
@@ -32,62 +35,92 @@ extern char **environ;
 namespace cmg::tools {
 namespace {
 
-// True when the log's header line carries this run's CUMEMGUARD_RUN_ID: the pattern's glob also
-// matches logs of earlier or concurrent runs in the same directory, which are not ours to list.
-bool log_of_run(const char *path, const std::string &run_id) {
-  std::ifstream in(path);
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  auto h = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!h.is_object()) return false;
-  auto o = h.find("options");
-  if (o == h.end() || !o->is_object()) return false;
-  auto id = o->find("CUMEMGUARD_RUN_ID");
-  return id != o->end() && id->is_string() && id->get<std::string>() == run_id;
+// Statuses of the launcher itself (sysexits.h names; README "Exit status").
+constexpr int kUsage = 64, kNoInput = 66, kOsErr = 71, kCantCreate = 73;
+
+enum class Opt {
+#define CMG_RUN_OPTION(id, name, alias, value, help) id,
+#include "run_options.def"
+#undef CMG_RUN_OPTION
+};
+
+struct RunOption {
+  Opt id;
+  std::string_view name, alias, value, help;
+};
+
+constexpr RunOption kRunOptions[] = {
+#define CMG_RUN_OPTION(id, name, alias, value, help) {Opt::id, name, alias, value, help},
+#include "run_options.def"
+#undef CMG_RUN_OPTION
+};
+
+// "  --log PATH        event log path ..." with the help wrapped at 88 columns from column 20.
+void print_options(FILE *f) {
+  constexpr std::size_t kCol = 20, kWidth = 88;
+  for (const RunOption &o : kRunOptions) {
+    std::string head = "  ";
+    if (!o.alias.empty()) head += std::string(o.alias) + ", ";
+    head += o.name;
+    if (!o.value.empty()) head += " " + std::string(o.value);
+    std::string line = head;
+    if (line.size() + 2 > kCol) {
+      std::fprintf(f, "%s\n", line.c_str());
+      line.clear();
+    }
+    line.resize(kCol, ' ');
+    std::string_view rest = o.help;
+    while (!rest.empty()) {
+      std::size_t room = kWidth - kCol, cut = rest.size();
+      if (cut > room) {
+        cut = rest.rfind(' ', room);
+        if (cut == std::string_view::npos || cut == 0) cut = room;
+      }
+      line.append(rest.substr(0, cut));
+      std::fprintf(f, "%s\n", line.c_str());
+      rest.remove_prefix(std::min(rest.size(), cut + 1));
+      line.assign(kCol, ' ');
+    }
+  }
 }
 
 void usage(FILE *f) {
-  std::fprintf(f,
-               "Usage: cumemguard run [options] [--] PROGRAM [ARGS...]\n"
-               "\n"
-               "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it), passes its\n"
-               "exit status through, prints the exit summary and lists the event logs of the run.\n"
-               "The program gets the debug profile (stacks at every event, a quarantine of freed\n"
-               "memory) unless CUMEMGUARD_PROFILE or a profile entry of CUMEMGUARD_OPTIONS is set.\n"
-               "A sanitizer runtime the program links (-fsanitize=address or thread) is preloaded\n"
-               "in front of the shim, as the sanitizer requires.\n"
-               "\n"
-               "Options:\n"
-               "  --log PATH        event log path (%%p pid, %%r rank, %%%% a percent sign); default\n"
-               "                    cumemguard.<program>.%%p.log in the current directory\n"
-               "  --no-log          write no event log\n"
-               "  --mode MODE       guard (default), report or strict\n"
-               "  --stacks N        capture N return addresses per event (0 = off, at most 64)\n"
-               "  --no-summary      do not print the exit summary\n"
-               "  --error-exitcode N\n"
-               "                    exit N when the run had findings (read from this run's logs;\n"
-               "                    suppressed findings do not count), as valgrind does\n"
-               "  --fail-on-leaks   with --error-exitcode, count leaks at exit as findings too\n"
-               "  -e NAME=VALUE     set an environment variable for the program (repeatable); a\n"
-               "                    CUMEMGUARD_* value is checked against the options table first\n"
-               "  -h, --help        this help\n"
-               "  --version         print the version\n"
-               "\n"
-               "Exit status:\n"
-               "  N    with --error-exitcode N, when the run's logs hold findings (unless the\n"
-               "       program was killed by a signal: the launcher then dies of the same signal)\n"
-               "  64   bad options or arguments\n"
-               "  66   the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)\n"
-               "  126  PROGRAM is not executable; 127 PROGRAM not found\n"
-               "  otherwise the program's own status (or the signal that killed it, raised again)\n"
-               "\n"
-               "A process that never calls CUDA writes no log and has no findings. SIGTERM, SIGINT,\n"
-               "SIGQUIT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the\n"
-               "program (a terminal's SIGINT and SIGQUIT already reach it).\n"
-               "\n"
-               "Environment:\n"
-               "  CUMEMGUARD_SHIM_PATH  the libcumemguard.so to preload instead of the one installed\n"
-               "                        beside this program\n");
+  std::fputs("Usage: cumemguard run [options] [--] PROGRAM [ARGS...]\n"
+             "\n"
+             "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it), passes its\n"
+             "exit status through, prints each finding with its stacks and the exit summary, and\n"
+             "lists the event logs of the run.\n"
+             "The program gets the debug profile (stacks at every event, a quarantine of freed\n"
+             "memory) unless CUMEMGUARD_PROFILE or a profile entry of CUMEMGUARD_OPTIONS is set.\n"
+             "A sanitizer runtime the program links (-fsanitize=address or thread) is preloaded\n"
+             "in front of the shim, as the sanitizer requires.\n"
+             "\n"
+             "Options:\n",
+             f);
+  print_options(f);
+  std::fputs("\n"
+             "Exit status:\n"
+             "  N    with --error-exitcode N, when a process of the run had findings (unless the\n"
+             "       program was killed by a signal: the launcher then dies of the same signal)\n"
+             "  64   bad options or arguments, or a CUMEMGUARD_* setting (from -e or the\n"
+             "       environment) that cannot apply; an unreadable suppressions file\n"
+             "  66   the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)\n"
+             "  71   the program could not be started (fork failed)\n"
+             "  73   the event log cannot be written (no such directory, not writable, a FIFO),\n"
+             "       or no status directory can be made for --error-exitcode\n"
+             "  126  PROGRAM is not executable; 127 PROGRAM not found\n"
+             "  otherwise the program's own status (or the signal that killed it, raised again)\n"
+             "\n"
+             "A process that never calls CUDA writes no log and has no findings. SIGTERM, SIGINT,\n"
+             "SIGQUIT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the\n"
+             "program (a terminal's SIGINT and SIGQUIT already reach it); if the launcher is\n"
+             "killed outright (SIGKILL), the program is killed with it.\n"
+             "\n"
+             "Environment:\n"
+             "  CUMEMGUARD_SHIM_PATH  the libcumemguard.so to preload instead of the one installed\n"
+             "                        beside this program\n"
+             "  TMPDIR                where the run's status directory is made (default /tmp)\n",
+             f);
 }
 
 std::string dir_of(const std::string &p) {
@@ -96,7 +129,6 @@ std::string dir_of(const std::string &p) {
 }
 
 volatile sig_atomic_t g_child = 0;
-
 
 std::string absolute(const std::string &p) {
   if (p.empty() || p[0] == '/') return p;
@@ -171,56 +203,72 @@ std::string find_shim(std::string *err) {
 
 namespace {
 
-// Findings in this run's logs, as the exit status counts them: `finding` records that are not
-// suppressed (leaks are `leak` records, counted only when asked). Lines are checked by their
-// opening bytes (the writer puts "k" first) before any is parsed: a log is mostly call records.
-struct LogCounts {
-  std::uint64_t findings = 0, leaks = 0;
-};
-
-LogCounts count_findings(const std::vector<std::string> &logs) {
-  LogCounts c;
-  for (const auto &l : logs) {
-    std::ifstream in(l);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.starts_with(R"({"k":"leak")")) {
-        ++c.leaks;
-      } else if (line.starts_with(R"({"k":"finding")")) {
-        auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (j.is_object() && !j.contains("suppressed")) ++c.findings;
-      }
-    }
-  }
-  return c;
-}
-
 // `--log --`: an option's value is never the end of the options (a log named "--" is a mistake).
-bool take_value(int argc, char **argv, int &i, const char *what, std::string &out) {
+bool take_value(int argc, char **argv, int &i, std::string_view what, std::string &out) {
   if (i + 1 >= argc || std::strcmp(argv[i + 1], "--") == 0) {
-    std::fprintf(stderr, "cumemguard run: %s needs a value (see cumemguard run --help)\n", what);
+    std::fprintf(stderr, "cumemguard run: %.*s needs a value (see cumemguard run --help)\n",
+                 static_cast<int>(what.size()), what.data());
     return false;
   }
   out = argv[++i];
   return true;
 }
 
-// What a CUMEMGUARD_* setting given to the launcher would make the shim say, checked here so that
-// a value that cannot apply stops the run instead of becoming a warning in the program.
-bool check_options(const std::vector<std::pair<std::string, std::string>> &sets,
-                   const char *label) {
-  std::vector<std::pair<std::string_view, std::string_view>> kv;
-  for (const auto &[n, v] : sets)
-    if (n.starts_with(kOptionPrefix)) kv.emplace_back(n, v);
+// A problem line of the options parser as the launcher says it: the shim's fallback ("; ignored",
+// "; keeping '0'", "; defaults kept") is not what happens here, since the program is not started.
+std::string refusal(const std::string &why) {
+  std::string s = why.substr(0, why.rfind("; keeping"));
+  for (std::string_view tail : {"; ignored", "; defaults kept"})
+    if (s.ends_with(tail)) s.resize(s.size() - tail.size());
+  return s + "; the program was not started";
+}
+
+// What the shim would make of these CUMEMGUARD_* settings, checked here so that one that cannot
+// apply (an unknown name, a bad value, a malformed CUMEMGUARD_OPTIONS entry) stops the run with a
+// line saying so, instead of becoming a warning in the program and the shim's default. A name set
+// twice is let through: the shim says which entry it used, and uses it.
+bool check_options(const std::vector<std::pair<std::string_view, std::string_view>> &kv,
+                   const std::string &label) {
   if (kv.empty()) return true;
-  const auto parsed = parse_options(kv);
-  for (const std::string &why : parsed.problems) {
-    // "...; keeping '0'" describes the shim's fallback, not what happens here.
-    std::fprintf(stderr, "cumemguard run: %s: %s\n", label,
-                 why.substr(0, why.rfind("; keeping")).c_str());
-    return false;
+  const ParsedOptions parsed = parse_options(kv);
+  bool ok = true;
+  for (std::size_t k = 0; k < parsed.problems.size(); ++k) {
+    if (parsed.problem_kinds[k] == ProblemKind::Repeated) continue;
+    std::fprintf(stderr, "cumemguard run: %s: %s\n", label.c_str(),
+                 refusal(parsed.problems[k]).c_str());
+    ok = false;
   }
-  return true;
+  return ok;
+}
+
+// The CUMEMGUARD_* entries of the environment the program starts with.
+std::vector<std::pair<std::string_view, std::string_view>> environment_options() {
+  std::vector<std::pair<std::string_view, std::string_view>> kv;
+  for (char **e = environ; e && *e; ++e) {
+    std::string_view s(*e);
+    const std::size_t eq = s.find('=');
+    if (s.starts_with(kOptionPrefix) && eq != std::string_view::npos)
+      kv.emplace_back(s.substr(0, eq), s.substr(eq + 1));
+  }
+  return kv;
+}
+
+// Why the suppressions file the shim will read cannot be, or empty: the shim's own rules (a
+// regular file of at most 1 MiB, opened without blocking), so that the run stops here instead of
+// going on with one warning and no suppressions.
+std::string suppressions_problem(const std::string &path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return std::strerror(errno);
+  struct stat st;
+  std::string why;
+  if (::fstat(fd, &st) != 0)
+    why = std::strerror(errno);
+  else if (!S_ISREG(st.st_mode))
+    why = "not a regular file";
+  else if (static_cast<std::uint64_t>(st.st_size) > kMaxSuppressionsBytes)
+    why = "larger than 1 MiB";
+  ::close(fd);
+  return why;
 }
 
 // Signals for the program. A terminal sends SIGINT, SIGQUIT (and SIGHUP at hang-up) to its whole
@@ -232,115 +280,166 @@ void forward_info(int sig, siginfo_t *info, void *) {
   kill(g_child, sig);
 }
 
-}  // namespace
+// Dies of the program's signal, so the caller (a shell, a scheduler) sees what the program did,
+// without a core file of its own: one would replace the program's (core_pattern "core" names the
+// same file in the same directory), and a core of the launcher tells nothing. RLIMIT_CORE 0 stops
+// a core written to a file; a core_pattern that pipes to a helper (systemd-coredump, apport)
+// ignores that limit unless it is 1, so the launcher also makes itself not dumpable, which the
+// kernel checks before any core is written.
+[[noreturn]] void die_of(int sig) {
+  std::fflush(nullptr);
+  const struct rlimit none {0, 0};
+  (void)setrlimit(RLIMIT_CORE, &none);
+  (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  signal(sig, SIG_DFL);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
+  raise(sig);
+  _exit(128 + sig);  // a signal whose default action is not to end the process
+}
 
-int run_main(int argc, char **argv) {
-  std::string log, mode, stacks, exitcode_arg;
-  bool no_log = false, no_summary = false, fail_on_leaks = false;
+struct RunArgs {
+  std::string log, mode, stacks, exitcode, suppressions;
+  bool no_log = false, no_summary = false, fail_on_leaks = false, brief = false;
   std::vector<std::string> env_sets;
+  int prog = -1;  // index of PROGRAM in argv
+  int done = -1;  // >= 0: the status to return without running anything
+};
+
+RunArgs parse_args(int argc, char **argv) {
+  RunArgs r;
   int i = 0;
   for (; i < argc; ++i) {
-    std::string a = argv[i];
+    const std::string_view a = argv[i];
     if (a == "--") {
       ++i;
       break;
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    } else if (a == "--version") {
-      std::printf("cumemguard run %s\n", CMG_VERSION);
-      return 0;
-    } else if (a == "--log") {
-      if (!take_value(argc, argv, i, "--log", log)) return 64;
-    } else if (a.rfind("--log=", 0) == 0) {
-      log = a.substr(6);
-    } else if (a == "--no-log") {
-      no_log = true;
-    } else if (a == "--mode") {
-      if (!take_value(argc, argv, i, "--mode", mode)) return 64;
-    } else if (a.rfind("--mode=", 0) == 0) {
-      mode = a.substr(7);
-    } else if (a == "--stacks") {
-      if (!take_value(argc, argv, i, "--stacks", stacks)) return 64;
-    } else if (a.rfind("--stacks=", 0) == 0) {
-      stacks = a.substr(9);
-    } else if (a == "--error-exitcode") {
-      if (!take_value(argc, argv, i, "--error-exitcode", exitcode_arg)) return 64;
-    } else if (a.rfind("--error-exitcode=", 0) == 0) {
-      exitcode_arg = a.substr(17);
-    } else if (a == "--fail-on-leaks") {
-      fail_on_leaks = true;
-    } else if (a == "--no-summary") {
-      no_summary = true;
-    } else if (a == "-e") {
-      std::string v;
-      if (!take_value(argc, argv, i, "-e", v)) return 64;
-      env_sets.push_back(v);
-    } else if (!a.empty() && a[0] == '-') {
+    }
+    if (a.size() < 2 || a[0] != '-') break;
+    const RunOption *o = nullptr;
+    std::string value;
+    bool inline_value = false;
+    for (const RunOption &c : kRunOptions) {
+      if (a == c.name || (!c.alias.empty() && a == c.alias)) {
+        o = &c;
+        break;
+      }
+      if (!c.value.empty() && c.name.starts_with("--") && a.starts_with(c.name) &&
+          a.size() > c.name.size() && a[c.name.size()] == '=') {
+        o = &c;
+        value = a.substr(c.name.size() + 1);
+        inline_value = true;
+        break;
+      }
+    }
+    if (!o) {
       std::fprintf(stderr, "cumemguard run: unknown option '%s' (see cumemguard run --help)\n",
-                   a.c_str());
-      return 64;
-    } else {
-      break;
+                   argv[i]);
+      r.done = kUsage;
+      return r;
+    }
+    if (!o->value.empty() && !inline_value && !take_value(argc, argv, i, o->name, value)) {
+      r.done = kUsage;
+      return r;
+    }
+    switch (o->id) {
+      case Opt::log: r.log = value; break;
+      case Opt::no_log: r.no_log = true; break;
+      case Opt::mode: r.mode = value; break;
+      case Opt::stacks: r.stacks = value; break;
+      case Opt::suppressions:
+        if (!r.suppressions.empty()) {
+          // The shim reads one file (CUMEMGUARD_SUPPRESSIONS); a second would be dropped.
+          std::fprintf(stderr, "cumemguard run: --suppressions takes one file; given twice "
+                               "('%s', then '%s')\n",
+                       r.suppressions.c_str(), value.c_str());
+          r.done = kUsage;
+          return r;
+        }
+        r.suppressions = value;
+        break;
+      case Opt::brief: r.brief = true; break;
+      case Opt::no_summary: r.no_summary = true; break;
+      case Opt::error_exitcode: r.exitcode = value; break;
+      case Opt::fail_on_leaks: r.fail_on_leaks = true; break;
+      case Opt::env: r.env_sets.push_back(value); break;
+      case Opt::help:
+        usage(stdout);
+        r.done = 0;
+        return r;
+      case Opt::version:
+        std::printf("cumemguard run %s\n", CMG_VERSION);
+        r.done = 0;
+        return r;
     }
   }
   if (i >= argc) {
     std::fprintf(stderr, "cumemguard run: no program given (see cumemguard run --help)\n");
-    return 64;
+    r.done = kUsage;
+    return r;
   }
-  if (!mode.empty() && mode != "guard" && mode != "report" && mode != "strict") {
+  r.prog = i;
+  return r;
+}
+
+}  // namespace
+
+int run_main(int argc, char **argv) {
+  RunArgs a = parse_args(argc, argv);
+  if (a.done >= 0) return a.done;
+  if (!a.mode.empty() && a.mode != "guard" && a.mode != "report" && a.mode != "strict") {
     std::fprintf(stderr, "cumemguard run: --mode must be guard, report or strict, not '%s'\n",
-                 mode.c_str());
-    return 64;
+                 a.mode.c_str());
+    return kUsage;
   }
   int error_exitcode = 0;
-  if (!exitcode_arg.empty()) {
+  if (!a.exitcode.empty()) {
     char *end = nullptr;
-    long v = std::strtol(exitcode_arg.c_str(), &end, 10);
+    long v = std::strtol(a.exitcode.c_str(), &end, 10);
     if (!end || *end || v < 0 || v > 255) {
       std::fprintf(stderr, "cumemguard run: --error-exitcode must be 0 to 255, not '%s'\n",
-                   exitcode_arg.c_str());
-      return 64;
+                   a.exitcode.c_str());
+      return kUsage;
     }
     error_exitcode = static_cast<int>(v);
   }
-  if (fail_on_leaks && !error_exitcode) {
+  if (a.fail_on_leaks && !error_exitcode) {
     std::fprintf(stderr, "cumemguard run: --fail-on-leaks needs --error-exitcode N\n");
-    return 64;
+    return kUsage;
   }
-  if (error_exitcode && no_log) {
-    // The findings are read from the logs: without them the status could only say "none".
-    std::fprintf(stderr, "cumemguard run: --error-exitcode counts the findings in the event log; "
-                         "it cannot be used with --no-log\n");
-    return 64;
-  }
-  // Checked by the options table the shim reads, so that a bad value stops here instead of
-  // turning into a warning in the program (and the shim's default).
-  if (!stacks.empty() && !check_options({{"CUMEMGUARD_STACKS", stacks}}, "--stacks")) return 64;
+  if (!a.stacks.empty() && !check_options({{"CUMEMGUARD_STACKS", a.stacks}}, "--stacks"))
+    return kUsage;
   std::vector<std::pair<std::string, std::string>> sets;
-  for (const auto &kv : env_sets) {
+  for (const auto &kv : a.env_sets) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
       std::fprintf(stderr, "cumemguard run: -e expects NAME=VALUE, got '%s'\n", kv.c_str());
-      return 64;
+      return kUsage;
     }
     sets.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
-  for (const auto &kv : sets)
-    if (!check_options({kv}, ("-e " + kv.first + "=" + shown(kv.second)).c_str())) return 64;
+  for (const auto &[name, value] : sets)
+    if (name.starts_with(kOptionPrefix) &&
+        !check_options({{name, value}}, "-e " + name + "=" + shown(value)))
+      return kUsage;
   std::string why;
   std::string shim = find_shim(&why);
   if (shim.empty()) {
     std::fprintf(stderr, "cumemguard run: %s\n", why.c_str());
-    return 66;
+    return kNoInput;
   }
   for (const auto &[name, value] : sets) setenv(name.c_str(), value.c_str(), 1);
-  std::string prog = argv[i];
+  const std::string prog = argv[a.prog];
   setenv("LD_PRELOAD",
          preload_with(shim, std::getenv("LD_PRELOAD"), program_sanitizer_runtimes(prog)).c_str(),
          1);
-  if (!mode.empty()) setenv("CUMEMGUARD_MODE", mode.c_str(), 1);
-  if (!stacks.empty()) setenv("CUMEMGUARD_STACKS", stacks.c_str(), 1);
+  if (!a.mode.empty()) setenv("CUMEMGUARD_MODE", a.mode.c_str(), 1);
+  if (!a.stacks.empty()) setenv("CUMEMGUARD_STACKS", a.stacks.c_str(), 1);
+  if (!a.suppressions.empty())
+    setenv("CUMEMGUARD_SUPPRESSIONS", absolute(a.suppressions).c_str(), 1);
+  if (a.brief) setenv("CUMEMGUARD_WARN_FRAMES", "0", 1);
   // What the user set, by a variable or an entry of CUMEMGUARD_OPTIONS, is left as it is.
   const ParsedOptions user = parse_options(environ);
   auto set_by_user = [&](std::string_view name) {
@@ -349,18 +448,17 @@ int run_main(int argc, char **argv) {
         return v.source == OptionSource::Environment || v.source == OptionSource::Options;
     return false;
   };
-  if (!no_summary && !set_by_user("SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);
+  if (!a.no_summary && !set_by_user("SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);
   // The debug profile unless the user chose one.
   if (user.profile_source == OptionSource::Default) setenv("CUMEMGUARD_PROFILE", "debug", 1);
   std::string base = prog.substr(prog.rfind('/') == std::string::npos ? 0 : prog.rfind('/') + 1);
-  if (no_log) {
+  if (a.no_log) {
     setenv("CUMEMGUARD_LOG", "", 1);  // empty: no log, and it wins over a CUMEMGUARD_OPTIONS entry
-  } else if (!log.empty()) {
-    setenv("CUMEMGUARD_LOG", absolute(log).c_str(), 1);
+  } else if (!a.log.empty()) {
+    setenv("CUMEMGUARD_LOG", absolute(a.log).c_str(), 1);
   } else if (!set_by_user("LOG")) {
     // Absolute, so a program that changes directory still writes where the launcher looks.
-    log = absolute("cumemguard." + base + ".%p.log");
-    setenv("CUMEMGUARD_LOG", log.c_str(), 1);
+    setenv("CUMEMGUARD_LOG", absolute("cumemguard." + base + ".%p.log").c_str(), 1);
   }
   apply_torch_override();
   // Unique per launch: the pid of the launcher and the start time in ns.
@@ -369,8 +467,46 @@ int run_main(int argc, char **argv) {
   const std::string run_id = std::to_string(getpid()) + "-" +
                              std::to_string(now.tv_sec * 1000000000LL + now.tv_nsec);
   setenv("CUMEMGUARD_RUN_ID", run_id.c_str(), 1);
-  // The log pattern the program will use, however it was given.
-  const std::string pattern = parse_options(environ).options.log;
+
+  // The whole environment the program starts with, as the shim will read it: the same rule as
+  // for -e (what the launcher set itself is valid).
+  if (!check_options(environment_options(), "environment")) return kUsage;
+  const Options eff = parse_options(environ).options;
+  if (!eff.suppressions.empty()) {
+    if (const std::string p = suppressions_problem(eff.suppressions); !p.empty()) {
+      std::fprintf(stderr, "cumemguard run: %s %s: cannot read: %s; the program was not started\n",
+                   a.suppressions.empty() ? "CUMEMGUARD_SUPPRESSIONS=" : "--suppressions",
+                   shown(eff.suppressions).c_str(), p.c_str());
+      return kUsage;
+    }
+  }
+  // valgrind's --log-file habit: a log the user named (--log, or CUMEMGUARD_LOG in any form) that
+  // cannot be written stops the run before it starts, rather than a run whose findings reach no
+  // file. The default name in the current directory is left to the shim's warning.
+  if (!eff.log.empty() && (!a.log.empty() || set_by_user("LOG"))) {
+    if (const std::string p = log_target_problem(eff.log); !p.empty()) {
+      std::fprintf(stderr, "cumemguard run: cannot write the event log %s: %s; the program was "
+                           "not started (give --log a writable place, or --no-log)\n",
+                   shown(eff.log).c_str(), p.c_str());
+      return kCantCreate;
+    }
+  }
+  std::string status_err;
+  const std::string status_dir = make_status_dir(status_err);
+  if (status_dir.empty()) {
+    if (error_exitcode) {
+      std::fprintf(stderr, "cumemguard run: cannot make the run's status directory (%s), which "
+                           "--error-exitcode reads the findings from; set TMPDIR\n",
+                   status_err.c_str());
+      return kCantCreate;
+    }
+    std::fprintf(stderr, "cumemguard run: warning: cannot make the run's status directory (%s); "
+                         "the logs of the run are not listed\n",
+                 status_err.c_str());
+    unsetenv("CUMEMGUARD_STATUS_DIR");
+  } else {
+    setenv("CUMEMGUARD_STATUS_DIR", status_dir.c_str(), 1);
+  }
 
   // The launcher passes termination, terminal and user signals on to the program, so `kill
   // <launcher>` (a job scheduler's SIGTERM, a script's SIGINT) stops the program rather than
@@ -394,15 +530,22 @@ int run_main(int argc, char **argv) {
     // and for the program, as it would be without the launcher.
     if (old[k].sa_handler != SIG_IGN) sigaction(forwarded[k], &fwd, nullptr);
   }
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     std::fprintf(stderr, "cumemguard run: fork: %s\n", std::strerror(errno));
-    return 71;
+    if (!status_dir.empty()) remove_status_dir(status_dir);
+    return kOsErr;
   }
   if (pid == 0) {
+    // A launcher killed outright (SIGKILL from a timeout or subprocess.run(timeout=...)) cannot
+    // pass anything on: the program is killed with it rather than left running with parent 1.
+    // The parent may have died before the request took effect: then the child goes now.
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != launcher) _exit(128 + SIGKILL);
     for (int k = 0; k < 6; ++k) sigaction(forwarded[k], &old[k], nullptr);
     sigprocmask(SIG_SETMASK, &unblocked, nullptr);
-    execvp(prog.c_str(), argv + i);
+    execvp(prog.c_str(), argv + a.prog);
     std::fprintf(stderr, "cumemguard run: cannot run %s: %s\n", prog.c_str(), std::strerror(errno));
     _exit(errno == ENOENT ? 127 : 126);
   }
@@ -415,54 +558,30 @@ int run_main(int argc, char **argv) {
   for (int k = 0; k < 6; ++k) sigaction(forwarded[k], &old[k], nullptr);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 
-  std::vector<std::string> logs;
-  if (!pattern.empty()) {
-    std::string g;
-    for (std::size_t k = 0; k < pattern.size(); ++k) {
-      if (pattern[k] == '%' && k + 1 < pattern.size() &&
-          (pattern[k + 1] == 'p' || pattern[k + 1] == 'r')) {
-        g += '*';
-        ++k;
-      } else if (pattern[k] == '%' && k + 1 < pattern.size() && pattern[k + 1] == '%') {
-        g += '%';
-        ++k;
-      } else {
-        g += pattern[k];
-      }
-    }
-    glob_t gl{};
-    if (glob(g.c_str(), 0, nullptr, &gl) == 0) {
-      for (std::size_t k = 0; k < gl.gl_pathc; ++k) {
-        if (log_of_run(gl.gl_pathv[k], run_id)) logs.emplace_back(gl.gl_pathv[k]);
-      }
-    }
-    globfree(&gl);
-    if (!logs.empty()) {
-      std::string all;
-      for (const auto &l : logs) all += " " + l;
-      std::fprintf(stderr, "cumemguard: %zu log%s:%s\ncumemguard: read with: cumemguard report%s\n",
-                   logs.size(), logs.size() == 1 ? "" : "s", all.c_str(), all.c_str());
-    }
+  RunTotals t;
+  if (!status_dir.empty()) {
+    t = read_status_dir(status_dir);
+    remove_status_dir(status_dir);
   }
-  if (WIFSIGNALED(status)) {
-    // Die of the same signal, so the caller (a shell, a scheduler) sees what the program did.
-    int sig = WTERMSIG(status);
-    std::fflush(nullptr);
-    signal(sig, SIG_DFL);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, sig);
-    sigprocmask(SIG_UNBLOCK, &set, nullptr);
-    raise(sig);
+  if (!t.logs.empty()) {
+    std::string all;
+    for (const auto &l : t.logs) all += " " + l;
+    std::fprintf(stderr, "cumemguard: %zu log%s:%s\ncumemguard: read with: cumemguard report%s\n",
+                 t.logs.size(), t.logs.size() == 1 ? "" : "s", all.c_str(), all.c_str());
   }
+  if (t.unreadable)
+    std::fprintf(stderr, "cumemguard: warning: %zu entr%s of the run's status directory %s not a "
+                         "process's status; the counts are those of the other %zu\n",
+                 t.unreadable, t.unreadable == 1 ? "y" : "ies", t.unreadable == 1 ? "was" : "were",
+                 t.processes);
+  if (WIFSIGNALED(status)) die_of(WTERMSIG(status));
   if (error_exitcode) {
-    const LogCounts n = count_findings(logs);
-    const std::uint64_t counted = n.findings + (fail_on_leaks ? n.leaks : 0);
+    const std::uint64_t counted = t.findings + (a.fail_on_leaks ? t.leaks : 0);
     if (counted) {
       std::fprintf(stderr, "cumemguard: %llu finding%s%s in this run; exiting %d "
                            "(--error-exitcode)\n",
                    static_cast<unsigned long long>(counted), counted == 1 ? "" : "s",
-                   fail_on_leaks && n.leaks ? " (leaks at exit included)" : "", error_exitcode);
+                   a.fail_on_leaks && t.leaks ? " (leaks at exit included)" : "", error_exitcode);
       return error_exitcode;
     }
   }

@@ -4,12 +4,15 @@
 # everywhere, --error-exitcode and --fail-on-leaks, the debug profile the launcher sets, SIGINT,
 # SIGQUIT and SIGHUP passed on, `--log --` refused, -e values that cannot apply refused, the exit
 # summary after the program's own output on a pipe and naming leaks, suppressions (a vendor's
-# finding silenced and counted, the program's own kept), and a program built with
-# -fsanitize=address whose runtime the launcher puts first.
+# finding silenced and counted, the program's own kept; --suppressions; an unreadable file stops
+# the run), one rule for -e and the environment, each finding's stacks under its line (not with
+# --brief or a plain LD_PRELOAD), and a program built with -fsanitize=address whose runtime the
+# launcher puts first.
 #   check_launcher.py --cg CUMEMGUARD --build BUILD_DIR [--sanitized PROGRAM]
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,7 +84,8 @@ def usage_errors(e):
           f"--log --: rc {p.returncode} {p.stderr!r} files {os.listdir(d)}")
     for args, words in ((["--error-exitcode", "x"], "0 to 255"),
                         (["--fail-on-leaks"], "needs --error-exitcode"),
-                        (["--error-exitcode", "3", "--no-log"], "--no-log"),
+                        (["--suppressions"], "--suppressions needs a value"),
+                        (["--suppressions", "a", "--suppressions", "b"], "takes one file"),
                         (["-e", "CUMEMGUARD_ACTION_LEAK=abort"], "abort cannot apply to leak"),
                         (["-e", "CUMEMGUARD_ACTION_FREE_EXPORTED=skip"],
                          "skip cannot apply to free-exported"),
@@ -102,6 +106,11 @@ def exit_codes(e):
           f"P29 with --error-exitcode 3: rc {p.returncode} {p.stderr[-300:]!r}")
     p = e.run(["run", "--no-summary", "--", e.rt, "P29"], cwd=d)
     check(p.returncode == 0, f"P29 without --error-exitcode: rc {p.returncode}")
+    # Each process tells the launcher its counts: no log is needed for the status.
+    p = e.run(["run", "--no-summary", "--no-log", "--error-exitcode", "3", "--", e.rt, "P29"],
+              cwd=d)
+    check(p.returncode == 3 and "1 finding in this run; exiting 3 (--error-exitcode)" in p.stderr,
+          f"P29 with --no-log --error-exitcode 3: rc {p.returncode} {p.stderr[-300:]!r}")
     p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", e.rt, "basic"], cwd=d)
     check(p.returncode == 0, f"basic with --error-exitcode: rc {p.returncode} {p.stderr!r}")
     # No CUDA, no log, no findings: the program's own status.
@@ -242,17 +251,135 @@ def suppressions(e):
     check(f"{supp}:2: 'bogus line' is not CLASS:PATTERN; skipped" in p.stderr and
           f"{supp}:3: unknown finding class 'no-such-class'; skipped" in p.stderr,
           f"malformed lines named by file:line: {p.stderr!r}")
-    # Suppressed findings do not fail a CI run; an unreadable file is one warning.
+    # Suppressed findings do not fail a CI run, given by --suppressions (valgrind's spelling, a
+    # relative path made absolute for the program) or by the variable.
     with open(supp, "w") as f:
         f.write("double-free:vendor_*\n")
     p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--", e.supp, "vendor"], cwd=d,
               extra={"CUMEMGUARD_SUPPRESSIONS": supp})
     check(p.returncode == 0, f"only suppressed findings with --error-exitcode: {p.returncode}")
-    p = e.run(["run", "--no-summary", "--no-log", "--", e.supp, "vendor"],
-              extra={"CUMEMGUARD_SUPPRESSIONS": os.path.join(d, "missing.txt")})
-    w = [l for l in p.stderr.splitlines() if "CUMEMGUARD_SUPPRESSIONS" in l]
-    check(len(w) == 1 and "no suppressions loaded" in w[0] and "warning: double-free" in p.stderr,
-          f"unreadable suppressions file: {p.stderr!r}")
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--suppressions", "supp.txt", "--",
+               "sh", "-c", f"cd / && exec {e.supp} vendor"], cwd=d)
+    check(p.returncode == 0 and "warning: double-free" not in p.stderr,
+          f"--suppressions FILE: rc {p.returncode} {p.stderr[-400:]!r}")
+    p = e.run(["run", "--no-summary", "--error-exitcode", "3", "--suppressions", supp, "--",
+               e.supp, "both"], cwd=d)
+    check(p.returncode == 3 and "1 finding in this run" in p.stderr,
+          f"--suppressions keeps the program's own finding: rc {p.returncode} {p.stderr[-400:]!r}")
+    # A file that cannot be read stops the run (64, one line), from -e, the environment or the
+    # option alike: ASan and valgrind refuse to run without the suppressions they were given.
+    missing = os.path.join(d, "missing.txt")
+    for args, extra in ((["--suppressions", missing], None),
+                        (["-e", "CUMEMGUARD_SUPPRESSIONS=" + missing], None),
+                        ([], {"CUMEMGUARD_SUPPRESSIONS": missing}),
+                        ([], {"CUMEMGUARD_OPTIONS": f"suppressions={missing}"}),
+                        (["--suppressions", d], None)):
+        p = e.run(["run", "--no-summary", "--no-log"] + args + ["--", e.supp, "vendor"],
+                  extra=extra)
+        lines = p.stderr.splitlines()
+        check(p.returncode == 64 and len(lines) == 1 and "cannot read" in lines[0] and
+              "not started" in lines[0] and not p.stdout,
+              f"unreadable suppressions {args} {extra}: rc {p.returncode} {p.stderr!r}")
+
+
+def option_rule(e):
+    # One rule for -e and the environment under run: a setting that cannot apply (an unknown
+    # name, a bad value, a malformed entry) stops the run with 64 and one line that says so, and
+    # never says "ignored"; the program does not start.
+    d = e.logdir()
+    marker = os.path.join(d, "ran")
+    prog = ["--", "sh", "-c", f"touch {marker}"]
+    cases = [(["-e", "CUMEMGUARD_STAKS=3"], None,
+              "-e CUMEMGUARD_STAKS=3: unknown option CUMEMGUARD_STAKS (did you mean "
+              "CUMEMGUARD_STACKS?); the program was not started"),
+             ([], {"CUMEMGUARD_STAKS": "3"},
+              "environment: unknown option CUMEMGUARD_STAKS (did you mean CUMEMGUARD_STACKS?); "
+              "the program was not started"),
+             ([], {"CUMEMGUARD_STACKS": "99"},
+              "environment: CUMEMGUARD_STACKS: '99' is not valid: must be between 0 and 64; the "
+              "program was not started"),
+             ([], {"CUMEMGUARD_OPTIONS": "stakcs=3"},
+              "environment: CUMEMGUARD_OPTIONS: unknown option stakcs (did you mean stacks?); "
+              "the program was not started"),
+             (["-e", "CUMEMGUARD_OPTIONS=mode"], None,
+              "-e CUMEMGUARD_OPTIONS=mode: CUMEMGUARD_OPTIONS: 'mode' is not NAME=VALUE; the "
+              "program was not started")]
+    for args, extra, want in cases:
+        p = e.run(["run", "--no-summary"] + args + prog, extra=extra, cwd=d)
+        lines = p.stderr.splitlines()
+        check(p.returncode == 64 and lines == ["cumemguard run: " + want] and
+              not os.path.exists(marker), f"run {args} {extra}: rc {p.returncode} {p.stderr!r}")
+    # The launcher's own variable is not an unknown option, for the launcher or the shim.
+    shim = os.path.join(os.path.dirname(os.path.dirname(e.rt)), "..", "shim", "libcumemguard.so")
+    p = e.run(["run", "--no-summary", "--no-log", "--", e.rt, "basic"],
+              extra={"CUMEMGUARD_SHIM_PATH": os.path.abspath(shim)})
+    check(p.returncode == 0 and "cumemguard" not in p.stderr,
+          f"CUMEMGUARD_SHIM_PATH: rc {p.returncode} {p.stderr!r}")
+
+
+def frames_of(lines, start):
+    """The stacks printed under lines[start]: (heading or None for the call's own, [functions])."""
+    stacks = []
+    for l in lines[start + 1:]:
+        if not re.match(r"cumemguard\[\d+\]: {2}", l):
+            break
+        body = l.split("]: ", 1)[1]
+        if body.startswith("    #"):
+            if not stacks:
+                stacks.append((None, []))
+            stacks[-1][1].append(body.split(" ", 6)[5].split("+")[0])
+        elif body.startswith("  ") and not body.startswith("   "):
+            stacks.append((body.strip(), []))
+        else:
+            break
+    return stacks
+
+
+def live_stacks(e):
+    # ASan style: a finding's line is followed by the innermost frames of its call, then those
+    # of the allocation and of the first free, each line with the process's prefix.
+    p = e.run(["run", "--no-summary", "--no-log", "--", e.supp, "both"])
+    lines = p.stderr.splitlines()
+    at = [i for i, l in enumerate(lines) if ": warning: double-free in cudaFree" in l]
+    check(p.returncode == 0 and len(at) == 2, f"two findings: rc {p.returncode} {p.stderr!r}")
+    if len(at) == 2:
+        pid = re.match(r"cumemguard\[(\d+)\]", lines[at[0]]).group(1)
+        block = lines[at[0]:at[1]]
+        check(all(l.startswith(f"cumemguard[{pid}]: ") for l in block),
+              f"a stack line without the prefix: {block}")
+        vendor, own = frames_of(lines, at[0]), frames_of(lines, at[1])
+        want_vendor = [(None, ["vendor_release", "main"]),
+                       (f"allocation: cudaMalloc, thread {pid}, seq 1", ["main"]),
+                       (f"first free: cudaFree, thread {pid}, seq 2", ["main"])]
+        check([(h, f[:len(w[1])]) for (h, f), w in zip(vendor, want_vendor)] == want_vendor and
+              len(vendor) == 3, f"the vendor's finding's stacks: {vendor}")
+        check([h for h, _ in own] == [None, f"allocation: cudaMalloc, thread {pid}, seq 5",
+                                       f"first free: cudaFree, thread {pid}, seq 6"] and
+              all(f[:2] == ["program_double_free", "main"] for _, f in own),
+              f"the program's finding's stacks: {own}")
+        check(re.search(r"#0 vendor_release\+0x[0-9a-f]+ \(libcmgvendor\.so\)$",
+                        lines[at[0] + 1]), f"a frame's text: {lines[at[0] + 1]!r}")
+    # CUMEMGUARD_WARN_FRAMES bounds the frames per stack.
+    p = e.run(["run", "--no-summary", "--no-log", "-e", "CUMEMGUARD_WARN_FRAMES=1", "--", e.supp,
+               "both"])
+    lines = p.stderr.splitlines()
+    at = [i for i, l in enumerate(lines) if ": warning: double-free" in l]
+    got = frames_of(lines, at[0]) if at else []
+    check(len(got) == 3 and all(len(f) == 1 for _, f in got) and got[0][1] == ["vendor_release"],
+          f"WARN_FRAMES=1: {got}")
+    # --brief, and the guard profile of a plain LD_PRELOAD: today's one line per finding.
+    p = e.run(["run", "--no-summary", "--no-log", "--brief", "--", e.supp, "both"])
+    w = [l for l in p.stderr.splitlines() if l.startswith("cumemguard[")]
+    check(len(w) == 2 and all(": warning: double-free in cudaFree" in l for l in w),
+          f"--brief: {p.stderr!r}")
+    env = dict(e.env, LD_PRELOAD=":".join(x for x in (os.environ.get("CMG_PRELOAD_FIRST", ""),
+               os.path.abspath(os.path.join(os.path.dirname(e.cg), "..", "shim",
+                                            "libcumemguard.so"))) if x))
+    p = subprocess.run([e.supp, "both"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+    w = [l for l in p.stderr.splitlines() if l.startswith("cumemguard")]
+    check(p.returncode == 0 and len(w) == 2 and all(": warning: double-free" in l for l in w),
+          f"plain LD_PRELOAD: {p.stderr!r}")
 
 
 def sanitized(e):
@@ -285,7 +412,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, sanitized):
+                 suppressions, option_rule, live_stacks, sanitized):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed")

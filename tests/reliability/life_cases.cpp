@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Process-life cases for the shim (run_life.py): fork from a thread while other threads hold the
 // shim's locks, fork+exec, vfork, posix_spawn, exit() from a thread, frees from static destructors
-// after main() returns, a long-running writer and an idle process to be killed, and crashes. Each
+// after main() returns, a long-running writer and an idle process to be killed, crashes, and a
+// forked child's finding (the launcher's status channel). Each
 // case prints one "step value" line per result the harness checks; the same binary runs with and
 // without the shim.
 #include <cuda.h>
@@ -403,6 +404,44 @@ int handler_first() {
   return 0;
 }
 
+// A finding in a forked child, the parent clean (the launcher's status channel): the child frees
+// its parent's allocation, which is not the child's to free (CUDA is not fork-safe: the driver
+// refuses, and the shim reports an invalid free). The child ends as `how` says: "exit" returns
+// normally, "kill" SIGKILLs itself right after the finding (no exit path runs: the count must
+// already be where the launcher reads it).
+int fork_finding(const char *how) {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 4096));  // the parent is active and has its log open
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (cudaFree(p) == cudaSuccess) _exit(3);
+    if (std::strcmp(how, "kill") == 0) raise(SIGKILL);
+    std::exit(0);
+  }
+  bool hung = false;
+  const int st = wait_child(pid, 30, &hung);
+  out("child_status", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  out("free", cudaFree(p));
+  return 0;
+}
+
+// Opens the log (one call), says "ready", waits for a byte on stdin, then frees twice: the
+// harness starts two of these on one log name and lets them go only when both hold their logs.
+int finding_on_cue() {
+  cudaFree(nullptr);
+  std::printf("ready %ld\n", static_cast<long>(getpid()));
+  std::fflush(stdout);
+  char c;
+  while (read(0, &c, 1) < 0 && errno == EINTR) {
+  }
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 4096));
+  (void)cudaFree(p);
+  out("second_free", cudaFree(p));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -432,6 +471,9 @@ int main(int argc, char **argv) {
   if (c == "idle-calls") return idle_calls();
   if (c == "errors") return errors();
   if (c == "exec-other" && argc > 2) return exec_other(argv + 2);
+  if (c == "fork-finding") return fork_finding("exit");
+  if (c == "finding-on-cue") return finding_on_cue();
+  if (c == "fork-finding-kill") return fork_finding("kill");
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }

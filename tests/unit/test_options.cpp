@@ -340,3 +340,26 @@ TEST_CASE("The options table round-trips: every effective value parses back to i
     for (std::size_t i = 0; i < p.values.size(); ++i) CHECK(r.values[i].effective == p.values[i].effective);
   }
 }
+
+TEST_CASE("Each problem line has its kind, the count lines too") {
+  std::vector<std::pair<std::string_view, std::string_view>> env = {
+      {"CUMEMGUARD_STAKS", "3"}, {"CUMEMGUARD_STACKS", "99"}, {"CUMEMGUARD_MODE", "report"},
+      {"CUMEMGUARD_MODE", "strict"}, {"CUMEMGUARD_OPTIONS", "mode:warn_limit=1"}};
+  std::vector<std::string> many;
+  for (int i = 0; i < 12; ++i) many.push_back("CUMEMGUARD_NOPE" + std::to_string(i));
+  for (const auto &n : many) env.emplace_back(n, "1");
+  const cmg::ParsedOptions p = cmg::parse_options(env);
+  REQUIRE(p.problem_kinds.size() == p.problems.size());
+  using K = cmg::ProblemKind;
+  auto kind_of = [&](std::string_view text) {
+    for (std::size_t i = 0; i < p.problems.size(); ++i)
+      if (p.problems[i].find(text) != std::string::npos) return p.problem_kinds[i];
+    FAIL("no problem line with " << text);
+    return K::Unknown;
+  };
+  CHECK(kind_of("unknown option CUMEMGUARD_STAKS") == K::Unknown);
+  CHECK(kind_of("'99' is not valid") == K::BadValue);
+  CHECK(kind_of("CUMEMGUARD_MODE is set 2 times") == K::Repeated);
+  CHECK(kind_of("'mode' is not NAME=VALUE") == K::Malformed);
+  CHECK(kind_of("more unknown CUMEMGUARD_* names") == K::Unknown);
+}

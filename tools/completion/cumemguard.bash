@@ -26,22 +26,22 @@ _cumemguard() {
       for ((i = i + 1; i < COMP_CWORD; i++)); do
         case ${COMP_WORDS[i]} in
           --) COMPREPLY=($(compgen -c -- "$cur")); return ;;
-          --log|--mode|--stacks|--error-exitcode|-e) ((i++)) ;;
+          --log|--mode|--stacks|--suppressions|--error-exitcode|-e) ((i++)) ;;
           -*) ;;
           *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         esac
       done
       case $prev in
         --mode) COMPREPLY=($(compgen -W "guard report strict" -- "$cur")); return ;;
-        --log) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        --log|--suppressions) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --stacks|--error-exitcode) return ;;
         -e) compopt -o nospace 2>/dev/null
             COMPREPLY=($(compgen -W "$(_cumemguard_option_names "${COMP_WORDS[0]}")" -- "$cur"))
             return ;;
       esac
       if [[ $cur == -* ]]; then
-        COMPREPLY=($(compgen -W "--log --no-log --mode --stacks --no-summary --error-exitcode
-                               --fail-on-leaks -e --help --version --" -- "$cur"))
+        COMPREPLY=($(compgen -W "--log --no-log --mode --stacks --suppressions --brief --no-summary
+                               --error-exitcode --fail-on-leaks -e --help --version --" -- "$cur"))
       else
         COMPREPLY=($(compgen -c -- "$cur"))
       fi

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// The status directory of a run and the event log check (see run_files.h).
+#include "run_files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "log_file.h"
+
+namespace cmg::tools {
+namespace {
+
+struct Dir {
+  int fd = -1;
+  DIR *d = nullptr;
+  explicit Dir(const std::string &path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && !(d = fdopendir(fd))) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ~Dir() {
+    if (d) closedir(d);  // closes fd too
+  }
+  Dir(const Dir &) = delete;
+  Dir &operator=(const Dir &) = delete;
+};
+
+bool dots(const char *n) { return !std::strcmp(n, ".") || !std::strcmp(n, ".."); }
+
+// One record: O_NOFOLLOW (a link is not read through), O_NONBLOCK (a FIFO does not block the
+// open), then fstat decides before a byte is read.
+bool read_record(int dirfd, const char *name, RunStatusRecord &out) {
+  const int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = false;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+      st.st_size == static_cast<off_t>(sizeof(RunStatusRecord))) {
+    alignas(RunStatusRecord) char buf[sizeof(RunStatusRecord)];
+    std::size_t got = 0;
+    while (got < sizeof buf) {
+      const ssize_t n = ::pread(fd, buf + got, sizeof buf - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    ok = valid_run_status(buf, got, out);
+  }
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::string make_status_dir(std::string &err) {
+  const char *tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp == '/' ? tmp : "/tmp") + "/cumemguard-run.XXXXXX";
+  if (!mkdtemp(templ.data())) {
+    err = templ.substr(0, templ.size() - 6) + "*: " + std::strerror(errno);
+    return {};
+  }
+  return templ;
+}
+
+RunTotals read_status_dir(const std::string &dir) {
+  RunTotals t;
+  Dir d(dir);
+  if (!d.d) return t;
+  struct Entry {
+    std::uint64_t start;
+    std::int64_t pid;
+    std::string log;
+  };
+  std::vector<Entry> opened;
+  while (dirent *e = readdir(d.d)) {
+    if (dots(e->d_name)) continue;
+    RunStatusRecord r;
+    if (!read_record(d.fd, e->d_name, r)) {
+      ++t.unreadable;
+      continue;
+    }
+    ++t.processes;
+    t.findings += r.findings;
+    t.leaks += r.leaks;
+    for (std::size_t i = 0; i < RunStatusRecord::kClasses; ++i) t.by_class[i] += r.by_class[i];
+    if (r.log_state == 1 && r.log_len && !r.log_cut)
+      opened.push_back(Entry{r.start_unix_ns, r.pid, std::string(r.log, r.log_len)});
+  }
+  std::sort(opened.begin(), opened.end(), [](const Entry &a, const Entry &b) {
+    return a.start != b.start ? a.start < b.start : a.pid < b.pid;
+  });
+  for (Entry &e : opened)
+    if (std::find(t.logs.begin(), t.logs.end(), e.log) == t.logs.end())
+      t.logs.push_back(std::move(e.log));
+  return t;
+}
+
+void remove_status_dir(const std::string &dir) {
+  {
+    Dir d(dir);
+    if (!d.d) return;
+    std::vector<std::string> names;
+    while (dirent *e = readdir(d.d))
+      if (!dots(e->d_name)) names.emplace_back(e->d_name);
+    for (const std::string &n : names)
+      if (::unlinkat(d.fd, n.c_str(), 0) != 0 && errno == EISDIR)
+        (void)::unlinkat(d.fd, n.c_str(), AT_REMOVEDIR);
+  }
+  (void)::rmdir(dir.c_str());
+}
+
+std::string log_target_problem(const std::string &pattern) {
+  const std::size_t slash = pattern.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : pattern.substr(0, slash);
+  const std::string base = slash == std::string::npos ? pattern : pattern.substr(slash + 1);
+  if (base.empty()) return "it names a directory, not a file";
+  // Placeholders in the directory part: what differs between processes cannot be checked here;
+  // the fixed directories above it must exist for any expansion to.
+  const std::size_t pct = dir.find('%');
+  const bool fixed = pct == std::string::npos;
+  if (!fixed) {
+    const std::size_t up = dir.rfind('/', pct);
+    dir = up == std::string::npos ? "." : up == 0 ? "/" : dir.substr(0, up);
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0)
+    return "directory " + dir + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  if (!fixed) return {};
+  if (::faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0)
+    return "directory " + dir + " is not writable (" + std::strerror(errno) + ")";
+  if (base.find('%') != std::string::npos) return {};
+  if (::lstat(pattern.c_str(), &st) != 0) return {};  // a new file
+  std::string why = log_file_refusal(st.st_mode, st.st_uid, st.st_nlink, geteuid());
+  if (why.empty() && S_ISREG(st.st_mode) &&
+      ::faccessat(AT_FDCWD, pattern.c_str(), W_OK, AT_EACCESS) != 0)
+    why = std::string("not writable (") + std::strerror(errno) + ")";
+  return why;
+}
+
+}  // namespace cmg::tools

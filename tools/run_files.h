@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The files `cumemguard run` handles itself: the private directory where each process of the
+// program keeps its status record (policy/run_status.h), made before the program starts and read
+// back after it, and the check that the event log can be written at all, made before it starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "run_status.h"
+
+namespace cmg::tools {
+
+// What the status records of one run add up to.
+struct RunTotals {
+  std::uint64_t findings = 0, leaks = 0;
+  std::uint64_t by_class[RunStatusRecord::kClasses] = {};
+  std::size_t processes = 0;   // records read
+  std::size_t unreadable = 0;  // entries that are not a record of this layout (said once)
+  std::vector<std::string> logs;  // the logs the processes opened, in the order they started
+};
+
+// A directory only this user can enter (mkdtemp, mode 0700) under $TMPDIR or /tmp; empty with
+// err set when none can be made.
+std::string make_status_dir(std::string &err);
+// Every record in dir. Each entry is opened without following a link and without blocking, and
+// read only when it is a regular file of this user of exactly one record's size: a FIFO, a
+// /dev/zero link or a huge file the program left there is counted as unreadable, never waited on.
+RunTotals read_status_dir(const std::string &dir);
+// Removes the records (and whatever else the program left in dir), then dir itself.
+void remove_status_dir(const std::string &dir);
+
+// Why an event log named by pattern (CUMEMGUARD_LOG's placeholders) cannot be written, or empty:
+// its directory is missing, not a directory or not writable, or (a name without placeholders)
+// the file there is one the shim refuses (policy/log_file.h). A directory part holding
+// placeholders is checked up to its last fixed directory.
+std::string log_target_problem(const std::string &pattern);
+
+}  // namespace cmg::tools
