@@ -474,8 +474,8 @@ int run_main(int argc, char **argv) {
   const Options eff = parse_options(environ).options;
   if (!eff.suppressions.empty()) {
     if (const std::string p = suppressions_problem(eff.suppressions); !p.empty()) {
-      std::fprintf(stderr, "cumemguard run: %s %s: cannot read: %s; the program was not started\n",
-                   a.suppressions.empty() ? "CUMEMGUARD_SUPPRESSIONS=" : "--suppressions",
+      std::fprintf(stderr, "cumemguard run: %s%s: cannot read: %s; the program was not started\n",
+                   a.suppressions.empty() ? "CUMEMGUARD_SUPPRESSIONS=" : "--suppressions ",
                    shown(eff.suppressions).c_str(), p.c_str());
       return kUsage;
     }
@@ -491,6 +491,9 @@ int run_main(int argc, char **argv) {
       return kCantCreate;
     }
   }
+  // A launcher inside another launcher's program: what it counts goes up to the outer one too.
+  const char *outer = std::getenv("CUMEMGUARD_STATUS_DIR");
+  const std::string outer_dir = outer && *outer == '/' ? outer : "";
   std::string status_err;
   const std::string status_dir = make_status_dir(status_err);
   if (status_dir.empty()) {
@@ -563,6 +566,7 @@ int run_main(int argc, char **argv) {
     t = read_status_dir(status_dir);
     remove_status_dir(status_dir);
   }
+  if (!outer_dir.empty() && outer_dir != status_dir) pass_up_totals(outer_dir, t);
   if (!t.logs.empty()) {
     std::string all;
     for (const auto &l : t.logs) all += " " + l;

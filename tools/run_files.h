@@ -31,6 +31,11 @@ RunTotals read_status_dir(const std::string &dir);
 // Removes the records (and whatever else the program left in dir), then dir itself.
 void remove_status_dir(const std::string &dir);
 
+// A launcher run inside another's program (a script that calls `cumemguard run` itself) hands
+// what its own run counted to the outer launcher's directory: records in the same layout, the
+// first with the totals, one per log, so the outer exit status and list of logs include them.
+void pass_up_totals(const std::string &outer_dir, const RunTotals &t);
+
 // Why an event log named by pattern (CUMEMGUARD_LOG's placeholders) cannot be written, or empty:
 // its directory is missing, not a directory or not writable, or (a name without placeholders)
 // the file there is one the shim refuses (policy/log_file.h). A directory part holding

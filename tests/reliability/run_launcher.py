@@ -121,7 +121,8 @@ def case_exit_status_forked_child(l):
 
 
 def case_exit_status_tree(l):
-    """Children of children, exec'd children, and --fail-on-leaks over a grandchild's leak."""
+    """Children of children, exec'd children, --fail-on-leaks over a grandchild's leak, and a
+    launcher run inside the program."""
     d = l.dir()
     rc, _, err = l.run(["--no-summary", "--log", os.path.join(d, "t.log"), "--error-exitcode", "3",
                         "--", "sh", "-c", f"sh -c 'exec {l.rt} P29'; {l.rt} basic"])
@@ -132,6 +133,15 @@ def case_exit_status_tree(l):
     rc, _, err = l.run(["--no-summary", "--no-log", "--error-exitcode", "4", "--", "sh", "-c",
                         f"{l.rt} leak"])
     expect(rc == 0, f"a leak without --fail-on-leaks: rc {rc}\n{err}")
+    # A script that runs `cumemguard run` itself: the inner run's findings and logs reach the
+    # outer launcher too (the inner one has no --error-exitcode: its own status is 0).
+    inner = os.path.join(d, "inner.log")
+    rc, _, err = l.run(["--no-summary", "--log", os.path.join(d, "outer.log"),
+                        "--error-exitcode", "3", "--", "sh", "-c",
+                        f"{l.cg} run --no-summary --log {inner} -- {l.rt} P29; {l.rt} basic"])
+    logs = listed_logs(err)
+    expect(rc == 3 and "1 finding in this run" in err and inner in logs and
+           os.path.join(d, "outer.log") in logs, f"a launcher inside the run: rc {rc} {logs}\n{err}")
 
 
 def case_log_unwritable(l):

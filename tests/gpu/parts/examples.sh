@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The README's examples on the real driver: examples/double_free.py under `cumemguard run` (the
-# stale free caught by the debug profile's quarantine), the exporter/importer pair with PyTorch's
+# stale free caught by the debug profile's quarantine, printed with its stacks), the exporter/importer pair with PyTorch's
 # expandable segments through the bridge, and a program built with -fsanitize=address under
 # `cumemguard run` (its runtime preloaded first).   examples.sh BUILD OUT
 set -u
@@ -17,6 +17,11 @@ cd "$out" || exit 1
 "$cg" run --log "$out/double_free.%p.log" -- python3 "$ex/double_free.py" > "$out/double_free.txt" 2>&1
 grep -q "^same_address 0" "$out/double_free.txt" && grep -q "double-free" "$out/double_free.txt" \
   || { echo "FAIL double_free.py"; status=1; }
+# The finding's line is followed by its stacks (the debugging profile's CUMEMGUARD_WARN_FRAMES),
+# each line with the process's prefix: the call's frames, then the allocation's and first free's.
+grep -Eq '^cumemguard\[[0-9]+\]:     #0 ' "$out/double_free.txt" && \
+  grep -Eq '^cumemguard\[[0-9]+\]:   first free: ' "$out/double_free.txt" \
+  || { echo "FAIL double_free.py: no stacks under the finding"; status=1; }
 if python3 -c "import torch" 2>/dev/null; then
   rm -f "$out/h.json" "$out/h.json.done"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$cg" run --no-log -e CUMEMGUARD_IPC=bridge \
