@@ -463,7 +463,8 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
   const std::size_t rows = specs().size();
   Capped unknown(r, ProblemKind::Unknown, "unknown CUMEMGUARD_* names; ignored");
   Capped bad(r, ProblemKind::BadValue, "invalid CUMEMGUARD_* values; defaults kept");
-  Capped repeated(r, ProblemKind::Repeated, "names set more than once; the first entry of each is used");
+  Capped repeated(r, ProblemKind::Repeated,
+                  "names set more than once; the first entry of each is used");
   Capped malformed(r, ProblemKind::Malformed, "malformed CUMEMGUARD_OPTIONS entries; ignored");
 
   // 1. The variables, first entry of a name winning as getenv() has it; each repeat counted.

@@ -24,7 +24,7 @@ struct RunStatusRecord {
 
   char magic[8];
   std::uint32_t version;
-  std::uint32_t size;       // sizeof(RunStatusRecord): a reader of another layout refuses it
+  std::uint32_t size;  // sizeof(RunStatusRecord): a reader of another layout refuses it
   std::int64_t pid;
   std::uint64_t start_unix_ns;
   std::uint32_t state;      // State
@@ -34,7 +34,7 @@ struct RunStatusRecord {
   std::uint64_t findings;
   std::uint64_t leaks;
   std::uint64_t by_class[kClasses];
-  std::uint32_t log_len;    // bytes of log used; longer paths are cut (log_cut)
+  std::uint32_t log_len;  // bytes of log used; longer paths are cut (log_cut)
   std::uint32_t log_cut;
   char log[kLogBytes];
 };

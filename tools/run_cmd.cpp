@@ -117,8 +117,8 @@ void usage(FILE *f) {
              "killed outright (SIGKILL), the program is killed with it.\n"
              "\n"
              "Environment:\n"
-             "  CUMEMGUARD_SHIM_PATH  the libcumemguard.so to preload instead of the one installed\n"
-             "                        beside this program\n"
+             "  CUMEMGUARD_SHIM_PATH  the libcumemguard.so to preload instead of the one\n"
+             "                        installed beside this program\n"
              "  TMPDIR                where the run's status directory is made (default /tmp)\n",
              f);
 }

@@ -34,7 +34,9 @@ struct Dir {
   Dir &operator=(const Dir &) = delete;
 };
 
-bool dots(const char *n) { return !std::strcmp(n, ".") || !std::strcmp(n, ".."); }
+bool dots(const char *n) {
+  return !std::strcmp(n, ".") || !std::strcmp(n, "..");
+}
 
 // One record: O_NOFOLLOW (a link is not read through), O_NONBLOCK (a FIFO does not block the
 // open), then fstat decides before a byte is read.
@@ -173,8 +175,7 @@ std::string log_target_problem(const std::string &pattern) {
     dir = up == std::string::npos ? "." : up == 0 ? "/" : dir.substr(0, up);
   }
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0)
-    return "directory " + dir + ": " + std::strerror(errno);
+  if (::stat(dir.c_str(), &st) != 0) return "directory " + dir + ": " + std::strerror(errno);
   if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
   if (!fixed) return {};
   if (::faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0)

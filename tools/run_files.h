@@ -16,8 +16,8 @@ namespace cmg::tools {
 struct RunTotals {
   std::uint64_t findings = 0, leaks = 0;
   std::uint64_t by_class[RunStatusRecord::kClasses] = {};
-  std::size_t processes = 0;   // records read
-  std::size_t unreadable = 0;  // entries that are not a record of this layout (said once)
+  std::size_t processes = 0;      // records read
+  std::size_t unreadable = 0;     // entries that are not a record of this layout (said once)
   std::vector<std::string> logs;  // the logs the processes opened, in the order they started
 };
 

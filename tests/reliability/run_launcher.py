@@ -141,7 +141,8 @@ def case_exit_status_tree(l):
                         f"{l.cg} run --no-summary --log {inner} -- {l.rt} P29; {l.rt} basic"])
     logs = listed_logs(err)
     expect(rc == 3 and "1 finding in this run" in err and inner in logs and
-           os.path.join(d, "outer.log") in logs, f"a launcher inside the run: rc {rc} {logs}\n{err}")
+           os.path.join(d, "outer.log") in logs,
+           f"a launcher inside the run: rc {rc} {logs}\n{err}")
 
 
 def case_log_unwritable(l):
@@ -207,7 +208,8 @@ def case_log_shared_sequential(l):
            f"logs {names}")
     pids = {check_own_log(os.path.join(d, n)) for n in names}
     expect(len(pids) == 2, f"two logs of one process: {pids}")
-    expect(int(names[1][len("same.log."):]) in pids, f"{names[1]} is not named after its pid {pids}")
+    expect(int(names[1][len("same.log."):]) in pids,
+           f"{names[1]} is not named after its pid {pids}")
     expect(listed_logs(err) == [os.path.join(d, n) for n in names], f"listed {listed_logs(err)}")
     # A later run replaces what an earlier run left, as before.
     rc, _, err = l.run(["--no-summary", "--log", log, "--", l.rt, "P29"])

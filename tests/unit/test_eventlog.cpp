@@ -427,7 +427,7 @@ TEST_CASE("After exit began, a write does not wait for a lock that is never give
   holder.join();
 }
 
-TEST_CASE("EventLog leaves a log another process holds or this run wrote; an earlier run's is replaced") {
+TEST_CASE("EventLog leaves a log held or written in this run; an earlier run's is replaced") {
   TempDir d;
   const std::string path = d / "same.log";
   bool taken = true;
