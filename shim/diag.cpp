@@ -19,7 +19,8 @@
 namespace cmg::shim {
 namespace {
 
-std::atomic<bool> g_exit_begun{false};
+std::atomic<bool> g_exit_begun{false};  // raw write(2) from now on: exit began, or a forked child
+std::atomic<bool> g_exiting{false};     // exit began
 std::mutex g_pending_mu;
 std::vector<std::pair<LogLevel, std::string>> *g_pending = nullptr;
 std::vector<std::string> *g_pending_lines = nullptr;
@@ -163,10 +164,17 @@ void print_finding(const Finding &f, Action action, int res, const char *api, bo
   diag_line(LogLevel::Warn,
             std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg +
                 (from_call ? " [" + what + "]" : std::string()),
-            finding_stack_lines(f, stack, static_cast<int>(s.opts.warn_frames), prefix()));
+            // Not once exit began: the symbolizer takes its cache's lock, which the thread a
+            // signal handler interrupted to call exit() may hold.
+            g_exiting.load(std::memory_order_acquire)
+                ? std::string()
+                : finding_stack_lines(f, stack, static_cast<int>(s.opts.warn_frames), prefix()));
 }
 
-void diag_exit_begun() { g_exit_begun.store(true, std::memory_order_release); }
+void diag_exit_begun() {
+  g_exiting.store(true, std::memory_order_release);
+  g_exit_begun.store(true, std::memory_order_release);
+}
 
 void diag_fork_prepare() { g_pending_mu.lock(); }
 void diag_fork_parent() { g_pending_mu.unlock(); }
