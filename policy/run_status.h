@@ -40,6 +40,25 @@ struct RunStatusRecord {
 };
 static_assert(sizeof(RunStatusRecord) <= 4096, "one page per process");
 
+// A record's identity (magic, layout, process) in zero-filled memory: the shim's mapping, or a
+// launcher's record handed up to an outer one.
+inline void start_run_status(RunStatusRecord &r, std::int64_t pid, std::uint64_t start_unix_ns) {
+  std::memcpy(r.magic, RunStatusRecord::kMagic, sizeof r.magic);
+  r.version = RunStatusRecord::kVersion;
+  r.size = sizeof(RunStatusRecord);
+  r.pid = pid;
+  r.start_unix_ns = start_unix_ns;
+  r.state = RunStatusRecord::Running;
+}
+
+// The log's path, cut to the record's room (log_cut says so).
+inline void set_run_status_log(RunStatusRecord &r, const char *path, std::size_t len) {
+  const std::size_t n = len < RunStatusRecord::kLogBytes ? len : RunStatusRecord::kLogBytes;
+  std::memcpy(r.log, path, n);
+  r.log_len = static_cast<std::uint32_t>(n);
+  r.log_cut = n < len;
+}
+
 // Whether bytes read back from a status file are a whole record of this layout.
 inline bool valid_run_status(const void *bytes, std::size_t n, RunStatusRecord &out) {
   if (n != sizeof(RunStatusRecord)) return false;

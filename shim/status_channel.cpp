@@ -64,12 +64,7 @@ void status_open() {
     return;
   }
   auto *r = static_cast<RunStatusRecord *>(m);  // zero-filled by ftruncate
-  std::memcpy(r->magic, RunStatusRecord::kMagic, sizeof r->magic);
-  r->version = RunStatusRecord::kVersion;
-  r->size = sizeof(RunStatusRecord);
-  r->pid = getpid();
-  r->start_unix_ns = s.start_unix_ns;
-  r->state = RunStatusRecord::Running;
+  start_run_status(*r, getpid(), s.start_unix_ns);
   g_rec.store(r, std::memory_order_release);
   status_findings();  // findings made before activation (the environment at load)
 }
@@ -77,10 +72,7 @@ void status_open() {
 void status_log(std::string_view path, bool opened) {
   RunStatusRecord *r = g_rec.load(std::memory_order_acquire);
   if (!r) return;
-  const std::size_t n = std::min(path.size(), RunStatusRecord::kLogBytes);
-  std::memcpy(r->log, path.data(), n);
-  r->log_len = static_cast<std::uint32_t>(n);
-  r->log_cut = n < path.size();
+  set_run_status_log(*r, path.data(), path.size());
   store32(r->log_state, opened ? 1 : 2);
 }
 

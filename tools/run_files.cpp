@@ -124,10 +124,7 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
   const std::size_t records = std::max<std::size_t>(1, t.logs.size());
   for (std::size_t k = 0; k < records; ++k) {
     RunStatusRecord r{};
-    std::memcpy(r.magic, RunStatusRecord::kMagic, sizeof r.magic);
-    r.version = RunStatusRecord::kVersion;
-    r.size = sizeof r;
-    r.pid = getpid();
+    start_run_status(r, getpid(), 0);
     r.state = RunStatusRecord::Exited;
     if (k == 0) {
       r.findings = t.findings;
@@ -135,10 +132,7 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
       std::memcpy(r.by_class, t.by_class, sizeof r.by_class);
     }
     if (k < t.logs.size()) {
-      const std::string &l = t.logs[k];
-      r.log_len = static_cast<std::uint32_t>(std::min(l.size(), RunStatusRecord::kLogBytes));
-      r.log_cut = l.size() > RunStatusRecord::kLogBytes;
-      std::memcpy(r.log, l.data(), r.log_len);
+      set_run_status_log(r, t.logs[k].data(), t.logs[k].size());
       r.log_state = 1;
     }
     // The names the shim uses, `<pid>.<n>`, past the ones a shim of this process could take.
