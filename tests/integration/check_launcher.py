@@ -5,9 +5,9 @@
 # SIGQUIT and SIGHUP passed on, `--log --` refused, -e values that cannot apply refused, the exit
 # summary after the program's own output on a pipe and naming leaks, suppressions (a vendor's
 # finding silenced and counted, the program's own kept; --suppressions; an unreadable file stops
-# the run), one rule for -e and the environment, each finding's stacks under its line (not with
-# --brief or a plain LD_PRELOAD), and a program built with -fsanitize=address whose runtime the
-# launcher puts first.
+# the run), one rule for -e and the environment, each finding's stacks under its line (a Python
+# program's own frames in them; not with --brief or a plain LD_PRELOAD), and a program built with
+# -fsanitize=address whose runtime the launcher puts first.
 #   check_launcher.py --cg CUMEMGUARD --build BUILD_DIR [--sanitized PROGRAM]
 import argparse
 import json
@@ -359,6 +359,38 @@ def live_stacks(e):
               f"the program's finding's stacks: {own}")
         check(re.search(r"#0 vendor_release\+0x[0-9a-f]+ \(libcmgvendor\.so\)$",
                         lines[at[0] + 1]), f"a frame's text: {lines[at[0] + 1]!r}")
+    # A Python program: its frames (qualified name, file, line) in place of the interpreter's
+    # eval frames, after the native frames of ctypes (bounded and counted in one line).
+    ex = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                      "double_free.py")
+    ex = os.path.realpath(ex)
+    src = open(ex).read().splitlines()
+    line_of = lambda text: next(i for i, l in enumerate(src, 1) if text in l)
+    # The interpreter itself, not a launcher script in front of it (pyenv's shims are bash
+    # scripts, and bash dies of SIGSEGV with ThreadSanitizer's runtime preloaded). LeakSanitizer
+    # tells CPython's leaks at exit by its allocator's names (tests/sanitizers/lsan.supp): an
+    # interpreter linked without libpython names none, so its run checks no leaks.
+    extra = {}
+    if "asan" in e.env.get("LD_PRELOAD", "") and "libpython" not in open("/proc/self/maps").read():
+        extra["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")
+    p = e.run(["run", "--no-summary", "--no-log", "-e", "CUMEMGUARD_WARN_FRAMES=2", "--",
+               sys.executable, ex], extra)
+    lines = p.stderr.splitlines()
+    at = [i for i, l in enumerate(lines) if ": warning: double-free in cudaFree" in l]
+    check(p.returncode == 0 and len(at) == 1, f"python: rc {p.returncode} {p.stderr[-800:]!r}")
+    if at:
+        block = [l.split("]: ", 1)[1] for l in lines[at[0] + 1:]
+                 if re.match(r"cumemguard\[\d+\]:   ", l)]
+        py = [(m.group(1), m.group(2), int(m.group(3))) for m in
+              (re.match(r"    #\d+ (\S+) \((.*):(\d+)\)$", b) for b in block) if m]
+        top = ("<module>", ex, line_of("sys.exit(main())"))
+        want = [("main", ex, line_of('"stale_free"')), top,
+                ("main", ex, line_of('print("malloc", rt.cudaMalloc')), top,
+                ("main", ex, line_of('print("free", rt.cudaFree')), top]
+        check(py == want and sum(b.startswith("    ... ") and b.endswith("native frames")
+                                 for b in block) == 3,
+              f"python frames under the finding: {py} (expected {want})\n{block}")
+
     # CUMEMGUARD_WARN_FRAMES bounds the frames per stack.
     p = e.run(["run", "--no-summary", "--no-log", "-e", "CUMEMGUARD_WARN_FRAMES=1", "--", e.supp,
                "both"])
