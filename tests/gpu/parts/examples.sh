@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The README's examples on the real driver: examples/double_free.py under `cumemguard run` (the
-# stale free caught by the debug profile's quarantine, printed with its stacks), the exporter/importer pair with PyTorch's
-# expandable segments through the bridge, and a program built with -fsanitize=address under
-# `cumemguard run` (its runtime preloaded first).   examples.sh BUILD OUT
+# stale free caught by the debug profile's quarantine, printed with its stacks and Python frames),
+# the exporter/importer pair with PyTorch's expandable segments through the bridge, and a program
+# built with -fsanitize=address under `cumemguard run` (its runtime preloaded first).
+#   examples.sh BUILD OUT
 set -u
 build=$1
 out=$2
@@ -22,6 +23,10 @@ grep -q "^same_address 0" "$out/double_free.txt" && grep -q "double-free" "$out/
 grep -Eq '^cumemguard\[[0-9]+\]:     #0 ' "$out/double_free.txt" && \
   grep -Eq '^cumemguard\[[0-9]+\]:   first free: ' "$out/double_free.txt" \
   || { echo "FAIL double_free.py: no stacks under the finding"; status=1; }
+# The call's stack names the script's own line of the stale free (the Python frame reader).
+stale=$(grep -n '"stale_free"' "$ex/double_free.py" | cut -d: -f1)
+grep -Eq "^cumemguard\[[0-9]+\]:     #[0-9]+ main \(.*/double_free\.py:$stale\)\$" \
+  "$out/double_free.txt" || { echo "FAIL double_free.py: no Python frame at :$stale"; status=1; }
 if python3 -c "import torch" 2>/dev/null; then
   rm -f "$out/h.json" "$out/h.json.done"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$cg" run --no-log -e CUMEMGUARD_IPC=bridge \
