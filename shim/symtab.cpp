@@ -4,10 +4,8 @@
 
 #include <cxxabi.h>
 #include <elf.h>
-#include <fcntl.h>
 #include <link.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "objects.h"
+#include "regular_file.h"
 
 namespace cmg::shim {
 namespace {
@@ -57,14 +56,17 @@ Cache &cache() {
 
 void load_symbols(Module &m) {
   m.loaded = true;
-  int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  struct stat st;
-  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(ElfW(Ehdr)))) {
+  // The path is the one the object was loaded from, but the file there may have been replaced
+  // since (deleted and re-created as a FIFO, a device): a blocking open would stop this thread,
+  // under the cache's lock, and fork()'s prepare handler behind it. Regular files only.
+  const RegularFile file = open_regular(m.path.c_str());
+  if (file.fd < 0) return;
+  const int fd = file.fd;
+  if (file.size < static_cast<off_t>(sizeof(ElfW(Ehdr)))) {
     ::close(fd);
     return;
   }
-  const auto size = static_cast<std::size_t>(st.st_size);
+  const auto size = static_cast<std::size_t>(file.size);
   void *p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return;

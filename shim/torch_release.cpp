@@ -5,7 +5,6 @@
 // first CUDA call (libtorch is loaded by then in a PyTorch program) or at the first allocation of
 // PyTorch's allocator, never on the call path after that.
 #include <dirent.h>
-#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "diag.h"
+#include "regular_file.h"
 #include "state.h"
 #include "torch_host.h"
 #include "torch_rules.h"
@@ -26,8 +26,10 @@ namespace {
 
 namespace tc = cmg::torchconf;
 
+// A FIFO planted as version.py or METADATA must not stop the host in open(2) at its first CUDA
+// call: regular files only (regular_file.h).
 std::optional<std::string> read_small(const std::string &path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_regular(path.c_str()).fd;
   if (fd < 0) return std::nullopt;
   std::string text;
   char buf[4096];

@@ -417,6 +417,40 @@ def case_interposer(r, before):
                    f"driver: {stderr_lines(err)}")
 
 
+def case_module_fifo(r):
+    """A dlopened plugin whose file is then replaced by a FIFO at the same path (deleted and made
+    again): the finding in it is symbolized to match the suppressions, which reads the module's
+    file. The host must not block in open(2) on the FIFO (it did, holding the symbolizer's lock,
+    and its fork() hung behind that), and must print what it prints without the shim."""
+    src = r.b.prog("tests", "reliability", "libfifo_plugin.so")
+    prog = r.b.prog("tests", "reliability", "module_fifo")
+    supp = os.path.join(r.tmp, "none.supp")
+    with open(supp, "w") as f:
+        f.write("double-free:no_such_function_anywhere\n")
+
+    def once(shim):
+        d = tempfile.mkdtemp(dir=r.tmp)
+        plugin = os.path.join(d, "libplugin.so")
+        with open(src, "rb") as i, open(plugin, "wb") as o:
+            o.write(i.read())
+        extra = {"CUMEMGUARD_MODE": "report", "CUMEMGUARD_SUPPRESSIONS": supp,
+                 "CUMEMGUARD_STACKS": "16"}
+        env = r.b.env(shim=shim, log=os.path.join(d, "log.%p") if shim else None, extra=extra)
+        rc, out, err = r.b.run([prog, plugin], env, timeout=60)
+        expect(stat.S_ISFIFO(os.stat(plugin).st_mode), "the plugin's path is not a FIFO")
+        return rc, out, err, d
+
+    rc0, out0, err0, _ = once(False)
+    expect(rc0 == 0 and "free1 0" in out0 and "child 7" in out0,
+           f"without the shim: exit {rc0}: {out0} {err0}")
+    rc, out, err, d = once(True)
+    expect(rc == 0, f"under the shim: exit {rc}: {err[-2000:]}")
+    expect(out == out0, f"under the shim the program printed {out!r}, without it {out0!r}")
+    recs = [x for p in logs_in(d) for x in read_log(p)[0]]
+    found = [x for x in recs if x.get("k") == "finding" and x.get("class") == "double-free"]
+    expect(len(found) == 1, f"{len(found)} double-free findings in the logs, expected 1")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -443,6 +477,7 @@ def main():
         "disk-tmpfs": case_disk_tmpfs,
         "interposer-before": lambda r: case_interposer(r, True),
         "interposer-after": lambda r: case_interposer(r, False),
+        "module-fifo": case_module_fifo,
     }
     return run_case(a.case, lambda: cases[a.case](Runner(b, tmp)), tmp)
 

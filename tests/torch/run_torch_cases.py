@@ -65,6 +65,10 @@ CASES = {
     "release-2.11-unified": dict(env={"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
                                  release="2.11.0+cu130", steps=["seg:2:vmm"], findings=[],
                                  note="PyTorch 2.11.0+cu130 is loaded (version from "),
+    # torch/version.py replaced by a FIFO: the shim must not block in open(2) on it at the first
+    # CUDA call (it did); the release is then not known, and nothing is claimed about it.
+    "release-fifo": dict(env={"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+                         release="2.9.1+cu128", fifo=True, steps=["seg:2:vmm"], findings=[]),
     "release-2.5.1-nocache0": dict(env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"},
                                    release="2.5.1", steps=["seg:1:linear"], findings=[
         ("config", ["torch 2.5.1 (", "PYTORCH_NO_CUDA_MEMORY_CACHING='0' turns the CUDA caching "
@@ -118,8 +122,12 @@ def main():
         os.makedirs(os.path.join(tmp, "site", "torch", "lib"))
         shutil.copy(lib, os.path.join(tmp, "site", "torch", "lib"))
         lib = os.path.join(tmp, "site", "torch", "lib", "libc10_cuda.so")
-        with open(os.path.join(tmp, "site", "torch", "version.py"), "w") as f:
-            f.write(f"__version__ = '{c['release']}'\ndebug = False\n")
+        version_py = os.path.join(tmp, "site", "torch", "version.py")
+        if c.get("fifo"):
+            os.mkfifo(version_py)
+        else:
+            with open(version_py, "w") as f:
+                f.write(f"__version__ = '{c['release']}'\ndebug = False\n")
     prog = os.path.join(build, "tests", "torch", "torch_path_cases")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CUMEMGUARD_", "FAKECUDA_", "PYTORCH_"))}
