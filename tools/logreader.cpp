@@ -5,7 +5,6 @@
 // (json_bounded.h); nothing recurses on input.
 #include "logreader.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "json_bounded.h"
+#include "log_files.h"
 #include "logfields.h"
 #include "options.h"
 
@@ -139,14 +139,22 @@ struct LogReader::Impl {
   bool opened = false;
 
   // The line buffer: [begin, end) holds unread bytes; SIMDJSON_PADDING readable bytes follow
-  // the capacity, as simdjson requires after a document.
+  // the capacity, as simdjson requires after a document. `usual` is the size it starts at and
+  // comes back to after a longer line; it is freed when the log has been read to its end.
   std::vector<char> buf;
-  std::size_t cap = 0, begin = 0, end = 0;
-  bool eof = false, skipping = false;
+  std::size_t cap = 0, begin = 0, end = 0, usual = kMaxBuffer;
+  bool eof = false, skipping = false, finished = false;
 
-  od::parser parser;
-  od::parser aux;  // re-reads a finding's bounded arguments
-  simdjson::padded_string aux_text;
+  // One pair of parsers for every log of the process: a parser keeps the capacity of the longest
+  // document it read (four bytes of index per byte of it), which thousands of logs must not each
+  // hold. A line is parsed and interpreted before the next is read, so sharing them is safe.
+  od::parser &parser = shared_parser(0);
+  od::parser &aux = shared_parser(1);  // re-reads a finding's bounded arguments
+
+  static od::parser &shared_parser(int which) {
+    thread_local od::parser parsers[2];
+    return parsers[which];
+  }
 
   struct Pending {
     Event e;
@@ -178,9 +186,36 @@ struct LogReader::Impl {
     buf.resize(cap + simdjson::SIMDJSON_PADDING);
   }
 
+  // Back to the usual size once what is unread fits in it (after a line longer than that).
+  void shrink() {
+    if (cap <= usual || end - begin > usual) return;
+    std::memmove(buf.data(), buf.data() + begin, end - begin);
+    end -= begin;
+    begin = 0;
+    cap = usual;
+    std::vector<char> smaller(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(end));
+    smaller.resize(cap + simdjson::SIMDJSON_PADDING);
+    buf.swap(smaller);
+  }
+
+  // The end of the log: its buffer and its descriptor are given back.
+  void finish() {
+    finished = true;
+    std::vector<char>().swap(buf);
+    cap = begin = end = 0;
+    src->release();
+  }
+
   // The next line without its '\n'; false at the end (or on a read error).
   bool next_line(std::string_view &line, bool &unterminated) {
-    if (buf.empty()) grow(std::size_t{1} << 20);
+    if (finished) return false;
+    if (buf.empty()) {
+      // No larger than the file (and its padding): a log of 2 KB costs 4 KiB, not a megabyte.
+      std::size_t want = usual;
+      if (auto n = src->size_hint(); n && *n + 1 < want)
+        want = std::max<std::size_t>(kMinBuffer, *n + 1);
+      grow(want);
+    }
     for (;;) {
       if (const void *nl = std::memchr(buf.data() + begin, '\n', end - begin)) {
         const std::size_t at = static_cast<const char *>(nl) - buf.data();
@@ -200,31 +235,36 @@ struct LogReader::Impl {
           unterminated = true;
           return true;
         }
+        finish();
         return false;
       }
+      shrink();
       if (begin > 0) {
         std::memmove(buf.data(), buf.data() + begin, end - begin);
         end -= begin;
         begin = 0;
       }
       if (end == cap) {
-        if (cap >= kMaxLine) {
+        if (cap > kMaxLine) {
           // One line longer than any the shim writes: skipped, and counted.
           ++log.overlong;
           ++log.malformed;
           skipping = true;
           end = 0;
         } else {
-          grow(std::min(cap * 2, kMaxLine));
+          grow(std::min(cap * 2, kMaxLine + 1));  // a line of kMaxLine bytes and its '\n' fit
         }
       }
       const long n = src->read(buf.data() + end, cap - end);
       if (n < 0) {
         status = ReadStatus::Unreadable;
-        // errno is what the failed read(2) left: EISDIR for a directory, EIO for a bad disk.
-        error = std::string("cannot read: ") + std::strerror(errno ? errno : EIO);
+        // errno is what the failed read(2) left: EIO for a bad disk, ESTALE for a log replaced
+        // by another file while the report read it.
+        const int e = errno ? errno : EIO;
+        error = std::string("cannot read: ") +
+                (e == ESTALE ? "the file was replaced while it was read" : std::strerror(e));
         eof = true;
-        begin = end = 0;
+        finish();
         return false;
       }
       if (n == 0) eof = true;
@@ -486,7 +526,7 @@ struct LogReader::Impl {
   }
 
   bool aux_args(std::string_view raw, ArgsInfo &a) {
-    aux_text = simdjson::padded_string(raw);
+    const simdjson::padded_string aux_text(raw);
     od::document doc;
     if (aux.iterate(aux_text).get(doc) != SUCCESS) return false;
     od::object o;
@@ -518,6 +558,12 @@ struct LogReader::Impl {
       }
       ++log.records;
       if (!record(f, on_leak)) ++log.malformed;
+      // A parser keeps the capacity of its longest document: back to a usual one after a long
+      // line, so that one 16 MiB line does not hold 80 MB for the rest of the report.
+      if (line.size() > kMaxBuffer) {
+        [[maybe_unused]] const auto a = parser.allocate(kMaxBuffer);
+        [[maybe_unused]] const auto b = aux.allocate(kMaxBuffer);
+      }
     }
   }
 };
@@ -554,6 +600,10 @@ bool LogReader::open() {
   return d.header(line);
 }
 
+void LogReader::set_buffer(std::size_t bytes) {
+  impl_->usual = std::clamp(bytes, kMinBuffer, kMaxBuffer);
+}
+
 ReadStatus LogReader::status() const {
   return impl_->status;
 }
@@ -588,14 +638,6 @@ Log &LogReader::log() {
 
 const Log &LogReader::log() const {
   return impl_->log;
-}
-
-std::unique_ptr<LogReader> open_log_file(const std::string &path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return std::make_unique<LogReader>(nullptr, path,
-                                       std::string("cannot open: ") + std::strerror(errno));
-  return std::make_unique<LogReader>(fd_source(fd, true), path);
 }
 
 ReadResult read_all(LogReader &r) {

@@ -22,7 +22,7 @@ namespace cmg::report {
 inline constexpr std::int64_t kLogFormat = 1;
 
 // Bounds on what one record can make the report hold or print.
-inline constexpr std::size_t kMaxLine = std::size_t{64} << 20;  // longer lines are skipped
+inline constexpr std::size_t kMaxLine = std::size_t{16} << 20;  // longer lines are skipped
 inline constexpr std::size_t kMaxText = 4096;                   // one string field, as kept
 inline constexpr std::size_t kMaxValueDepth = 32;               // free-form JSON values
 inline constexpr std::size_t kMaxValueBytes = 8192;
@@ -31,6 +31,12 @@ inline constexpr std::size_t kMaxPyFrames = 256; // Python frames kept per stack
 inline constexpr std::size_t kMaxPyCodes = 1u << 20;  // code objects kept per log
 inline constexpr std::size_t kMaxRelated = 32;   // related events kept per finding
 inline constexpr std::size_t kMaxListed = 1000;  // notes, configs, modules per log
+// The line buffer of one log: kMaxBuffer, or less when the file is smaller or the report reads
+// many logs (set_buffer); it grows for a longer line, up to kMaxLine, and shrinks back after it.
+inline constexpr std::size_t kMaxBuffer = std::size_t{1} << 20;
+inline constexpr std::size_t kMinBuffer = std::size_t{4} << 10;
+// All logs' buffers together stay within this (kMaxBuffer each for up to 64 logs).
+inline constexpr std::size_t kBufferBudget = std::size_t{64} << 20;
 // Events are released in seq order once this many are waiting (threads stamp their seq before
 // they write their line, so lines can come slightly out of order).
 inline constexpr std::size_t kReorderWindow = 65536;
@@ -252,6 +258,10 @@ class ByteSource {
   virtual ~ByteSource() = default;
   // Like read(2): bytes read, 0 at the end, -1 with errno set on an error.
   virtual long read(char *buf, std::size_t n) = 0;
+  // The size of a file, when the source is one: no buffer larger than the file is allocated.
+  virtual std::optional<std::uint64_t> size_hint() const { return std::nullopt; }
+  // The reader is done with it: a descriptor is given back now, not when the report ends.
+  virtual void release() {}
 };
 std::unique_ptr<ByteSource> fd_source(int fd, bool owned);
 std::unique_ptr<ByteSource> text_source(std::string_view text);
@@ -266,6 +276,9 @@ class LogReader {
 
   // Reads the header. False when the input is not a log this reader can read (status, error).
   bool open();
+  // The usual size of the line buffer (kMinBuffer..kMaxBuffer; default kMaxBuffer); set before
+  // open(). The report gives each of many logs a share of kBufferBudget.
+  void set_buffer(std::size_t bytes);
   ReadStatus status() const;
   const std::string &error() const;  // one line, without the file name, when status != Ok
 
@@ -282,9 +295,6 @@ class LogReader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Opens a log file for reading (unreadable: status Unreadable on open()).
-std::unique_ptr<LogReader> open_log_file(const std::string &path);
 
 // Whole-log reading, for tests and small tools: every event and leak in memory.
 struct ReadResult {

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "cmg_config.h"
+#include "log_files.h"
 #include "report_model.h"
 
 namespace cmg {
@@ -158,6 +159,10 @@ int report_main(int argc, char **argv) {
   try {
     // Every log is read even when one fails: in a multi-rank run the ranks that did write a log
     // still explain the crash. The failures are named on stderr and raise the exit status.
+    // Bounded whatever the number of logs: descriptors (log_files.h) and line buffers (a share
+    // of kBufferBudget each). Declared before the readers: they give their descriptors back to it.
+    FilePool pool(FilePool::default_limit());
+    const std::size_t share = kBufferBudget / std::max<std::size_t>(files.size(), 1);
     std::vector<std::unique_ptr<LogReader>> readers;
     std::vector<LogError> errors;
     std::vector<std::string> duplicates;
@@ -182,8 +187,9 @@ int report_main(int argc, char **argv) {
             continue;
           }
         }
-        r = open_log_file(f);
+        r = open_log_file(f, &pool);
       }
+      r->set_buffer(share);
       if (!r->open()) {
         std::cerr << "cumemguard report: " << shown << ": " << r->error() << "\n";
         errors.push_back({shown, r->error(), kExitNoInput});
@@ -234,6 +240,13 @@ int report_main(int argc, char **argv) {
 
     Model m = read_model(std::move(readers), std::move(errors), opt, trace.get());
     m.duplicates = std::move(duplicates);
+    // Said where a --json or --html user sees it too: these lines were not read at all.
+    for (const auto &l : m.logs)
+      if (l.overlong)
+        std::cerr << "cumemguard report: " << l.file << ": skipped "
+                  << (l.overlong == 1 ? std::string("1 line") : fmt::format("{} lines", l.overlong))
+                  << " over " << (kMaxLine >> 20)
+                  << " MiB (no record the shim writes is that long)\n";
     if (trace_file) {
       if (std::fclose(trace_file) != 0 || trace_failed) {
         cannot_write(opt.trace_path, "trace");

@@ -142,11 +142,169 @@ def case_no_overwrite(exe, tmp):
         json.load(f)
 
 
+def finding_log(path, pid, rank=-1, extra=()):
+    """A small complete log: two allocations, a free, a double free, one leak, summary and end."""
+    hdr = dict(HEADER, pid=pid, rank=rank, start_unix_ns=HEADER["start_unix_ns"] + pid)
+    write_log(path, [
+        {"k": "module", "path": "/opt/train/libtrain.so", "base": "0x7f0000000000",
+         "size": 1 << 20},
+        {"k": "stack", "id": 1, "pcs": ["0x7f0000001000", "0x7f0000002000"]},
+        {"k": "call", "seq": 1, "ts": 10, "tid": pid, "api": "cudaMalloc", "res": 0, "dur": 5,
+         "args": {"ptr": "0x7f1000000000", "size": 4096}, "dev": 0, "mem": "linear",
+         "delta": 4096, "stack": 1},
+        {"k": "call", "seq": 2, "ts": 20, "tid": pid, "api": "cudaMalloc", "res": 0, "dur": 5,
+         "args": {"ptr": "0x7f1000001000", "size": 4096}, "dev": 0, "mem": "linear",
+         "delta": 4096, "stack": 1},
+        {"k": "call", "seq": 3, "ts": 30, "tid": pid, "api": "cudaFree", "res": 0, "dur": 5,
+         "args": {"ptr": "0x7f1000000000"}, "dev": 0, "mem": "linear", "delta": -4096,
+         "stack": 1},
+        {"k": "finding", "seq": 4, "ts": 40, "tid": pid, "class": "double-free",
+         "api": "cudaFree", "action": "skip", "args": {"ptr": "0x7f1000000000"},
+         "msg": "cudaFree of 0x7f1000000000, already freed at seq 3", "stack": 1},
+        *extra,
+        {"k": "leak", "what": "allocation", "api": "cudaMalloc", "ptr": "0x7f1000001000",
+         "size": 4096, "dev": 0, "seq": 2, "stack": 1},
+        {"k": "summary", "ts": 50, "calls": {"cudaMalloc": 2, "cudaFree": 1},
+         "findings": {"double-free": 1}},
+        {"k": "end", "ts": 60}], header=hdr)
+
+
+def report_limited(exe, args, tmp, nofile=None, timeout=120):
+    """Runs the report under RLIMIT_NOFILE `nofile` (when given), its output in files (a pipe's
+    buffer would stop it), and returns (status, stdout, stderr)."""
+    import resource
+
+    def limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    out_path, err_path = os.path.join(tmp, "report.out"), os.path.join(tmp, "report.err")
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        p = subprocess.Popen([exe, "report"] + args, stdout=out, stderr=err, preexec_fn=limit,
+                             cwd=tmp)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise Failure(f"cumemguard report: no exit within {timeout} s (hung)")
+    with open(out_path, "rb") as f:
+        out = f.read()
+    with open(err_path, "rb") as f:
+        err = f.read()
+    return p.returncode, out, err
+
+
+def peak_rss(exe, args, tmp, nofile=None):
+    """Peak RSS (bytes) of `cumemguard report ARGS`, measured by a helper process whose only
+    child is the report (RUSAGE_CHILDREN of that helper)."""
+    code = ("import resource, subprocess, sys\n"
+            "n = int(sys.argv[1])\n"
+            "def lim():\n"
+            "    if n: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))\n"
+            "subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,"
+            " preexec_fn=lim, timeout=120)\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(nofile or 0), exe, "report"] + args,
+                       stdout=subprocess.PIPE, text=True, timeout=180, cwd=tmp)
+    expect(p.returncode == 0, f"the RSS helper failed: {p.returncode}")
+    return int(p.stdout.strip())
+
+
+def case_log_fifo(exe, tmp):
+    """A FIFO given as a log (planted under a log's name, no writer): the report blocked in
+    open(2). Now: refused at once, the other logs still read."""
+    fifo, good = os.path.join(tmp, "cumemguard.x.1.log"), os.path.join(tmp, "good.log")
+    os.mkfifo(fifo)
+    finding_log(good, 4242)
+    rc, out, err = report(exe, [fifo, good], timeout=30)
+    expect(rc == 66, f"exit status {rc}, expected 66 (a log could not be read): {err!r}")
+    lines = err.decode().strip().splitlines()
+    expect(lines == [f"cumemguard report: {fifo}: cannot open: not a regular file (a FIFO); a "
+                     "pipe is read as '-' on standard input"], f"stderr: {lines}")
+    expect(b"Findings: 1 in 1 class" in out, "the readable log was not reported:\n" + out.decode())
+    # Read as the pipe it is: the report takes it on standard input.
+    with open(good, "rb") as f:
+        p = subprocess.run([exe, "report", "-"], stdin=f, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+    expect(p.returncode == 1 and b"Findings: 1 in 1 class" in p.stdout, "stdin not read")
+
+
+def case_log_dev_zero(exe, tmp):
+    """A log that is a symbolic link to /dev/zero: the report read it forever (a line of NULs
+    that never ends). Now: refused after one fstat."""
+    link, good = os.path.join(tmp, "cumemguard.z.1.log"), os.path.join(tmp, "good.log")
+    os.symlink("/dev/zero", link)
+    finding_log(good, 4242)
+    for args in ([link, good], ["--json", link, good]):
+        rc, out, err = report(exe, args, timeout=30)
+        expect(rc == 66, f"{args[0]}: exit status {rc}, expected 66: {err!r}")
+        expect(err.decode().strip().splitlines() ==
+               [f"cumemguard report: {link}: cannot open: not a regular file (a character "
+                "device)"], f"stderr: {err!r}")
+        expect(len(out) < 1 << 20, f"{len(out)} bytes of output")
+    doc = json.loads(out)
+    expect(doc["errors"][0]["file"] == link and doc["findings"]["count"] == 1,
+           f"JSON errors {doc['errors']}, findings {doc['findings']['count']}")
+
+
+def case_many_logs(exe, tmp):
+    """2,000 rank logs (a torchrun/Slurm job's) under the usual limit of 1,024 descriptors: the
+    report opened them all at once (981 failed with EMFILE, status 66) and gave each a 1 MiB
+    buffer (1 GB of RSS). Now: a bounded pool of descriptors and small buffers, every log read."""
+    n = 2000
+    d = os.path.join(tmp, "logs")
+    os.mkdir(d)
+    for r in range(n):
+        finding_log(os.path.join(d, f"rank{r:04d}.log"), 10000 + r, rank=r)
+    logs = [os.path.join("logs", f"rank{r:04d}.log") for r in range(n)]
+    for nofile in (1024, 32):
+        rc, out, err = report_limited(exe, ["--json"] + logs, tmp, nofile=nofile)
+        expect(rc == 1, f"RLIMIT_NOFILE {nofile}: exit status {rc}, expected 1 (findings): "
+                        f"{err[-400:]!r}")
+        expect(not err, f"RLIMIT_NOFILE {nofile}: stderr {err[-400:]!r}")
+        doc = json.loads(out)
+        calls = {c["api"]: c["count"] for c in doc["calls"]}
+        expect((len(doc["logs"]), doc["findings"]["count"], doc["leaks"]["count"]) == (n, n, n),
+               f"RLIMIT_NOFILE {nofile}: {len(doc['logs'])} logs, {doc['findings']['count']} "
+               f"findings, {doc['leaks']['count']} leaks; expected {n} of each")
+        expect(calls == {"cudaMalloc": 2 * n, "cudaFree": n}, f"calls {calls}")
+    rss = peak_rss(exe, logs, tmp, nofile=1024)
+    # docs/report.md, "Reading at scale": 31 MB measured for these 2,000 logs of 1.4 KB.
+    expect(rss < 100 << 20, f"peak RSS {rss >> 20} MiB for {n} small logs (limit 100 MiB)")
+    print(f"many-logs: {n} logs, peak RSS {rss / (1 << 20):.1f} MiB")
+
+
+def case_overlong_line(exe, tmp):
+    """A 17 MiB line: skipped (over 16 MiB, as documented; it was parsed, up to 64 MiB, costing
+    five times its size), said on stderr, and the records after it still read."""
+    log = os.path.join(tmp, "long.log")
+    big = '{"k":"note","ts":5,"level":"info","msg":"' + "x" * (17 << 20) + '"}'
+    finding_log(log, 4242, extra=[big])
+    rc, out, err = report(exe, ["--json", log], timeout=60)
+    expect(rc == 1, f"exit status {rc}, expected 1: {err[-300:]!r}")
+    expect(err.decode().strip().splitlines() ==
+           [f"cumemguard report: {log}: skipped 1 line over 16 MiB (no record the shim writes is "
+            "that long)"], f"stderr {err!r}")
+    doc = json.loads(out)
+    l = doc["logs"][0]
+    expect((l["overlong_lines"], l["malformed_lines"], doc["leaks"]["count"], l["status"]) ==
+           (1, 1, 1, "complete"), f"log {l}, leaks {doc['leaks']['count']}")
+    rss = peak_rss(exe, [log], tmp)
+    # The line buffer grows to 16 MiB and no further; nothing parses the line.
+    expect(rss < 64 << 20, f"peak RSS {rss >> 20} MiB for one 17 MiB line (limit 64 MiB)")
+    print(f"overlong-line: peak RSS {rss / (1 << 20):.1f} MiB")
+
+
 CASES = {
     "fifo-module": case_fifo_module,
     "escapes": case_escapes,
     "deep-nesting": case_deep_nesting,
     "no-overwrite": case_no_overwrite,
+    "log-fifo": case_log_fifo,
+    "log-dev-zero": case_log_dev_zero,
+    "many-logs": case_many_logs,
+    "overlong-line": case_overlong_line,
 }
 
 
