@@ -52,4 +52,20 @@ RegularFile open_regular(const char *path, bool nofollow) {
   return r;
 }
 
+std::optional<std::string> read_regular(const std::string &path, std::size_t max_bytes) {
+  const RegularFile f = open_regular(path.c_str());
+  if (f.fd < 0) return std::nullopt;
+  std::string text;
+  char buf[4096];
+  while (text.size() < max_bytes) {
+    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(f.fd);
+  if (text.size() > max_bytes) text.resize(max_bytes);
+  return text;
+}
+
 }  // namespace cmg

@@ -8,6 +8,10 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
+#include <optional>
+#include <string>
+
 namespace cmg {
 
 struct RegularFile {
@@ -24,5 +28,9 @@ struct RegularFile {
 // then fstat(2)s it: anything but a regular file is closed and refused. O_NONBLOCK stays set; it
 // changes nothing for a regular file. Allocates nothing.
 RegularFile open_regular(const char *path, bool nofollow = false);
+
+// The first `max_bytes` of a regular file (open_regular), or nullopt when it is not one or cannot
+// be read. For the small text files the product reads by path (version.py, METADATA).
+std::optional<std::string> read_regular(const std::string &path, std::size_t max_bytes);
 
 }  // namespace cmg

@@ -29,18 +29,7 @@ namespace tc = cmg::torchconf;
 // A FIFO planted as version.py or METADATA must not stop the host in open(2) at its first CUDA
 // call: regular files only (regular_file.h).
 std::optional<std::string> read_small(const std::string &path) {
-  const int fd = open_regular(path.c_str()).fd;
-  if (fd < 0) return std::nullopt;
-  std::string text;
-  char buf[4096];
-  while (text.size() < (64u << 10)) {
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-  }
-  close(fd);
-  return text;
+  return read_regular(path, 64u << 10);
 }
 
 std::vector<std::string> list_dir(const std::string &dir) {

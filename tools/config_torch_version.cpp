@@ -18,8 +18,8 @@
 #include <chrono>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
-#include <sstream>
+
+#include "regular_file.h"
 
 namespace cmg {
 namespace {
@@ -62,14 +62,10 @@ std::optional<std::string> resolve(
   return std::nullopt;
 }
 
+// Regular files only, opened without blocking: a FIFO planted as torch/version.py would stop
+// `cumemguard config` in open(2) (regular_file.h).
 std::optional<std::string> read_small(const std::string &p) {
-  std::ifstream f(p);
-  if (!f) return std::nullopt;
-  std::ostringstream s;
-  s << f.rdbuf();
-  std::string t = s.str();
-  if (t.size() > (1u << 20)) t.resize(1u << 20);
-  return t;
+  return read_regular(p, 1u << 20);
 }
 
 std::vector<std::string> list_dir(const std::string &d) {

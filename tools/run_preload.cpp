@@ -13,9 +13,11 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "regular_file.h"
 
 namespace cmg::tools {
 namespace {
@@ -93,21 +95,14 @@ std::vector<std::string> needed_of(int fd) {
 
 // The interpreter a `#!` line names, resolved: `#!/usr/bin/env [-S] [VAR=value...] python3 -u`
 // gives python3 from PATH.
-// Read as elf_needed reads: without blocking (a FIFO at the program's path must not hang the
-// launcher before it has even started the program), a regular file only, one bounded line.
+// The file is read only if it is a regular one, without blocking: `#!/tmp/x` may name a FIFO.
 std::string interpreter_of(const std::string &path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return {};
-  struct stat st;
-  char head[4096 + 2];
-  ssize_t got = 0;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) got = ::pread(fd, head, sizeof head, 0);
-  ::close(fd);
-  if (got < 2 || head[0] != '#' || head[1] != '!') return {};
-  const std::string_view rest(head + 2, static_cast<std::size_t>(got) - 2);
-  const std::size_t eol = rest.find('\n');
-  if (eol == std::string_view::npos && rest.size() >= sizeof head - 2) return {};  // over 4 KiB
-  const std::string line(rest.substr(0, eol));
+  const std::optional<std::string> head = read_regular(path, 4100);
+  if (!head || head->size() < 2 || (*head)[0] != '#' || (*head)[1] != '!') return {};
+  const std::size_t nl = head->find('\n');
+  if (nl == std::string::npos && head->size() > 4096) return {};
+  const std::string line = head->substr(2, nl == std::string::npos ? std::string::npos : nl - 2);
+  if (line.size() > 4096) return {};
   std::vector<std::string> words;
   std::size_t i = 0;
   while (i < line.size()) {

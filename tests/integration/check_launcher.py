@@ -6,8 +6,9 @@
 # summary after the program's own output on a pipe and naming leaks, suppressions (a vendor's
 # finding silenced and counted, the program's own kept; --suppressions; an unreadable file stops
 # the run), one rule for -e and the environment, each finding's stacks under its line (a Python
-# program's own frames in them; not with --brief or a plain LD_PRELOAD), and a program built with
-# -fsanitize=address whose runtime the launcher puts first.
+# program's own frames in them; not with --brief or a plain LD_PRELOAD), a program built with
+# -fsanitize=address whose runtime the launcher puts first, and a script whose interpreter is a
+# FIFO.
 #   check_launcher.py --cg CUMEMGUARD --build BUILD_DIR [--sanitized PROGRAM]
 import argparse
 import json
@@ -437,6 +438,28 @@ def sanitized(e):
           f"ASan still reports under run: rc {p2.returncode} {p2.stderr[-300:]!r}")
 
 
+def interpreter_fifo(e):
+    """A script whose `#!` line names a FIFO: the launcher reads that line to find a sanitizer
+    runtime, and blocked in open(2) on the FIFO before the program started. Now the kernel's own
+    refusal comes back at once, as without the launcher (126, permission denied)."""
+    d = e.logdir()
+    fifo, script = os.path.join(d, "fifo"), os.path.join(d, "script")
+    os.mkfifo(fifo)
+    with open(script, "w") as f:
+        f.write(f"#!{fifo}\n")
+    os.chmod(script, 0o755)
+    plain = subprocess.run(["sh", "-c", '"$0"', script], env=e.env, timeout=30,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p = e.run(["run", "--no-log", "--no-summary", "--", script], timeout=30)
+    except subprocess.TimeoutExpired:
+        check(False, "run of a script whose interpreter is a FIFO: no exit within 30 s (hung)")
+        return
+    check(plain.returncode == 126 and p.returncode == 126 and "Permission denied" in p.stderr,
+          f"interpreter FIFO: rc {p.returncode} (without the launcher {plain.returncode}) "
+          f"{p.stderr!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cg", required=True)
@@ -444,7 +467,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, option_rule, live_stacks, sanitized):
+                 suppressions, option_rule, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed")

@@ -185,6 +185,18 @@ TEST_CASE("config: the installed torch is found without importing it", "[config_
   }
 }
 
+TEST_CASE("config: a FIFO as torch/version.py is not opened blocking", "[config_torch]") {
+  TempDir d;
+  d.write("sp/torch/__init__.py", "");
+  // No writer will ever come: a blocking open(2) of it never returned.
+  REQUIRE(mkfifo((d.path + "/sp/torch/version.py").c_str(), 0600) == 0);
+  d.write("bin/python3", "#!/bin/sh\nprintf '%s' \"$SITE/torch\"\n", true);
+  const auto j =
+      run({"--json", "--python", d.path + "/bin/python3"}, {"SITE=" + d.path + "/sp"}).json();
+  CHECK(j["torch"]["torch_version"]["judged"] == "2.11.0");
+  CHECK(j["torch"]["torch_version"]["source"].get<std::string>().rfind("default", 0) == 0);
+}
+
 TEST_CASE("config: no torch found, and bad arguments", "[config_torch]") {
   // No PATH in the evaluated environment: the grammar's own release, saying why.
   const auto j = run({"--json"}).json();
