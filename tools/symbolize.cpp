@@ -14,11 +14,12 @@
 #include <optional>
 #include <unordered_map>
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+
+#include "regular_file.h"
 
 namespace cmg::report {
 namespace {
@@ -67,9 +68,43 @@ std::string hex_bytes(const unsigned char *p, int n) {
 // NULL means libdwfl's default search (/usr/lib/debug, .gnu_debuglink next to the file).
 char *g_debuginfo_path = nullptr;
 
+// Where the symbolizer looking up a module now keeps its warnings (set by resolve()).
+thread_local std::vector<std::string> *t_warnings = nullptr;
+
+// libdwfl's standard search for a module's separate debug information opens each candidate with
+// a blocking open(2): the .gnu_debuglink name (or FILE.debug) beside the module, in .debug/ there
+// and under /usr/lib/debug (elfutils 0.188, libdwfl/find-debuginfo.c, DEFAULT_DEBUGINFO_PATH
+// ":.debug:/usr/lib/debug"). A FIFO planted at one of them beside a module the log names stopped
+// the report. Those paths are looked at first; when one is there and is not a regular file, the
+// module is read without separate debug information.
+int find_debuginfo(Dwfl_Module *mod, void **userdata, const char *modname, GElf_Addr base,
+                   const char *file_name, const char *debuglink_file, GElf_Word debuglink_crc,
+                   char **debuginfo_file_name) {
+  if (file_name && *file_name) {
+    const std::string file(file_name);
+    const auto slash = file.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : file.substr(0, slash);
+    const std::string link =
+        debuglink_file && *debuglink_file ? debuglink_file : basename_of(file) + ".debug";
+    std::string tried[3] = {dir + "/" + link, dir + "/.debug/" + link, {}};
+    if (!dir.empty() && dir[0] == '/') tried[2] = "/usr/lib/debug" + dir + "/" + link;
+    for (const std::string &c : tried) {
+      struct stat st {};
+      if (c.empty() || ::stat(c.c_str(), &st) != 0 || S_ISREG(st.st_mode)) continue;
+      if (t_warnings)
+        t_warnings->push_back(
+            fmt::format("{}: not a regular file; the debug information of {} is not looked for",
+                        clean(c), clean(file)));
+      return -1;
+    }
+  }
+  return dwfl_standard_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
+                                      debuglink_crc, debuginfo_file_name);
+}
+
 const Dwfl_Callbacks kOfflineCallbacks = {
     .find_elf = dwfl_build_id_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .find_debuginfo = find_debuginfo,
     .section_address = dwfl_offline_section_address,
     .debuginfo_path = &g_debuginfo_path,
 };
@@ -77,14 +112,13 @@ const Dwfl_Callbacks kOfflineCallbacks = {
 // The module file as a descriptor for libdwfl: -1 when it cannot be opened, -2 when it is not a
 // regular file of some size.
 int open_module(const std::string &path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return -1;
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-    ::close(fd);
+  const RegularFile f = open_regular(path.c_str());
+  if (f.fd < 0) return f.error ? -1 : -2;
+  if (f.size <= 0) {
+    ::close(f.fd);
     return -2;
   }
-  return fd;
+  return f.fd;
 }
 
 }  // namespace
@@ -256,6 +290,10 @@ struct Symbolizer::Impl {
   }
 
   std::vector<Frame> resolve(std::uint64_t pc) {
+    struct Warn {  // the debuginfo callback's warnings go here while this lookup runs
+      explicit Warn(std::vector<std::string> *w) { t_warnings = w; }
+      ~Warn() { t_warnings = nullptr; }
+    } warn(&warnings);
     Frame f;
     f.pc = pc;
     int i = find(pc);

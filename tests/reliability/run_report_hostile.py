@@ -142,6 +142,38 @@ def case_no_overwrite(exe, tmp):
         json.load(f)
 
 
+def case_debuglink_fifo(exe, tmp):
+    """A FIFO where libdwfl looks for a module's separate debug information (MODULE.debug beside
+    it, or in .debug/ there): its standard search opened it blocking and the report hung. Now the
+    module is symbolized from its own symbols and a warning names the FIFO."""
+    src = os.path.join(os.path.dirname(exe), "..", "tests", "reliability", "libfifo_plugin.so")
+    mod = os.path.join(tmp, "libplugin.so")
+    # Without its DWARF, as a distribution ships it: libdwfl then searches for the debug file.
+    subprocess.run(["objcopy", "--strip-debug", src, mod], check=True)
+    os.mkfifo(mod + ".debug")
+    os.mkdir(os.path.join(tmp, ".debug"))
+    os.mkfifo(os.path.join(tmp, ".debug", "libplugin.so.debug"))
+    addr = None
+    for line in subprocess.run(["nm", "-D", "--defined-only", mod], stdout=subprocess.PIPE,
+                               text=True, check=True).stdout.splitlines():
+        if line.endswith(" plugin_double_free"):
+            addr = int(line.split()[0], 16)
+    expect(addr is not None, "no plugin_double_free in the plugin")
+    log = os.path.join(tmp, "dbg.log")
+    write_log(log, [
+        {"k": "module", "path": mod, "base": "0x10000000", "size": 1 << 20},
+        {"k": "stack", "id": 1, "pcs": [hex(0x10000000 + addr + 8)]},
+        {"k": "finding", "seq": 1, "ts": 1, "tid": 4242, "class": "double-free",
+         "api": "cudaFree", "action": "skip", "stack": 1},
+        {"k": "end", "ts": 2}])
+    rc, out, err = report(exe, [log], timeout=30)
+    expect(rc == 1, f"exit status {rc}, expected 1 (one finding): {err[-500:]!r}")
+    text = out.decode()
+    expect(f"symbols  {mod}.debug: not a regular file; the debug information of {mod} is not "
+           "looked for" in text, "no warning naming the FIFO:\n" + text)
+    expect("#0 plugin_double_free (libplugin.so+0x" in text, "the frame is not symbolized:\n" + text)
+
+
 def finding_log(path, pid, rank=-1, extra=()):
     """A small complete log: two allocations, a free, a double free, one leak, summary and end."""
     hdr = dict(HEADER, pid=pid, rank=rank, start_unix_ns=HEADER["start_unix_ns"] + pid)
@@ -302,6 +334,7 @@ CASES = {
     "deep-nesting": case_deep_nesting,
     "no-overwrite": case_no_overwrite,
     "log-fifo": case_log_fifo,
+    "debuglink-fifo": case_debuglink_fifo,
     "log-dev-zero": case_log_dev_zero,
     "many-logs": case_many_logs,
     "overlong-line": case_overlong_line,
