@@ -90,25 +90,41 @@ bool parse_int(std::string_view s, std::int64_t &out) {
 
 }  // namespace
 
+std::size_t control_length(std::string_view s, std::size_t i) {
+  const auto at = [&](std::size_t k) {
+    return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
+  };
+  const unsigned c = at(0);
+  if (c < 0x80) return c < 0x20 || c == 0x7f ? 1 : 0;  // ASCII, the common case: one test
+  // U+0080..U+009F in UTF-8: C1 controls (CSI is U+009B), which some terminals obey too.
+  if (c == 0xC2 && at(1) >= 0x80 && at(1) <= 0x9F) return 2;
+  // The Unicode Bidi_Control characters and the two separators: U+202E (right-to-left override)
+  // in a name makes the terminal print what follows reversed ("Trojan Source", CVE-2021-42574),
+  // so a path or a finding can read as something else. U+061C (D8 9C); U+200E, U+200F,
+  // U+2028, U+2029, U+202A..U+202E (E2 80 ..); U+2066..U+2069 (E2 81 A6..A9).
+  if (c == 0xD8 && at(1) == 0x9C) return 2;
+  if (c == 0xE2 && at(1) == 0x80 &&
+      (at(2) == 0x8E || at(2) == 0x8F || (at(2) >= 0xA8 && at(2) <= 0xAE)))
+    return 3;
+  if (c == 0xE2 && at(1) == 0x81 && at(2) >= 0xA6 && at(2) <= 0xA9) return 3;
+  return 0;
+}
+
 std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed) {
   static const char digits[] = "0123456789abcdef";
   std::string out;
   std::size_t i = 0;
-  for (; i < s.size() && out.size() < max_out; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
+  while (i < s.size() && out.size() < max_out) {
+    const std::size_t n = control_length(s, i);
+    if (n == 0) {
+      out += s[i++];
+      continue;
+    }
+    for (std::size_t k = 0; k < n; ++k, ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
       out += "\\x";
       out += digits[c >> 4];
       out += digits[c & 15];
-    } else if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(s[i + 1]) <= 0x9F) {
-      // U+0080..U+009F in UTF-8: C1 controls (CSI is U+009B), which some terminals obey too.
-      out += "\\xc2\\x";
-      out += digits[static_cast<unsigned char>(s[i + 1]) >> 4];
-      out += digits[static_cast<unsigned char>(s[i + 1]) & 15];
-      ++i;
-    } else {
-      out += static_cast<char>(c);
     }
   }
   consumed = i;
@@ -412,10 +428,13 @@ std::string unknown_message(std::string_view shown_as, std::string_view key, boo
 }
 
 // CUMEMGUARD_OPTIONS split into NAME=VALUE entries: ':' separates, '...' or "..." quote a value
-// that holds one (the quotes are dropped), empty entries are skipped.
+// that holds one (the quotes are dropped), empty entries are skipped. A quote that is never
+// closed is taken as a plain character (the entry ends at the next ':' as usual) and flagged: it
+// used to swallow every entry after it without a word.
 struct OptionsEntry {
   std::string name, value;
   bool has_value;
+  bool unclosed_quote = false;
 };
 
 std::vector<OptionsEntry> split_options(std::string_view s) {
@@ -430,11 +449,15 @@ std::vector<OptionsEntry> split_options(std::string_view s) {
         e.has_value = true;
         cur = &e.value;
         ++i;
-      } else if (cur == &e.value && (c == '\'' || c == '"')) {
+      } else if (cur == &e.value && (c == '\'' || c == '"') &&
+                 s.find(c, i + 1) != std::string_view::npos) {
         const std::size_t close = s.find(c, i + 1);
-        const std::size_t stop = close == std::string_view::npos ? s.size() : close;
-        cur->append(s.substr(i + 1, stop - i - 1));
-        i = stop == s.size() ? stop : stop + 1;
+        cur->append(s.substr(i + 1, close - i - 1));
+        i = close + 1;
+      } else if (cur == &e.value && (c == '\'' || c == '"')) {
+        e.unclosed_quote = true;
+        *cur += c;
+        ++i;
       } else {
         *cur += c;
         ++i;
@@ -524,6 +547,14 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
     r.has_options_variable = true;
     r.options_variable.assign(*options_var);
     for (OptionsEntry &e : split_options(*options_var)) {
+      if (e.unclosed_quote) {
+        if (malformed.room())
+          malformed.add("CUMEMGUARD_OPTIONS: the quote in '" + shown(e.name + "=" + e.value) +
+                        "' is not closed; taken as a plain character, the entry ends at the "
+                        "next ':'");
+        else
+          malformed.count();
+      }
       std::string_view key = e.name;
       if (key.size() > kOptionPrefix.size() && iequals(key.substr(0, kOptionPrefix.size()), kOptionPrefix))
         key.remove_prefix(kOptionPrefix.size());

@@ -105,10 +105,13 @@ bool parse_bool(std::string_view s, bool &out);
 // escaped (a newline must not start a second line, an escape sequence must not reach the
 // terminal) and long text shortened to 64 bytes (a megabyte of garbage is still one short line).
 std::string shown(std::string_view s);
-// s with control bytes (and UTF-8 C1 controls) written as \xNN, cut once the result reaches
-// max_out bytes; consumed says how many bytes of s it covers. Every diagnostic line goes through
-// it (options, the shim's stderr, every text of `cumemguard report`).
+// s with control bytes, UTF-8 C1 controls and the bidirectional controls (U+202E and the others
+// of Bidi_Control, U+2028/U+2029) written as \xNN per byte, cut once the result reaches max_out
+// bytes; consumed says how many bytes of s it covers. Every diagnostic line goes through it
+// (options, the shim's stderr, every text of `cumemguard report`).
 std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed);
+// The length in bytes of the character at s[i] when escape_controls escapes it, else 0.
+std::size_t control_length(std::string_view s, std::size_t i);
 // Case-insensitive edit distance (optimal string alignment: an adjacent swap counts one), for
 // "did you mean" hints on misspelt names.
 std::size_t edit_distance(std::string_view a, std::string_view b);

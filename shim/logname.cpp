@@ -7,16 +7,25 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
+
+#include "options.h"
 
 namespace cmg::shim {
 namespace {
 
 // A substituted value is one file-name component: it never adds a directory or a control byte.
-void append_component(std::string &out, std::string_view v) {
+// Returns whether a byte had to be replaced.
+bool append_component(std::string &out, std::vector<bool> &from_value, std::string_view v) {
+  bool changed = false;
   for (char c : v) {
     const auto u = static_cast<unsigned char>(c);
-    out += (c == '/' || u < 0x20 || u == 0x7f) ? '_' : c;
+    const bool bad = c == '/' || u < 0x20 || u == 0x7f;
+    out += bad ? '_' : c;
+    changed = changed || bad;
   }
+  from_value.resize(out.size(), true);
+  return changed;
 }
 
 int number_from(const char *s) {
@@ -38,15 +47,25 @@ const char *plain_getenv(const char *name) { return std::getenv(name); }
 
 LogName expand_log_name(std::string_view pattern, const LogNameInputs &in) {
   LogName out;
-  auto problem = [&](std::string_view what, std::string_view why) {
-    std::string line = "CUMEMGUARD_LOG: '" + std::string(what) + "' " + std::string(why) +
-                       "; kept as written (placeholders: %p %r %l %h %e %q{VAR} %%)";
+  auto say_once = [&](std::string line) {
     for (const auto &p : out.problems)
       if (p == line) return;
     out.problems.push_back(std::move(line));
   };
+  auto problem = [&](std::string_view what, std::string_view why) {
+    say_once("CUMEMGUARD_LOG: '" + std::string(what) + "' " + std::string(why) +
+             "; kept as written (placeholders: %p %r %l %h %e %q{VAR} %%)");
+  };
+  std::vector<bool> from_value;  // per byte of out.path: it came from a substituted value
+  auto value = [&](std::string_view placeholder, std::string_view v) {
+    if (append_component(out.path, from_value, v))
+      say_once("CUMEMGUARD_LOG: the value of " + std::string(placeholder) + " ('" + shown(v) +
+               "') holds '/' or control characters; written with '_' for them (a value is one "
+               "file-name component, never a directory)");
+  };
   auto rank_text = [](int r) { return r >= 0 ? std::to_string(r) : std::string("na"); };
   for (std::size_t i = 0; i < pattern.size(); ++i) {
+    from_value.resize(out.path.size(), false);
     const char c = pattern[i];
     if (c != '%') {
       out.path += c;
@@ -62,8 +81,12 @@ LogName expand_log_name(std::string_view pattern, const LogNameInputs &in) {
       case 'p': out.path += std::to_string(in.pid); continue;
       case 'r': out.path += rank_text(in.rank); continue;
       case 'l': out.path += rank_text(in.local_rank); continue;
-      case 'h': append_component(out.path, in.host); continue;
-      case 'e': append_component(out.path, in.program); continue;
+      case 'h':
+        value("%h", in.host);
+        continue;
+      case 'e':
+        value("%e", in.program);
+        continue;
       case '%': out.path += '%'; continue;
       default: break;
     }
@@ -73,7 +96,7 @@ LogName expand_log_name(std::string_view pattern, const LogNameInputs &in) {
     if (close != std::string_view::npos && close > i + 2) {
       const std::string var(pattern.substr(i + 2, close - i - 2));
       const char *v = in.getenv ? in.getenv(var.c_str()) : nullptr;
-      append_component(out.path, v ? v : "");
+      value("%q{" + var + "}", v ? v : "");
       i = close;
       continue;
     }
@@ -82,6 +105,23 @@ LogName expand_log_name(std::string_view pattern, const LogNameInputs &in) {
     problem(std::string("%") + n,
             n == 'q' ? "needs a variable name in braces, as in %q{SLURM_JOB_ID}"
                      : "is not a placeholder");
+  }
+  from_value.resize(out.path.size(), false);
+  // JOB=.. in /logs/%q{JOB}/x.log would climb out of /logs: a component that is "." or ".." and
+  // owes a byte to a value gets '_' for its dots.
+  for (std::size_t start = 0; start <= out.path.size();) {
+    std::size_t end = out.path.find('/', start);
+    if (end == std::string::npos) end = out.path.size();
+    const std::string_view comp(out.path.data() + start, end - start);
+    bool valued = false;
+    for (std::size_t k = start; k < end; ++k) valued = valued || from_value[k];
+    if (valued && (comp == "." || comp == "..")) {
+      say_once("CUMEMGUARD_LOG: a placeholder's value makes the path component '" +
+               std::string(comp) + "'; written as '" + std::string(comp.size(), '_') +
+               "' (a value never names a directory)");
+      for (std::size_t k = start; k < end; ++k) out.path[k] = '_';
+    }
+    start = end + 1;
   }
   return out;
 }

@@ -29,13 +29,6 @@ using namespace fields;
 
 namespace {
 
-bool is_control(const unsigned char *p, std::size_t i, std::size_t n) {
-  const unsigned char c = p[i];
-  if (c < 0x20 || c == 0x7f) return true;
-  // U+0080..U+009F (C1 controls, UTF-8 C2 80..C2 9F): some terminals act on them too.
-  return c == 0xC2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F;
-}
-
 class FdSource final : public ByteSource {
  public:
   FdSource(int fd, bool owned) : fd_(fd), owned_(owned) {}
@@ -73,10 +66,9 @@ class TextSource final : public ByteSource {
 }  // namespace
 
 std::string clean(std::string_view s, std::size_t max) {
-  const auto *p = reinterpret_cast<const unsigned char *>(s.data());
   bool plain = s.size() <= max;
   for (std::size_t i = 0; plain && i < s.size(); ++i)
-    if (is_control(p, i, s.size())) plain = false;
+    if (control_length(s, i)) plain = false;
   if (plain) return std::string(s);
   std::size_t used = 0;
   std::string out = escape_controls(s, max, used);

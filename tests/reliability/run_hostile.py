@@ -22,8 +22,10 @@ from harness import (Build, Failure, expect, logs_in, read_log, run_case, scale,
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GARBAGE = ["", "garbage", "-1", "0", "99999999999999999999999999", "18446744073709551616",
            "1e400", "0x10", " 1", "1 ", "\x1b[2J\x1b[31mred", "a\nb", "\xff\xfe",
-           "%n%n%n%s%s%p", "A" * 100000]
+           "%n%n%n%s%s%p", "A" * 100000, "a\u202egpj.exe"]
 MAX_LINE = 2100  # one clear line: the shim shortens what it quotes
+# Bidi_Control and the line/paragraph separators: U+202E makes the terminal show the rest reversed.
+BIDI = set("\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def options():
@@ -39,7 +41,7 @@ def clean_lines(err, label):
     expect(not other, f"{label}: stderr lines not from the shim: {[o[:200] for o in other[:5]]}")
     for l in lines:
         expect(len(l) <= MAX_LINE, f"{label}: a {len(l)}-byte stderr line")
-        expect(not any(ord(c) < 0x20 or ord(c) == 0x7f for c in l),
+        expect(not any(ord(c) < 0x20 or ord(c) == 0x7f or c in BIDI for c in l),
                f"{label}: control characters on stderr: {l[:200]!r}")
     return lines
 
@@ -120,6 +122,20 @@ def case_unknown_names(r):
     expect(dt < 5 * scale(), f"302 unknown names took {dt:.1f} s")
     expect(any("more unknown" in l for l in lines), f"the unknown names beyond the first are not counted: {lines}")
     expect(len(lines) <= 25, f"{len(lines)} stderr lines for unknown names (expected a bounded number)")
+
+
+def case_options_unclosed_quote(r):
+    """A quote opened in a CUMEMGUARD_OPTIONS value and never closed swallowed every entry after
+    it without a word (here mode=report and the log name). Now it is said once and taken as a
+    plain character: the entries after it apply."""
+    _, err, d, _ = r.run({"CUMEMGUARD_OPTIONS": "stacks='8:mode=report"}, "unclosed quote")
+    lines = clean_lines(err, "unclosed quote")
+    expect(len([l for l in lines if "the quote in 'stacks='8' is not closed" in l]) == 1,
+           f"unclosed quote: no single line saying so: {lines}")
+    (log,) = logs_in(d)
+    header = read_log(log)[0][0]
+    expect(header.get("mode") == "report", f"unclosed quote: mode {header.get('mode')!r}, the "
+                                           "entry after the quote was lost")
 
 
 def run_envp(argv, envp, timeout):
@@ -304,8 +320,25 @@ def case_log_names(r):
             expect(len(lines) == 3 and sum("'%x'" in l for l in lines) == 1 and
                    sum("'%q'" in l for l in lines) == 1 and sum("'%'" in l for l in lines) == 1,
                    f"{pattern}: {lines}")
+        elif pattern.startswith("a."):
+            # The value's '/' became '_', and the run says so once.
+            expect(len(lines) == 1 and "the value of %q{CMG_JOB} ('job/42')" in lines[0],
+                   f"{pattern}: {lines}")
         else:
             expect(not lines, f"{pattern}: {lines}")
+    # JOB=.. made /logs/%q{JOB}/x.log climb out of /logs: the component is written '__' and the
+    # run says so once; nothing lands above the directory the pattern names.
+    sub = tempfile.mkdtemp(dir=d)
+    os.mkdir(os.path.join(sub, "__"))
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(sub, "%q{CMG_JOB}", "g.%p"),
+                          "CMG_JOB": ".."}, "JOB=..", log=False)
+    lines = clean_lines(err, "JOB=..")
+    expect(len(lines) == 1 and "makes the path component '..'; written as '__'" in lines[0],
+           f"JOB=..: {lines}")
+    expect(len(os.listdir(os.path.join(sub, "__"))) == 1 and
+           sorted(os.listdir(d)) == sorted(n for n in os.listdir(d) if
+                                           os.path.isdir(os.path.join(d, n))),
+           f"JOB=..: logs {os.listdir(os.path.join(sub, '__'))}, above: {os.listdir(d)}")
     # A child that execs another program is named after that program, not after its parent.
     sub = tempfile.mkdtemp(dir=d)
     argv = [b.prog("tests", "reliability", "life_cases"), "exec-other",
@@ -461,6 +494,7 @@ def main():
     cases = {
         "options-garbage": case_options_garbage,
         "unknown-names": case_unknown_names,
+        "options-unclosed-quote": case_options_unclosed_quote,
         "env-duplicates": case_env_duplicates,
         "log-missing-dir": case_log_missing_dir,
         "log-symlink": case_log_symlink,

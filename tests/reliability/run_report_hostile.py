@@ -61,7 +61,9 @@ def case_fifo_module(exe, tmp):
 
 
 def case_escapes(exe, tmp):
-    evil = "\x1b]0;owned\x07\x1b[2J\x9b31m"
+    # Terminal controls, and U+202E (right-to-left override) with U+2066 (left-to-right isolate),
+    # which reorder what the terminal shows after them.
+    evil = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202egpj.exe\u2066"
     log = os.path.join(tmp, "esc.log")
     hdr = dict(HEADER, argv=["./prog" + evil, "a\nfake line"], host="h" + evil,
                options={"CUMEMGUARD_STACKS": "8" + evil})
@@ -80,12 +82,15 @@ def case_escapes(exe, tmp):
             bad = [b for b in stream if b < 0x20 and b not in (0x0a,) or b == 0x7f]
             expect(not bad, f"{name} carries control bytes {sorted(set(bad))[:8]}")
             expect(b"\xc2\x9b" not in stream, f"{name} carries a C1 control (U+009B)")
+            expect(b"\xe2\x80\xae" not in stream and b"\xe2\x81\xa6" not in stream,
+                   f"{name} carries a bidi control (U+202E, U+2066)")
         expect(b"fake line" not in out.replace(b"\\x0afake line", b""),
                "a newline from the log started a line of its own")
         expect(b"\\x1b]0;owned" in out, "the escape sequence is not shown escaped")
     with open(os.path.join(tmp, "esc.html"), "rb") as f:
         html = f.read()
     expect(b"\x1b" not in html and b"<script>alert" not in html, "raw control bytes in the page")
+    expect(b"\xe2\x80\xae" not in html, "a raw bidi override in the page")
 
 
 def case_deep_nesting(exe, tmp):

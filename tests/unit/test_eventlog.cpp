@@ -262,13 +262,44 @@ TEST_CASE("Log names: every placeholder, values as one file-name component, unkn
   in.getenv = test_env;
   auto n = cmg::shim::expand_log_name("cg.%p.%r.%l.%h.%e.%q{JOB}.%q{NONE}.%%", in);
   CHECK(n.path == "cg.42.3.na.node_7.python3.a_b_c..%");
-  CHECK(n.problems.empty());
+  // Each value that had to be changed is named once.
+  REQUIRE(n.problems.size() == 2);
+  CHECK(n.problems[0] ==
+        "CUMEMGUARD_LOG: the value of %h ('node/7') holds '/' or control characters; written "
+        "with '_' for them (a value is one file-name component, never a directory)");
+  CHECK(n.problems[1].find("the value of %q{JOB} ('a/b\\x01c')") != std::string::npos);
   n = cmg::shim::expand_log_name("x.%x.%x.%q.%q{}.%", in);
   CHECK(n.path == "x.%x.%x.%q.%q{}.%");
   REQUIRE(n.problems.size() == 3);  // %x once, %q (both forms) once, the lone % once
   CHECK(n.problems[0].find("'%x'") != std::string::npos);
   CHECK(n.problems[1].find("'%q'") != std::string::npos);
   CHECK(n.problems[2].find("'%'") != std::string::npos);
+}
+
+const char *dots_env(const char *name) {
+  const std::string n(name);
+  return n == "JOB" ? ".." : n == "DOT" ? "." : n == "SUB" ? "x.." : nullptr;
+}
+
+TEST_CASE("Log names: a value never makes a '.' or '..' component") {
+  cmg::shim::LogNameInputs in;
+  in.pid = 7;
+  in.getenv = dots_env;
+  // JOB=.. climbed out of /logs: /logs/../x.log is /x.log.
+  auto n = cmg::shim::expand_log_name("/logs/%q{JOB}/x.log", in);
+  CHECK(n.path == "/logs/__/x.log");
+  REQUIRE(n.problems.size() == 1);
+  CHECK(n.problems[0] ==
+        "CUMEMGUARD_LOG: a placeholder's value makes the path component '..'; written as '__' "
+        "(a value never names a directory)");
+  // Said once however often; "." too, and a component made of a value and written dots.
+  n = cmg::shim::expand_log_name("/l/%q{JOB}/%q{JOB}/%q{DOT}/%q{DOT}./a.%q{SUB}/%p.log", in);
+  CHECK(n.path == "/l/__/__/_/__/a.x../7.log");
+  CHECK(n.problems.size() == 2);
+  // Dots the pattern itself writes are the user's: kept.
+  n = cmg::shim::expand_log_name("/l/../%q{NONE}./x", in);
+  CHECK(n.path == "/l/.././x");
+  CHECK(n.problems.empty());
 }
 
 TEST_CASE("Local rank comes from LOCAL_RANK, then the launchers' variables") {

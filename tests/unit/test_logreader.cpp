@@ -2,6 +2,7 @@
 // Unit tests of the event log reader: format refusal, truncation, unknown records, event order.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <string>
 
 #include "json_bounded.h"
@@ -202,6 +203,23 @@ TEST_CASE("text from a log has its control characters escaped, C1 included") {
   CHECK(clean("a\x1b[2Jb\n") == "a\\x1b[2Jb\\x0a");
   CHECK(clean("csi \xc2\x9b" "31m") == "csi \\xc2\\x9b31m");
   CHECK(clean("caf\xc3\xa9") == "caf\xc3\xa9");  // ordinary UTF-8 stays
+  // U+202E (right-to-left override) made "evil_gpj.exe" print as "evil_exe.jpg"; every
+  // Bidi_Control character and the line and paragraph separators are escaped byte by byte.
+  CHECK(clean("evil_\xe2\x80\xae"
+              "gpj.exe") == "evil_\\xe2\\x80\\xaegpj.exe");
+  for (const char *bidi :
+       {"\xd8\x9c", "\xe2\x80\x8e", "\xe2\x80\x8f", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaa",
+        "\xe2\x80\xab", "\xe2\x80\xac", "\xe2\x80\xad", "\xe2\x81\xa6", "\xe2\x81\xa7",
+        "\xe2\x81\xa8", "\xe2\x81\xa9"}) {
+    const std::string out = clean(std::string("a") + bidi + "b");
+    CHECK(out.find(bidi) == std::string::npos);
+    CHECK(out.size() == 2 + 4 * std::strlen(bidi));
+  }
+  // Their neighbours in the same blocks are text: an en dash, a bullet, U+2070.
+  CHECK(clean("\xe2\x80\x93 \xe2\x80\xa2 \xe2\x81\xb0") ==
+        "\xe2\x80\x93 \xe2\x80\xa2 \xe2\x81\xb0");
+  // A cut sequence at the end is not read past.
+  CHECK(clean("x\xe2\x80") == "x\xe2\x80");
   const std::string long_text(10000, 'x');
   CHECK(clean(long_text).size() < kMaxText + 32);
   std::string text = header() +

@@ -243,6 +243,26 @@ TEST_CASE("CUMEMGUARD_OPTIONS holds many options; a separate variable wins over 
   CHECK(f.fatal);
 }
 
+TEST_CASE("CUMEMGUARD_OPTIONS: an unclosed quote is said and eats nothing after it") {
+  // The quote opened in stacks's value is never closed: it swallowed mode=report and log=...
+  auto p = parse({{"CUMEMGUARD_OPTIONS", "stacks='8:mode=report:log=/tmp/x.log"}});
+  REQUIRE(p.problems.size() == 2);
+  CHECK(p.problems[0] ==
+        "CUMEMGUARD_OPTIONS: the quote in 'stacks='8' is not closed; taken as a plain character, "
+        "the entry ends at the next ':'");
+  CHECK(p.problems[1] ==
+        "CUMEMGUARD_OPTIONS entry stacks: ''8' is not valid: not a whole number; keeping '0'");
+  CHECK(p.options.mode == Mode::Report);
+  CHECK(p.options.log == "/tmp/x.log");
+  CHECK(value_of(p, "MODE").source == OptionSource::Options);
+  // A closed quote still holds a ':'; a quote character inside a closed quote of the other kind
+  // is a plain character, and says nothing.
+  auto q = parse({{"CUMEMGUARD_OPTIONS", "log=\"/tmp/it's:here.log\":mode=strict"}});
+  CHECK(q.problems.empty());
+  CHECK(q.options.log == "/tmp/it's:here.log");
+  CHECK(q.options.mode == Mode::Strict);
+}
+
 TEST_CASE("Actions a class cannot take are refused with one line") {
   auto p = parse({{"CUMEMGUARD_ACTION_LEAK", "abort"},
                   {"CUMEMGUARD_ACTION_FREE_EXPORTED", "skip"},
