@@ -1,14 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Scoped changes of PyTorch's allocator settings (seed 002's guard), on the shim's own parser.
 
-The full configuration in effect comes from the variable PyTorch reads (PYTORCH_CUDA_ALLOC_CONF
-when present, even empty, else PYTORCH_ALLOC_CONF, as torch 2.10 and later do) or, inside another
-block of this module, from what that block applied; it is judged with the grammar of the torch
-that is imported (torch.__version__), so every key of that release is kept. cumemguard_torch_alloc_conf() changes only the
-overridden token in it and gives the string that restores every setting afterwards; both were
-checked against the model of PyTorch's setter (which resets max_split_size_mb,
-roundup_power2_divisions and garbage_collection_threshold whenever they are omitted).
+The allocator's settings belong to the process, and blocks may be open on several threads at once.
+So the settings in effect are always the composition of every open block, in the order they were
+entered, over the configuration PyTorch read from its variable (PYTORCH_CUDA_ALLOC_CONF when
+present, even empty, else PYTORCH_ALLOC_CONF, as torch 2.10 and later do), judged with the grammar
+of the torch that is imported (torch.__version__), so every key of that release is kept. Entering a
+block applies its overrides on top of what is in effect; leaving one, on any thread and in any
+order, goes to the composition of the blocks still open, with one call of the release's setter
+whose string the policy checked against its model of that setter (which resets
+max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold whenever they are
+omitted, and keeps expandable_segments).
 """
+import os
 import threading
 
 from . import _native
@@ -19,8 +23,21 @@ class ConfigError(RuntimeError):
     library is missing, ...). Nothing was applied."""
 
 
-_lock = threading.RLock()
-_applied = []  # the strings this module passed to the setter, innermost last
+# Taken for the plan and the setter call of one change, so that the changes of two threads are
+# applied in the order of the composition. Replaced in a forked child (_after_fork_in_child): the
+# thread holding it there does not exist in the child.
+_lock = threading.Lock()
+_open = []      # the open blocks (_Open), in the order they were entered, across threads
+_applied = None  # the string last passed to the setter for them; None: the environment's
+
+
+class _Open:
+    __slots__ = ("block", "thread", "orphan")
+
+    def __init__(self, block):
+        self.block = block
+        self.thread = threading.get_ident()
+        self.orphan = False  # entered by a thread of the parent, in a forked child
 
 
 def _setter(torch, name=None):
@@ -49,51 +66,129 @@ def plan(overrides, base=None, torch_version=None):
                              _native.encode(torch_version))
 
 
+def _torch(what):
+    """torch, imported by the call that needs it; without it, an ImportError that says so."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"cumemguard.{what} changes PyTorch's allocator settings and needs "
+                          f"PyTorch, which cannot be imported here ({e})") from e
+    return torch
+
+
+def _version(torch):
+    return getattr(torch, "__version__", None)
+
+
+def _composed(blocks, torch):
+    """The string the blocks give applied in order over the environment's configuration (None
+    when none of them changes it). A block whose overrides no longer apply on what precedes it
+    (the policy refuses the merge) is left out."""
+    state = None
+    for b in blocks:
+        p = plan(b.overrides, state, _version(torch))
+        if not p.get("error") and not b._no_op(p):
+            state = p["result"]
+    return state
+
+
+def _set(torch, conf, setter=None):
+    _setter(torch, setter)(conf)
+    _tell_shim(conf)
+
+
+def _close(entry, torch):
+    """Removes an open block and goes to the composition of the others. Lock held."""
+    global _applied
+    _open.remove(entry)
+    target = _composed([e.block for e in _open], torch)
+    if target == _applied:
+        return  # the block changed nothing the others do not set too
+    # The policy's restore for this block's overrides over the target takes the settings in effect
+    # (the target with this block's keys as it set them, or as a later block set them, which the
+    # target holds too) back to the target exactly, expandable_segments included.
+    p = plan(entry.block.overrides, target, _version(torch))
+    conf = p["restore"] if not p.get("error") else target
+    if conf is None:  # no string from the policy: the block's own restore from its entry
+        conf = entry.block.plan["restore"]
+    before, _applied = _applied, target
+    if conf != before:  # the setter given the string it was given last changes nothing
+        _set(torch, conf, p.get("setter") or entry.block.plan.get("setter"))
+
+
+def _drop_orphans(torch):
+    """In a forked child, the blocks of the parent's other threads never end: closed here, at the
+    child's first change (lock held)."""
+    for e in [e for e in _open if e.orphan]:
+        _close(e, torch)
+
+
+def _after_fork_in_child():
+    global _lock
+    _lock = threading.Lock()
+    me = threading.get_ident()
+    for e in _open:
+        e.orphan = e.thread != me
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class allocator_settings:
     """Applies `overrides` ("key:value,...", or "-key") to the full allocator configuration in
-    effect for the duration of the block, then restores it, on normal and exceptional exit."""
+    effect for the duration of the block, then restores it, on normal and exceptional exit. Blocks
+    compose across threads: each open block's overrides stay applied until it ends (the one
+    entered last wins where two set the same key)."""
 
     def __init__(self, overrides):
         self.overrides = overrides
         self.plan = None  # the policy's answer, once entered
-        self.applied = False
+        self.applied = False  # entering it changed the settings
+        self._entry = None
 
     def _no_op(self, p):
         return not p["changed"]
 
     def __enter__(self):
-        import torch
+        global _applied
+        torch = _torch(type(self).__name__)
 
         with _lock:
-            base = _applied[-1] if _applied else None
-            p = plan(self.overrides, base, getattr(torch, "__version__", None))
+            _drop_orphans(torch)
+            p = plan(self.overrides, _applied, _version(torch))
             self.plan = p
             if p.get("error"):
                 raise ConfigError("cumemguard: " + p["error"])
+            entry = _Open(self)
+            _open.append(entry)
+            self._entry = entry
             if self._no_op(p):
                 return self
-            _setter(torch, p.get("setter"))(p["result"])
-            _applied.append(p["result"])
+            # Recorded before the setter runs: a child forked during the call then knows the
+            # block, and closing it there restores whatever the setter had done.
+            before, _applied = _applied, p["result"]
+            try:
+                _set(torch, p["result"], p.get("setter"))
+            except BaseException:
+                _open.remove(entry)
+                self._entry = None
+                _applied = before
+                raise
             self.applied = True
-            _tell_shim(p["result"])
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if not self.applied:
+        entry, self._entry = self._entry, None
+        if entry is None:
             return False
-        import torch
+        torch = _torch(type(self).__name__)
 
         with _lock:
-            if _applied and _applied[-1] == self.plan["result"]:
-                _applied.pop()
-            else:  # blocks closed out of order: forget this one wherever it is
-                for i in range(len(_applied) - 1, -1, -1):
-                    if _applied[i] == self.plan["result"]:
-                        del _applied[i]
-                        break
+            _drop_orphans(torch)
+            if entry in _open:
+                _close(entry, torch)
             self.applied = False
-            _setter(torch, self.plan.get("setter"))(self.plan["restore"])
-            _tell_shim(self.plan["restore"])
         return False
 
 

@@ -8,6 +8,7 @@ transport as started only when ``suppress_opportunistic_cleanup()`` is called or
 imported ``torch.distributed`` reports an initialised process group with an NCCL or UCC backend
 (checked at each request, never importing anything).
 """
+import os
 import sys
 import threading
 
@@ -56,7 +57,16 @@ class _Registry:
         return True
 
 
+    def after_fork_in_child(self):
+        """A flush that another thread of the parent was running never ends in the child: a
+        fresh lock, and only this thread's own flush (a fork from inside it) still counted."""
+        self._cv = threading.Condition()
+        self._running = 1 if getattr(self._local, "flushing", False) else 0
+
+
 _registry = _Registry()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_registry.after_fork_in_child)
 
 
 def _transport_started():
@@ -74,7 +84,12 @@ def _transport_started():
 
 
 def _default_flush():
-    import torch  # the caller asked for PyTorch's flush: torch is in use
+    try:
+        import torch  # the caller asked for PyTorch's flush: torch is in use
+    except ImportError as e:
+        raise ImportError("cumemguard.maybe_empty_cache() without a flush runs "
+                          "torch.cuda.empty_cache() and needs PyTorch, which cannot be imported "
+                          f"here ({e}); pass flush= to run another") from e
 
     torch.cuda.empty_cache()
 

@@ -15,6 +15,16 @@ except ImportError:  # the source tree, not built: no library known
     _paths = None
 
 _lock = threading.RLock()  # policy() asks shim() under it
+
+
+def _after_fork_in_child():
+    # A thread of the parent may have held it (loading a library): it does not exist here.
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 _shim = None  # the _Api of the preloaded shim, or False when absent
 _policy = None  # the _Api of libcumemguard_policy.so (or of the shim), or False when absent
 _policy_error = ""

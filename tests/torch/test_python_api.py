@@ -51,6 +51,34 @@ class Import(unittest.TestCase):
                              check=True, timeout=120).stdout.strip()
         self.assertEqual(out, "[]")
 
+    def test_without_torch_the_error_says_torch_is_needed(self):
+        """The README's snippet on a machine without PyTorch: an ImportError that names what
+        needs it, not a bare "No module named 'torch'" from inside the package."""
+        code = ("import sys\n"
+                "sys.modules['torch'] = None  # not importable, even where PyTorch is installed\n"
+                "import cumemguard\n"
+                "for call in (lambda: cumemguard.expandable_segments(False).__enter__(),\n"
+                "             lambda: cumemguard.allocator_settings('max_split_size_mb:64')"
+                ".__enter__(),\n"
+                "             lambda: cumemguard.maybe_empty_cache()):\n"
+                "    try:\n"
+                "        call()\n"
+                "    except ImportError as e:\n"
+                "        print(str(e).split(' (')[0])\n"
+                "print(cumemguard.maybe_empty_cache(flush=lambda: None))\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.splitlines(), [
+            "cumemguard.expandable_segments changes PyTorch's allocator settings and needs "
+            "PyTorch, which cannot be imported here",
+            "cumemguard.allocator_settings changes PyTorch's allocator settings and needs "
+            "PyTorch, which cannot be imported here",
+            "cumemguard.maybe_empty_cache() without a flush runs torch.cuda.empty_cache() and "
+            "needs PyTorch, which cannot be imported here",
+            "True"])
+
     def test_active(self):
         info = cumemguard.active()
         self.assertEqual(bool(info), SHIM)
@@ -265,6 +293,237 @@ class ExpandableSegments(unittest.TestCase):
         with self.assertRaises(cumemguard.ConfigError):
             with cumemguard.allocator_settings("max_split_size_mb:1"):  # PyTorch: must be >= 20
                 pass
+
+
+class Worker:
+    """A thread that runs what it is sent, one step at a time: the test says which thread enters
+    or leaves which block, in which order, and looks at the settings between the steps (events,
+    no sleeps)."""
+
+    def __init__(self):
+        self._todo = []
+        self._cv = threading.Condition()
+        self._done = 0
+        self._sent = 0
+        self.error = None
+        self.blocks = []
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._todo)
+                step = self._todo.pop(0)
+            if step is None:
+                return
+            try:
+                step()
+            except BaseException as e:  # seen by the test, in its own thread
+                self.error = e
+            with self._cv:
+                self._done += 1
+                self._cv.notify_all()
+
+    def do(self, step, wait=True):
+        with self._cv:
+            self._todo.append(step)
+            self._sent += 1
+            n = self._sent
+            self._cv.notify_all()
+        if wait:
+            self.wait(n)
+        return n
+
+    def wait(self, n):
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._done >= n, timeout=60):
+                raise AssertionError("a worker step did not finish within 60 s")
+        if self.error:
+            raise self.error
+
+    def enter(self, block):
+        self.do(lambda: self.blocks.append((block, block.__enter__())))
+
+    def exit(self):
+        def leave():
+            block, _ = self.blocks.pop()
+            block.__exit__(None, None, None)
+        self.do(leave)
+
+    def stop(self):
+        self.do(None, wait=False)
+        self._thread.join(timeout=60)
+
+
+class Threads(unittest.TestCase):
+    """Blocks open on two threads at once compose: each one's overrides stay applied until it
+    ends, whichever ends first, and the settings after both equal those before."""
+
+    def setUp(self):
+        self.t1, self.t2 = Worker(), Worker()
+
+    def tearDown(self):
+        self.t1.stop()
+        self.t2.stop()
+
+    def test_two_threads_turn_expandable_segments_off(self):
+        conf = "expandable_segments:True,max_split_size_mb:256"
+        off = "expandable_segments:False,max_split_size_mb:256"
+        fresh(PYTORCH_CUDA_ALLOC_CONF=conf)
+        before = settings()
+        self.t1.enter(cumemguard.expandable_segments(False))
+        self.assertFalse(settings()["expandable_segments"])
+        self.t2.enter(cumemguard.expandable_segments(False))  # already off: nothing to set
+        self.assertFalse(settings()["expandable_segments"])
+        self.assertEqual(strings(), [off])
+        # The first thread's block ends while the second's runs: still off (it was turned on
+        # again here, the second block's plan having been made from the first's string).
+        self.t1.exit()
+        self.assertFalse(settings()["expandable_segments"])
+        self.assertEqual(settings()["max_split_size"], 256 * MiB)
+        self.assertEqual(strings(), [off])
+        self.t2.exit()
+        self.assertEqual(strings(), [off, conf])
+        self.assertEqual(settings(), before)
+
+    def test_other_settings_in_a_second_thread(self):
+        conf = "max_split_size_mb:512,expandable_segments:True"
+        fresh(PYTORCH_ALLOC_CONF=conf)
+        before = settings()
+        self.t1.enter(cumemguard.allocator_settings("max_split_size_mb:64"))
+        self.assertEqual((settings()["max_split_size"], settings()["garbage_collection_threshold"]),
+                         (64 * MiB, 0.0))
+        self.t2.enter(cumemguard.allocator_settings("garbage_collection_threshold:0.5"))
+        self.assertEqual((settings()["max_split_size"], settings()["garbage_collection_threshold"]),
+                         (64 * MiB, 0.5))
+        # The first block ends: its max_split_size goes, the second's threshold stays.
+        self.t1.exit()
+        self.assertEqual((settings()["max_split_size"], settings()["garbage_collection_threshold"]),
+                         (512 * MiB, 0.5))
+        self.assertTrue(settings()["expandable_segments"])
+        # Both ended: the configuration from before, not a setting no block asked for (the
+        # second block restored the string it started from, max_split_size_mb:64).
+        self.t2.exit()
+        self.assertEqual(settings(), before)
+        self.assertEqual(strings(), [
+            "max_split_size_mb:64,expandable_segments:True",
+            "max_split_size_mb:64,expandable_segments:True,garbage_collection_threshold:0.5",
+            "max_split_size_mb:512,expandable_segments:True,garbage_collection_threshold:0.5",
+            conf])
+
+    def test_the_block_entered_last_wins_where_two_disagree(self):
+        conf = "expandable_segments:True"
+        fresh(PYTORCH_CUDA_ALLOC_CONF=conf)
+        self.t1.enter(cumemguard.expandable_segments(False))
+        self.t2.enter(cumemguard.expandable_segments(True))
+        self.assertTrue(settings()["expandable_segments"])
+        self.t2.exit()  # back to the first block's
+        self.assertFalse(settings()["expandable_segments"])
+        self.t1.exit()
+        self.assertTrue(settings()["expandable_segments"])
+        self.assertEqual(strings(), ["expandable_segments:False", conf,
+                                     "expandable_segments:False", conf])
+        # Ended in the order they were entered: the second one's True is the environment's too.
+        self.t1.enter(cumemguard.expandable_segments(False))
+        self.t2.enter(cumemguard.expandable_segments(True))
+        self.t1.exit()
+        self.assertTrue(settings()["expandable_segments"])
+        self.t2.exit()
+        self.assertTrue(settings()["expandable_segments"])
+        self.assertEqual(strings()[4:], ["expandable_segments:False", conf])
+
+
+class Fork(unittest.TestCase):
+    def test_child_forked_while_another_thread_is_inside_enter(self):
+        """A thread holds the package's lock inside a block's __enter__ (in the setter) when
+        another forks: the child's own block hung on that lock. It must run, on the environment's
+        settings (the parent's half-entered block is not the child's)."""
+        conf = "expandable_segments:True,max_split_size_mb:256"
+        fresh(PYTORCH_CUDA_ALLOC_CONF=conf)
+        inside, release = threading.Event(), threading.Event()
+
+        def hold(_conf):
+            if threading.current_thread() is not threading.main_thread():
+                inside.set()
+                release.wait(60)
+
+        torch._setter_hook = hold
+        w = Worker()
+        try:
+            block = cumemguard.allocator_settings("max_split_size_mb:64")
+            n = w.do(lambda: w.blocks.append((block, block.__enter__())), wait=False)
+            self.assertTrue(inside.wait(60), "the worker never reached the setter")
+            r, wr = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: one block, then the settings inside and after it
+                os.close(r)
+                try:
+                    with cumemguard.expandable_segments(False):
+                        s = settings()
+                        inside_block = (s["expandable_segments"], s["max_split_size"])
+                    s = settings()
+                    os.write(wr, repr((inside_block, (s["expandable_segments"],
+                                                      s["max_split_size"]))).encode())
+                finally:
+                    os._exit(0)
+            os.close(wr)
+            import select
+            ready, _, _ = select.select([r], [], [], 60)
+            got = os.read(r, 4096).decode() if ready else None
+            os.close(r)
+            if got is None:
+                os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            self.assertIsNotNone(got, "the forked child did not finish its block within 60 s "
+                                      "(hung on the package's lock)")
+            self.assertEqual(got, repr(((False, 256 * MiB), (True, 256 * MiB))))
+        finally:
+            release.set()
+            torch._setter_hook = None
+            w.wait(n)
+            w.exit()
+            w.stop()
+        # The parent's block ran and ended as usual.
+        self.assertEqual(settings()["max_split_size"], 256 * MiB)
+        self.assertEqual(strings(), ["expandable_segments:True,max_split_size_mb:64", conf])
+
+    def test_child_forked_while_another_thread_flushes(self):
+        """A flush runs on another thread (it holds a share of the cleanup's state) when the
+        program forks: the child's suppression waited forever for a flush that, in the child,
+        never ends. Run in a process of its own (suppression is sticky)."""
+        code = (
+            "import os, select, threading, cumemguard\n"
+            "inside, release = threading.Event(), threading.Event()\n"
+            "def flush():\n"
+            "    inside.set()\n"
+            "    release.wait(60)\n"
+            "t = threading.Thread(target=cumemguard.maybe_empty_cache, args=(flush,))\n"
+            "t.start()\n"
+            "assert inside.wait(60)\n"
+            "r, w = os.pipe()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.close(r)\n"
+            "    cumemguard.suppress_opportunistic_cleanup()\n"
+            "    os.write(w, repr((cumemguard.opportunistic_cleanup_suppressed(),\n"
+            "                      cumemguard.maybe_empty_cache(lambda: None))).encode())\n"
+            "    os._exit(0)\n"
+            "os.close(w)\n"
+            "ready = select.select([r], [], [], 30)[0]\n"
+            "got = os.read(r, 100).decode() if ready else 'the child hung'\n"
+            "if not ready:\n"
+            "    os.kill(pid, 9)\n"
+            "os.waitpid(pid, 0)\n"
+            "release.set()\n"
+            "t.join(60)\n"
+            "print(got)\n"
+            "print(cumemguard.opportunistic_cleanup_suppressed())\n")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=child_env(), timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        # The child: suppressed, its next request declined; the parent: untouched.
+        self.assertEqual(out.stdout.splitlines(), ["(True, False)", "False"])
 
 
 class Cleanup(unittest.TestCase):

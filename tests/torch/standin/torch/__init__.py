@@ -94,7 +94,14 @@ def _reset():
         state["error"] = str(e)
 
 
+# Called with the string before a setter applies it, when set: a test holds a thread inside the
+# setter with it (the package's lock is held there).
+_setter_hook = None
+
+
 def _accelerator_setAllocatorSettings(conf):
+    if _setter_hook is not None:
+        _setter_hook(conf)
     calls.append(("accelerator", conf))
     _apply(conf)
 
