@@ -3,21 +3,27 @@
 // Options print like libfabric's `fi_info -e`; the JSON schema is docs/config-json.md.
 #include "config_cmd.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "cli.h"
 #include "cmg_config.h"
 #include "config_torch_version.h"
 #include "options.h"
+#include "run_defaults.h"
 #include "torch_conf.h"
 
 namespace cmg {
@@ -31,33 +37,6 @@ constexpr int kExitOk = 0;
 constexpr int kExitTorchFails = 1;
 constexpr int kExitUsage = 64;  // EX_USAGE from sysexits.h
 constexpr int kJsonSchema = 1;
-
-constexpr std::string_view kUsage =
-    "Usage: cumemguard config [--json] [--run] [--env NAME=VALUE | --env NAME]...\n"
-    "                         [--torch-version X.Y.Z] [--python PATH]\n"
-    "\n"
-    "Shows how PyTorch will read its allocator variables (PYTORCH_CUDA_ALLOC_CONF and the\n"
-    "others) in this environment, judged for the PyTorch release installed (or named), with\n"
-    "that release's known problems, and every CUMEMGUARD_* option with its effective value and\n"
-    "where it comes from: its own variable, an entry of CUMEMGUARD_OPTIONS, the profile in force\n"
-    "(CUMEMGUARD_PROFILE) or the default.\n"
-    "\n"
-    "Options:\n"
-    "  --json             machine-readable output (schema: docs/config-json.md)\n"
-    "  --run              evaluate the environment `cumemguard run` gives the program (the\n"
-    "                     debug profile unless one is set)\n"
-    "  --env NAME=VALUE   evaluate as if NAME were set to VALUE (nothing is exported)\n"
-    "  --env NAME         evaluate as if NAME were unset\n"
-    "  --torch-version V  judge for PyTorch V (default: the torch that --python would import)\n"
-    "  --python PATH      the interpreter asked where torch is, without importing it (python3)\n"
-    "  -h, --help         this help\n"
-    "  --version          print the version\n"
-    "\n"
-    "Exit status:\n"
-    "  0    PyTorch accepts this environment\n"
-    "  1    PyTorch would fail on it (an exception at the first CUDA allocation, or an abort\n"
-    "       during import torch)\n"
-    "  64   bad arguments\n";
 
 struct Args {
   bool json = false;
@@ -490,7 +469,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     return kExitUsage;
   }
   if (args.help) {
-    out << kUsage;
+    out << tools::cli::help_text(tools::cli::command("config"));
     return kExitOk;
   }
   if (args.version) {

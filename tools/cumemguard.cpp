@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "cli.h"
 #include "cmg_config.h"
 #include "run_cmd.h"
 #include "subcommands.h"
@@ -12,31 +13,7 @@
 namespace {
 
 void usage(FILE *f) {
-  std::fprintf(f,
-               "Usage: cumemguard COMMAND [ARGS...]\n"
-               "\n"
-               "Guards and explains CUDA memory management in a program it preloads\n"
-               "libcumemguard.so into, and reads the event logs that leaves.\n"
-               "\n"
-               "Commands:\n"
-               "  run [options] -- PROGRAM [ARGS...]   run PROGRAM with the shim preloaded\n"
-               "  report [options] LOG...             read event logs: findings, leaks, bytes\n"
-               "  config [--json] [--env NAME=VALUE]  PyTorch allocator config and CUMEMGUARD_* options\n"
-               "  version                             print the version\n"
-               "\n"
-               "Options:\n"
-               "  -h, --help     this help\n"
-               "  --version      print the version\n"
-               "\n"
-               "`cumemguard COMMAND --help` describes each command; each takes --version too.\n"
-               "\n"
-               "Exit status (every command):\n"
-               "  0    success\n"
-               "  1    findings (report; config: PyTorch would fail on the environment)\n"
-               "  64   a usage error: an unknown command or option, a bad argument\n"
-               "  66   an input file cannot be read\n"
-               "  73   run: the event log cannot be written (the program is not started)\n"
-               "  run passes the program's own status otherwise (see cumemguard run --help)\n");
+  std::fputs(cmg::tools::cli::help_text(cmg::tools::cli::command("")).c_str(), f);
 }
 
 }  // namespace

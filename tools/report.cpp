@@ -22,46 +22,13 @@
 
 #include <fmt/format.h>
 
+#include "cli.h"
 #include "cmg_config.h"
 #include "log_files.h"
 #include "report_model.h"
 
 namespace cmg {
 namespace {
-
-constexpr const char *kUsage =
-    "usage: cumemguard report [--json] [-o OUT] [--trace OUT.json] [--html OUT.html]\n"
-    "                         [--no-symbolize] [--top N] [--fail-on-leaks] [--slow-us N]\n"
-    "                         [--gen-suppressions] LOG...\n"
-    "\n"
-    "Reads cumemguard event logs (one per process or rank) and prints what happened to each\n"
-    "process that did not exit normally, findings grouped by class and stack, leaks by allocation\n"
-    "stack, bytes per device and memory kind, top allocation sites, calls per API and NCCL\n"
-    "communicator lifecycles. A log named twice is read once.\n"
-    "\n"
-    "  --json              one JSON document instead of text (docs/report-schema.md)\n"
-    "  -o, --output OUT    write the text or JSON report to OUT instead of stdout\n"
-    "  --trace OUT.json    also write a Chrome trace-event file for Perfetto / chrome://tracing\n"
-    "  --html OUT.html     also write one self-contained HTML page: memory over time, findings\n"
-    "  --no-symbolize      print frames as module+offset without reading the modules\n"
-    "  --top N             rows of ranked lists: allocation sites, leak stacks (default 10, 0 = "
-    "all)\n"
-    "  --fail-on-leaks     leaks at exit make the exit status 1, like other findings\n"
-    "  --slow-us N         calls of at least N microseconds become slices in the trace (default\n"
-    "                      1000; 0: every call)\n"
-    "  --gen-suppressions  print a suppression rule (CUMEMGUARD_SUPPRESSIONS) for each finding\n"
-    "                      group instead of the report\n"
-    "  --version           print the version\n"
-    "\n"
-    "The report never writes an output over a cumemguard event log.\n"
-    "\n"
-    "Exit status:\n"
-    "  0   no findings\n"
-    "  1   findings (suppressed ones excepted), or a process crashed or was aborted\n"
-    "  64  usage error\n"
-    "  66  a log cannot be read, is not a cumemguard log or is of a newer format\n"
-    "  73  an output file cannot be written\n"
-    "The highest that applies wins.\n";
 
 bool parse_count(std::string_view s, std::int64_t &out) {
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -118,7 +85,7 @@ int report_main(int argc, char **argv) {
     } else if (a == "--") {
       options_done = true;
     } else if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
+      std::cout << tools::cli::help_text(tools::cli::command("report"));
       return 0;
     } else if (a == "--version") {
       std::cout << "cumemguard report " << CMG_VERSION << "\n";

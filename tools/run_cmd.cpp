@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli.h"
 #include "cmg_config.h"
 #include "options.h"
 #include "run_files.h"
@@ -55,72 +56,10 @@ constexpr RunOption kRunOptions[] = {
 #undef CMG_RUN_OPTION
 };
 
-// "  --log PATH        event log path ..." with the help wrapped at 88 columns from column 20.
-void print_options(FILE *f) {
-  constexpr std::size_t kCol = 20, kWidth = 88;
-  for (const RunOption &o : kRunOptions) {
-    std::string head = "  ";
-    if (!o.alias.empty()) head += std::string(o.alias) + ", ";
-    head += o.name;
-    if (!o.value.empty()) head += " " + std::string(o.value);
-    std::string line = head;
-    if (line.size() + 2 > kCol) {
-      std::fprintf(f, "%s\n", line.c_str());
-      line.clear();
-    }
-    line.resize(kCol, ' ');
-    std::string_view rest = o.help;
-    while (!rest.empty()) {
-      std::size_t room = kWidth - kCol, cut = rest.size();
-      if (cut > room) {
-        cut = rest.rfind(' ', room);
-        if (cut == std::string_view::npos || cut == 0) cut = room;
-      }
-      line.append(rest.substr(0, cut));
-      std::fprintf(f, "%s\n", line.c_str());
-      rest.remove_prefix(std::min(rest.size(), cut + 1));
-      line.assign(kCol, ' ');
-    }
-  }
-}
-
+// The help comes from the commands' table (cli_table.cpp, its run options from run_options.def),
+// as the man page and the completion do.
 void usage(FILE *f) {
-  std::fputs("Usage: cumemguard run [options] [--] PROGRAM [ARGS...]\n"
-             "\n"
-             "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it), passes its\n"
-             "exit status through, prints each finding with its stacks and the exit summary, and\n"
-             "lists the event logs of the run.\n"
-             "The program gets the debug profile (stacks at every event, a quarantine of freed\n"
-             "memory) unless CUMEMGUARD_PROFILE or a profile entry of CUMEMGUARD_OPTIONS is set.\n"
-             "A sanitizer runtime the program links (-fsanitize=address or thread) is preloaded\n"
-             "in front of the shim, as the sanitizer requires.\n"
-             "\n"
-             "Options:\n",
-             f);
-  print_options(f);
-  std::fputs("\n"
-             "Exit status:\n"
-             "  N    with --error-exitcode N, when a process of the run had findings (unless the\n"
-             "       program was killed by a signal: the launcher then dies of the same signal)\n"
-             "  64   bad options or arguments, or a CUMEMGUARD_* setting (from -e or the\n"
-             "       environment) that cannot apply; an unreadable suppressions file\n"
-             "  66   the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)\n"
-             "  71   the program could not be started (fork failed)\n"
-             "  73   the event log cannot be written (no such directory, not writable, a FIFO),\n"
-             "       or no status directory can be made for --error-exitcode\n"
-             "  126  PROGRAM is not executable; 127 PROGRAM not found\n"
-             "  otherwise the program's own status (or the signal that killed it, raised again)\n"
-             "\n"
-             "A process that never calls CUDA writes no log and has no findings. SIGTERM, SIGINT,\n"
-             "SIGQUIT, SIGHUP, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the\n"
-             "program (a terminal's SIGINT and SIGQUIT already reach it); if the launcher is\n"
-             "killed outright (SIGKILL), the program is killed with it.\n"
-             "\n"
-             "Environment:\n"
-             "  CUMEMGUARD_SHIM_PATH  the libcumemguard.so to preload instead of the one\n"
-             "                        installed beside this program\n"
-             "  TMPDIR                where the run's status directory is made (default /tmp)\n",
-             f);
+  std::fputs(cli::help_text(cli::command("run")).c_str(), f);
 }
 
 std::string dir_of(const std::string &p) {

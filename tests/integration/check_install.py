@@ -3,7 +3,7 @@
 # `meson install` into a DESTDIR: the files a packager and a user expect (the tool, the shim, the
 # header, pkg-config, a man page per command, bash completion), and the installed `cumemguard`
 # preloading the installed library, never the build tree's, unless CUMEMGUARD_SHIM_PATH says so.
-#   check_install.py --meson MESON --build DIR --prefix P --libdir L --runtime-cases PROG --man 0|1
+#   check_install.py --meson MESON --build DIR --prefix P --libdir L --runtime-cases PROG
 import argparse
 import json
 import os
@@ -24,7 +24,7 @@ def check(cond, msg):
 
 def main():
     ap = argparse.ArgumentParser()
-    for a in ("--meson", "--build", "--prefix", "--libdir", "--runtime-cases", "--man"):
+    for a in ("--meson", "--build", "--prefix", "--libdir", "--runtime-cases"):
         ap.add_argument(a, required=True)
     a = ap.parse_args()
     build = os.path.abspath(a.build)
@@ -44,8 +44,11 @@ def main():
                 os.path.join(lib, "pkgconfig", "cumemguard.pc"),
                 os.path.join(root, "share", "bash-completion", "completions", "cumemguard")]
         pages = ["cumemguard", "cumemguard-run", "cumemguard-report", "cumemguard-config"]
-        if a.man == "1":
-            want += [os.path.join(root, "share", "man", "man1", n + ".1") for n in pages]
+        want += [os.path.join(root, "share", "man", "man1", n + ".1") for n in pages]
+        # The documents --help names, where it names them.
+        docdir = os.path.join(a.prefix, "share", "doc", "cumemguard")
+        want += [dest + os.path.join(docdir, n) for n in ("report-schema.md", "config-json.md",
+                                                          "log-format.md")]
         for f in want:
             check(os.path.isfile(f), f"installed file missing: {f}")
 
@@ -61,16 +64,18 @@ def main():
         check(q("--libs") == "", f"pkg-config libs (the shim is not linked): {q('--libs')!r}")
         check(q("--modversion") != "", "pkg-config --modversion")
 
-        # Man pages: one per command, from its own help, with the environment and exit status.
-        if a.man == "1":
-            for n in pages:
-                text = open(os.path.join(root, "share", "man", "man1", n + ".1")).read()
-                check(f".TH {n.upper()} \"1\"" in text, f"{n}.1 title: {text[:200]!r}")
-                check("CUMEMGUARD_SHIM_PATH" in text and "EXIT STATUS" in text,
-                      f"{n}.1 lacks the environment or exit status sections")
-            run_page = open(os.path.join(root, "share", "man", "man1", "cumemguard-run.1")).read()
-            check("\\-\\-error\\-exitcode" in run_page and "cumemguard-run \\-" in run_page,
-                  "cumemguard-run.1 is not made from run --help")
+        # Man pages: one per command, made from the table --help prints (check_cli.py compares
+        # them option by option), with the exit status, and the environment where it applies.
+        for n in pages:
+            text = open(os.path.join(root, "share", "man", "man1", n + ".1")).read()
+            check(f".TH {n.upper().replace('-', chr(92) + '-')} 1 " in text,
+                  f"{n}.1 title: {text[:200]!r}")
+            check('.SH "EXIT STATUS"' in text, f"{n}.1 lacks the exit status section")
+            if n in ("cumemguard", "cumemguard-run"):
+                check("CUMEMGUARD_SHIM_PATH" in text, f"{n}.1 lacks the environment")
+        run_page = open(os.path.join(root, "share", "man", "man1", "cumemguard-run.1")).read()
+        check("\\-\\-error\\-exitcode" in run_page and "cumemguard\\-run \\-" in run_page,
+              "cumemguard-run.1 does not list run's options")
 
         # The installed launcher preloads the installed shim.
         base = {k: v for k, v in os.environ.items()

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# The commands' --help, man pages and bash completion against each other and against the parsers:
+# every option a command's parser compares an argument with is in its --help, its man page's
+# OPTIONS and its completion; every option the help lists is accepted by the parser (not "unknown
+# option"); the pages have NAME, SYNOPSIS, OPTIONS, EXIT STATUS and SEE ALSO, no self-reference,
+# status 73 where the commands use it, and pass `groff -ww`, `man --warnings` and lexgrog without a
+# word; --help names no file the install lacks; every usage line says "Usage:".
+#   check_cli.py --cg CUMEMGUARD --build BUILD --source SOURCE_ROOT
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+FAILURES = []
+
+# The parser of each command: the source file and the function the comparisons are in.
+# run's parser reads its options from tools/run_options.def (as its table here does); the others
+# compare arguments with literals in these functions.
+PARSERS = {"run": ("tools/run_options.def", None),
+           "report": ("tools/report.cpp", "int report_main("),
+           "config": ("tools/config_cmd.cpp", "bool parse_args(")}
+
+
+def check(cond, msg):
+    if not cond:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+    return cond
+
+
+def run(argv, **kw):
+    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=60, **kw)
+
+
+def help_options(text):
+    """Option names of the Options: section of a --help text."""
+    out, inside = set(), False
+    for line in text.splitlines():
+        if line == "Options:":
+            inside = True
+            continue
+        if inside and not line.strip():
+            break
+        if inside and line.startswith("  -"):
+            label = line.strip().split("  ")[0]
+            for part in label.split(","):
+                out.add(part.strip().split(" ")[0])
+    return out
+
+
+def parser_options(source, cmd):
+    """The option literals the command's parser compares an argument with: `== "--x"`,
+    `"--x="` prefixes and `starts_with("--x")`; for run, the names of its options table."""
+    path, start = PARSERS[cmd]
+    text = open(os.path.join(source, path)).read()
+    if start is None:  # CMG_RUN_OPTION(id, "name", "alias", ...)
+        return {n for pair in re.findall(r'^CMG_RUN_OPTION\(\w+,\s*"([^"]*)",\s*"([^"]*)"', text,
+                                          re.M) for n in pair if n}
+    body = text[text.index(start):]
+    # The function ends at the first line that is a lone closing brace.
+    body = body[:body.index("\n}\n")]
+    names = set(re.findall(r'==\s*"(--?[a-zA-Z][a-zA-Z0-9-]*)"', body))
+    names |= set(re.findall(r'rfind\("(--[a-zA-Z][a-zA-Z0-9-]*)=",\s*0\)', body))
+    names |= set(re.findall(r'starts_with\("(--[a-zA-Z][a-zA-Z0-9-]*)"', body))
+    return names - {"--"}
+
+
+def man_sections(page):
+    return re.findall(r'^\.SH "?([A-Z ]+?)"?$', page, re.M)
+
+
+def man_options(page):
+    """Option names of the OPTIONS section: the bold names of each .TP entry."""
+    sec = page.split(".SH OPTIONS\n", 1)[1].split("\n.SH ", 1)[0]
+    out = set()
+    for entry in sec.split(".TP\n")[1:]:
+        head = entry.split("\n", 1)[0]
+        out |= {n.replace("\\-", "-") for n in re.findall(r"\\fB(.*?)\\fR", head)}
+    return out
+
+
+def completion_options(comp, cmd):
+    """The words the completion offers for `cumemguard CMD -`."""
+    script = (f"source {comp}; COMP_WORDS=(cumemguard {cmd} -); COMP_CWORD=2; _cumemguard; "
+              "printf '%s\\n' \"${COMPREPLY[@]}\"")
+    return set(run(["bash", "-c", script]).stdout.split()) - {"--"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cg", required=True)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--source", required=True)
+    a = ap.parse_args()
+    a.cg = os.path.abspath(a.cg)
+    tools = os.path.join(os.path.abspath(a.build), "tools")
+    comp = os.path.join(tools, "completion", "cumemguard")
+    groff = shutil.which("groff")
+    lexgrog = shutil.which("lexgrog")
+    check(groff and lexgrog, "groff and lexgrog are needed to check the man pages (tools/dev "
+                             "test installs groff-base and man-db)")
+
+    for cmd in ("", "run", "report", "config"):
+        label = cmd or "cumemguard"
+        argv = [a.cg] + ([cmd] if cmd else []) + ["--help"]
+        h = run(argv)
+        check(h.returncode == 0 and not h.stderr, f"{label} --help: {h.returncode} {h.stderr!r}")
+        check(h.stdout.startswith("Usage: cumemguard" + (" " + cmd if cmd else "") + " "),
+              f"{label} --help does not start with 'Usage: cumemguard {cmd}': "
+              f"{h.stdout[:80]!r}")
+        check("usage:" not in h.stdout, f"{label} --help has a lower-case usage: line")
+        check(max(len(l) for l in h.stdout.splitlines()) <= 79,
+              f"{label} --help has a line over 79 columns")
+        helped = help_options(h.stdout)
+        check({"-h", "--help", "--version"} <= helped, f"{label} --help options {helped}")
+        # Files --help names must exist where it says (installed docs are checked by
+        # check_install.py); no path into the source tree, which is not installed.
+        check("docs/" not in h.stdout, f"{label} --help points into the source tree's docs/")
+
+        page_name = "cumemguard" + ("-" + cmd if cmd else "")
+        page = open(os.path.join(tools, page_name + ".1")).read()
+        secs = man_sections(page)
+        for s in ("NAME", "SYNOPSIS", "OPTIONS", "EXIT STATUS", "SEE ALSO"):
+            check(s in secs, f"{page_name}(1) has no {s} section: {secs}")
+        check(len(secs) == len(set(secs)), f"{page_name}(1) has a section twice: {secs}")
+        see_also = page.split('.SH "SEE ALSO"\n', 1)[1]
+        check(f".BR {page_name.replace('-', chr(92) + '-')} (1)" not in see_also,
+              f"{page_name}(1) names itself in SEE ALSO")
+        check(man_options(page) == helped,
+              f"{page_name}(1) OPTIONS {sorted(man_options(page) ^ helped)} differ from --help")
+        if groff:
+            g = run([groff, "-ww", "-z", "-b", "-man", "-Tutf8"], input=page)
+            check(g.returncode == 0 and not g.stderr.strip(),
+                  f"groff -ww on {page_name}(1): {g.stderr.strip()[:400]}")
+        if shutil.which("man"):
+            mw = run(["man", "--warnings", "-l", os.path.join(tools, page_name + ".1")],
+                     env=dict(os.environ, MANPAGER="cat", MANWIDTH="80"))
+            check(mw.returncode == 0 and not mw.stderr.strip() and "EXIT STATUS" in mw.stdout,
+                  f"man --warnings {page_name}(1): {mw.returncode} {mw.stderr.strip()[:400]}")
+        if lexgrog:
+            path = os.path.join(tools, page_name + ".1")
+            lx = run([lexgrog, path])
+            check(lx.returncode == 0 and f'"{page_name} - ' in lx.stdout,
+                  f"lexgrog {page_name}(1): {lx.returncode} {lx.stdout.strip()!r}")
+
+        if cmd:
+            parsed = parser_options(a.source, cmd)
+            check(parsed, f"{cmd}: no option found in its parser (has it moved? update PARSERS)")
+            check(parsed <= helped, f"{cmd}: the parser accepts {sorted(parsed - helped)}, which "
+                                    "--help does not list (add them to tools/cli_table.cpp)")
+            offered = completion_options(comp, cmd)
+            check(offered == helped, f"{cmd}: the completion offers "
+                                     f"{sorted(offered ^ helped)} unlike --help")
+            for opt in sorted(helped - {"-h", "--help", "--version"}):
+                p = run([a.cg, cmd, opt, "x"], stdin=subprocess.DEVNULL, cwd=a.build)
+                check("unknown option" not in p.stderr,
+                      f"{cmd} {opt}: --help lists it, the parser does not know it: {p.stderr!r}")
+
+    # Exit status 73 is in the tables of the commands that use it.
+    for cmd in ("", "run", "report"):
+        h = run([a.cg] + ([cmd] if cmd else []) + ["--help"]).stdout
+        check(re.search(r"^  73 ", h, re.M), f"{cmd or 'cumemguard'} --help: no exit status 73")
+
+    if FAILURES:
+        print(f"{len(FAILURES)} failed")
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0
+// The table of the commands' options, operands, exit statuses and environment (see cli.h). A new
+// option of a command goes here and in its parser; check_cli.py fails when one side lacks it.
+#include <array>
+
+#include "cli.h"
+#include "cmg_config.h"
+
+namespace cmg::tools::cli {
+namespace {
+
+using sv = std::string_view;
+
+// --- cumemguard ----------------------------------------------------------------------------------
+constexpr sv kTopDescription[] = {
+    "Guards and explains CUDA memory management in a program it preloads libcumemguard.so into, "
+    "and reads the event logs that leaves.",
+};
+constexpr Option kTopOptions[] = {
+    {"-h, --help", "", Value::None, "", "print this help"},
+    {"--version", "", Value::None, "", "print the version"},
+};
+constexpr ExitStatus kTopExits[] = {
+    {"0", "success"},
+    {"1", "findings (report; config: PyTorch would fail on the environment)"},
+    {"64", "a usage error: an unknown command or option, a bad argument"},
+    {"66", "an input file cannot be read"},
+    {"71", "run: the program could not be started (fork failed)"},
+    {"73",
+     "an output file cannot be written (report), or the event log that run --log names "
+     "cannot be opened (the program is not started)"},
+};
+constexpr sv kTopNotes[] = {
+    "`cumemguard COMMAND --help` describes each command; each takes --version too. run passes "
+    "the program's own status otherwise (see cumemguard run --help).",
+};
+
+// The environment the shim reads, in every page that starts or explains it.
+constexpr EnvVar kShimEnv[] = {
+    {"CUMEMGUARD_SHIM_PATH",
+     "The libcumemguard.so that cumemguard run preloads. Unset, an installed cumemguard uses the "
+     "library installed beside it (PREFIX/LIBDIR), and a build tree's uses the one in its shim/; "
+     "an installed one never uses a build tree's. Set to a path that is not a file, the run stops "
+     "with status 66."},
+    {"CUMEMGUARD_OPTIONS",
+     "Many options in one variable, NAME=VALUE entries separated by colons "
+     "(CUMEMGUARD_OPTIONS=mode=strict:stacks=16); a value holding a colon is quoted; a separate "
+     "CUMEMGUARD_NAME variable wins over an entry."},
+    {"CUMEMGUARD_PROFILE",
+     "guard (the defaults of a plain LD_PRELOAD) or debug (stacks and a quarantine; what "
+     "cumemguard run sets unless told)."},
+    {"CUMEMGUARD_*",
+     "Every option of the shim is a variable; cumemguard config lists them all with their "
+     "values, defaults and sources."},
+};
+
+// --- cumemguard run ------------------------------------------------------------------------------
+constexpr sv kRunDescription[] = {
+    "Runs PROGRAM with libcumemguard.so preloaded (its children inherit it), passes its exit "
+    "status through, prints each finding with its stacks and the exit summary, and lists the "
+    "event logs of the run. The program gets the debug profile (stacks at every event, a "
+    "quarantine of freed memory) unless CUMEMGUARD_PROFILE or a profile entry of "
+    "CUMEMGUARD_OPTIONS is set. A sanitizer runtime the program links (-fsanitize=address or "
+    "thread) is preloaded in front of the shim, as the sanitizer requires.",
+};
+
+// run's options are its parser's table (run_options.def): "-h, --help" from name and alias.
+template <std::size_t A, std::size_t N>
+constexpr std::array<char, A + N + 1> option_names(const char (&alias)[A], const char (&name)[N]) {
+  std::array<char, A + N + 1> out{};
+  std::size_t k = 0;
+  if (A > 1) {
+    for (std::size_t i = 0; i + 1 < A; ++i) out[k++] = alias[i];
+    out[k++] = ',';
+    out[k++] = ' ';
+  }
+  for (std::size_t i = 0; i + 1 < N; ++i) out[k++] = name[i];
+  return out;
+}
+
+#define CMG_RUN_OPTION(id, name, alias, value, help) \
+  constexpr auto kRunNames_##id = option_names(alias, name);
+#include "run_options.def"
+#undef CMG_RUN_OPTION
+
+// What a run option's value is, for completion, from its placeholder.
+constexpr Value run_value(sv arg) {
+  if (arg.empty()) return Value::None;
+  if (arg == "PATH" || arg == "FILE") return Value::File;
+  if (arg == "MODE") return Value::Word;
+  if (arg == "N") return Value::Number;
+  if (arg == "NAME=VALUE") return Value::EnvName;
+  return Value::Text;
+}
+
+constexpr Option kRunOptions[] = {
+#define CMG_RUN_OPTION(id, name, alias, value, help)   \
+  {sv(kRunNames_##id.data()), value, run_value(value), \
+   sv(value) == "MODE" ? sv("guard report strict") : sv(), help},
+#include "run_options.def"
+#undef CMG_RUN_OPTION
+};
+constexpr ExitStatus kRunExits[] = {
+    {"N",
+     "with --error-exitcode N, when a process of the run had findings (unless the program was "
+     "killed by a signal: the launcher then dies of the same signal)"},
+    {"64",
+     "bad options or arguments, or a CUMEMGUARD_* setting (from -e or the environment) that "
+     "cannot apply; an unreadable suppressions file"},
+    {"66", "the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)"},
+    {"71", "the program could not be started (fork failed)"},
+    {"73",
+     "the event log cannot be written (no such directory, not writable, a FIFO), or no status "
+     "directory can be made for --error-exitcode: the program is not started"},
+    {"126", "PROGRAM is not executable"},
+    {"127", "PROGRAM is not found"},
+    {"other", "the program's own status (or the signal that killed it, raised again)"},
+};
+constexpr EnvVar kRunEnv[] = {
+    kShimEnv[0],
+    kShimEnv[1],
+    kShimEnv[2],
+    kShimEnv[3],
+    {"TMPDIR", "Where the run's status directory is made (default /tmp)."},
+};
+constexpr sv kRunNotes[] = {
+    "A process that never calls CUDA writes no log and has no findings. SIGTERM, SIGINT, SIGQUIT, "
+    "SIGHUP, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the program (a terminal's "
+    "SIGINT and SIGQUIT already reach it); if the launcher is killed outright (SIGKILL), the "
+    "program is killed with it.",
+};
+
+// --- cumemguard report ---------------------------------------------------------------------------
+constexpr sv kReportDescription[] = {
+    "Reads cumemguard event logs (one per process or rank) and prints what happened to each "
+    "process that did not exit normally, findings grouped by class and stack, leaks by allocation "
+    "stack, bytes per device and memory kind, top allocation sites, calls per API and NCCL "
+    "communicator lifecycles. A log named twice is read once; - reads one from standard input.",
+};
+constexpr Option kReportOptions[] = {
+    {"--json", "", Value::None, "",
+     "one JSON document instead of text (its fields: report-schema.md in the documentation "
+     "directory, " CMG_DOCDIR ")"},
+    {"-o, --output", "OUT", Value::File, "",
+     "write the text or JSON report to OUT instead of stdout"},
+    {"--trace", "OUT.json", Value::File, "",
+     "write a Chrome trace-event file for Perfetto / chrome://tracing (stdout then gets the "
+     "report's first line only, unless --json or -o asks for the report)"},
+    {"--html", "OUT.html", Value::File, "",
+     "write one self-contained HTML page: memory over time, findings (stdout as with --trace)"},
+    {"--no-symbolize", "", Value::None, "",
+     "print frames as module+offset without reading the modules"},
+    {"--top", "N", Value::Number, "",
+     "rows of ranked lists: allocation sites, leak stacks (default 10, 0 = all)"},
+    {"--fail-on-leaks", "", Value::None, "",
+     "leaks at exit make the exit status 1, like other findings"},
+    {"--slow-us", "N", Value::Number, "",
+     "calls of at least N microseconds become slices in the trace (default 1000; 0: every call)"},
+    {"--gen-suppressions", "", Value::None, "",
+     "print a suppression rule (CUMEMGUARD_SUPPRESSIONS) for each finding group instead of the "
+     "report"},
+    {"-h, --help", "", Value::None, "", "print this help"},
+    {"--version", "", Value::None, "", "print the version"},
+};
+constexpr ExitStatus kReportExits[] = {
+    {"0", "no findings; with --gen-suppressions, the rules were printed"},
+    {"1", "findings (suppressed ones excepted), or a process crashed or was aborted"},
+    {"64", "usage error"},
+    {"66", "a log cannot be read, is not a cumemguard log or is of a newer format"},
+    {"73", "an output file cannot be written"},
+};
+constexpr sv kReportNotes[] = {
+    "The report never writes an output over a cumemguard event log. It holds at most 256 logs "
+    "open at once and a bounded line buffer per log, so any number of rank logs can be read "
+    "together; a line over 16 MiB is skipped and said.",
+};
+
+// --- cumemguard config ---------------------------------------------------------------------------
+constexpr sv kConfigDescription[] = {
+    "Shows how PyTorch will read its allocator variables (PYTORCH_CUDA_ALLOC_CONF and the others) "
+    "in this environment, judged for the PyTorch release installed (or named), with that "
+    "release's known problems, and every CUMEMGUARD_* option with its effective value and where "
+    "it comes from: its own variable, an entry of CUMEMGUARD_OPTIONS, the profile in force "
+    "(CUMEMGUARD_PROFILE), cumemguard run (with --run) or the default.",
+};
+constexpr Option kConfigOptions[] = {
+    {"--json", "", Value::None, "",
+     "machine-readable output (its fields: config-json.md in the documentation "
+     "directory, " CMG_DOCDIR ")"},
+    {"--run", "", Value::None, "",
+     "evaluate the environment cumemguard run gives the program: the debug profile, the exit "
+     "summary and a log in the current directory, where the environment does not set them"},
+    {"--env", "NAME=VALUE", Value::EnvName, "",
+     "evaluate as if NAME were set to VALUE (nothing is exported); --env NAME: as if NAME were "
+     "unset"},
+    {"--torch-version", "V", Value::Text, "",
+     "judge for PyTorch V (default: the torch that --python would import)"},
+    {"--python", "PATH", Value::File, "",
+     "the interpreter asked where torch is, without importing it (python3)"},
+    {"-h, --help", "", Value::None, "", "print this help"},
+    {"--version", "", Value::None, "", "print the version"},
+};
+constexpr ExitStatus kConfigExits[] = {
+    {"0", "PyTorch accepts this environment"},
+    {"1",
+     "PyTorch would fail on it (an exception at the first CUDA allocation, or an abort "
+     "during import torch)"},
+    {"64", "bad arguments"},
+};
+
+constexpr std::array<Command, 4> kCommands = {{
+    {"", "guard and explain CUDA memory management in programs it preloads into",
+     "COMMAND [ARGS...]", kTopDescription, kTopOptions, Value::None, kTopExits, "", kShimEnv,
+     kTopNotes},
+    {"run", "run a program with the cumemguard shim preloaded", "[options] [--] PROGRAM [ARGS...]",
+     kRunDescription, kRunOptions, Value::Command, kRunExits, "", kRunEnv, kRunNotes},
+    {"report",
+     "read cumemguard event logs: findings, leaks, bytes over time",
+     "[options] LOG...",
+     kReportDescription,
+     kReportOptions,
+     Value::Log,
+     kReportExits,
+     "The highest that applies wins.",
+     {},
+     kReportNotes},
+    {"config",
+     "show the PyTorch allocator configuration and the cumemguard options in force",
+     "[--json] [--run] [--env NAME=VALUE | --env NAME]... [--torch-version V] [--python PATH]",
+     kConfigDescription,
+     kConfigOptions,
+     Value::None,
+     kConfigExits,
+     "",
+     {},
+     {}},
+}};
+
+}  // namespace
+
+std::span<const Command> commands() {
+  return kCommands;
+}
+
+const Command &command(std::string_view name) {
+  for (const Command &c : kCommands)
+    if (c.name == name) return c;
+  return kCommands[0];
+}
+
+}  // namespace cmg::tools::cli

@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// The launcher's defaults (see run_defaults.h).
+#include "run_defaults.h"
+
+namespace cmg::tools {
+
+bool set_by_user(const ParsedOptions &user, std::string_view name) {
+  for (const auto &v : user.values)
+    if (v.spec->name == name)
+      return v.source == OptionSource::Environment || v.source == OptionSource::Options;
+  return false;
+}
+
+std::vector<RunDefault> run_defaults(const ParsedOptions &user, const std::string &program,
+                                     const std::string &cwd) {
+  std::vector<RunDefault> out;
+  const std::string prefix(kOptionPrefix);
+  if (user.profile_source == OptionSource::Default) out.push_back({prefix + "PROFILE", "debug"});
+  if (!set_by_user(user, "SUMMARY")) out.push_back({prefix + "SUMMARY", "1"});
+  if (!set_by_user(user, "LOG")) {
+    const auto slash = program.rfind('/');
+    const std::string base = slash == std::string::npos ? program : program.substr(slash + 1);
+    out.push_back({prefix + "LOG", cwd + "/cumemguard." + base + ".%p.log"});
+  }
+  return out;
+}
+
+}  // namespace cmg::tools

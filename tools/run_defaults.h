@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// What `cumemguard run` sets in the program's environment when the user set nothing for it (by
+// its variable or an entry of CUMEMGUARD_OPTIONS): the debug profile, the exit summary, an event
+// log in the current directory. `cumemguard config --run` shows these, marked as set by run, so
+// that the listing and the run agree (tests/integration/check_config_run.py compares the two).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "options.h"
+
+namespace cmg::tools {
+
+struct RunDefault {
+  std::string name;   // CUMEMGUARD_PROFILE, CUMEMGUARD_SUMMARY, CUMEMGUARD_LOG
+  std::string value;  // as exported
+};
+
+// `user`: the options as the environment sets them before the launcher adds anything;
+// `program`: the program as given (its file name names the log); `cwd`: the directory the log
+// goes to (absolute, so a program that changes directory still writes where the launcher looks).
+std::vector<RunDefault> run_defaults(const ParsedOptions &user, const std::string &program,
+                                     const std::string &cwd);
+
+// True when the user set option `name` (without the prefix) by a variable or an entry.
+bool set_by_user(const ParsedOptions &user, std::string_view name);
+
+}  // namespace cmg::tools
