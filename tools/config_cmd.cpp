@@ -281,7 +281,7 @@ json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
               {"override", over}};
 }
 
-json options_json(const ParsedOptions &po) {
+json options_json(const ParsedOptions &po, const std::set<std::string_view> &by_run) {
   json a = json::array();
   for (const OptionValue &v : po.values) {
     json choices = json::array();
@@ -290,17 +290,18 @@ json options_json(const ParsedOptions &po) {
       choices.push_back(std::string(c.substr(0, bar)));
       c = bar == std::string_view::npos ? std::string_view() : c.substr(bar + 1);
     }
-    a.push_back({{"name", std::string(kOptionPrefix) + std::string(v.spec->name)},
-                 {"type", std::string(option_kind_name(v.spec->kind))},
-                 {"choices", choices},
-                 {"default", std::string(v.spec->default_value)},
-                 {"debug_default", std::string(v.spec->debug_value)},
-                 {"effective", v.effective},
-                 {"source", option_source(v)},
-                 {"raw", v.source == OptionSource::Environment || v.source == OptionSource::Options
-                             ? json(v.raw)
-                             : json(nullptr)},
-                 {"help", std::string(v.spec->help)}});
+    a.push_back(
+        {{"name", std::string(kOptionPrefix) + std::string(v.spec->name)},
+         {"type", std::string(option_kind_name(v.spec->kind))},
+         {"choices", choices},
+         {"default", std::string(v.spec->default_value)},
+         {"debug_default", std::string(v.spec->debug_value)},
+         {"effective", v.effective},
+         {"source", by_run.count(v.spec->name) ? std::string("cumemguard run") : option_source(v)},
+         {"raw", v.source == OptionSource::Environment || v.source == OptionSource::Options
+                     ? json(v.raw)
+                     : json(nullptr)},
+         {"help", std::string(v.spec->help)}});
   }
   return a;
 }
@@ -416,9 +417,9 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
 }
 
 void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env,
-                        bool set_by_run) {
+                        const std::set<std::string_view> &by_run) {
   out << "\ncumemguard options\n"
-      << "  profile " << profile_why(po, set_by_run) << '\n';
+      << "  profile " << profile_why(po, by_run.count("PROFILE") > 0) << '\n';
   if (po.has_options_variable)
     out << "  " << kOptionsVariable << "=" << in_quotes(po.options_variable)
         << "  (a separate CUMEMGUARD_<NAME> variable wins over its entries)\n";
@@ -433,7 +434,7 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
       out << ", debug profile " << in_quotes(v.spec->debug_value);
     out << "\n# " << v.spec->help << '\n' << name << '=' << v.effective << "  (";
     const std::string src = option_source(v);
-    if (set_by_run && v.spec->name == "PROFILE") {
+    if (by_run.count(v.spec->name)) {
       out << "set by cumemguard run";
     } else if (src == "invalid") {
       const auto raw = lookup(env, name);
@@ -483,13 +484,21 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     return parse_options(pairs);
   };
   ParsedOptions po = parse_env();
-  // --run: what the launcher adds (cumemguard run sets the debug profile unless one is set).
-  bool set_by_run = false;
-  if (args.as_run && po.profile_source == OptionSource::Default) {
-    env.emplace_back(std::string(kOptionPrefix) + "PROFILE", "debug");
+  // --run: what the launcher adds when the user did not set it (run_defaults.h), shown as set by
+  // cumemguard run. The log is named after the program, which config does not know: PROGRAM.
+  std::set<std::string_view> by_run;
+  if (args.as_run) {
+    char cwd[PATH_MAX];
+    const std::string dir = getcwd(cwd, sizeof cwd) ? cwd : ".";
+    for (const tools::RunDefault &d : tools::run_defaults(po, "PROGRAM", dir)) {
+      env.emplace_back(d.name, d.value);
+      const std::string_view name = std::string_view(d.name).substr(kOptionPrefix.size());
+      for (const OptionSpec &sp : option_specs())
+        if (sp.name == name) by_run.insert(sp.name);
+    }
     po = parse_env();
-    set_by_run = true;
   }
+  const bool set_by_run = by_run.count("PROFILE") > 0;
 
   const tc::Env tenv =
       tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); });
@@ -506,21 +515,22 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   const int status = jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk : kExitTorchFails;
 
   if (args.json) {
-    json j{{"schema", kJsonSchema},
-           {"torch", torch_json(tenv, p, jd, override_raw)},
-           {"profile", {{"name", po.options.profile == Profile::Debug ? "debug" : "guard"},
-                        {"source", set_by_run ? "cumemguard run"
-                                              : std::string(option_source_name(po.profile_source))},
-                        {"why", profile_why(po, set_by_run)}}},
-           {"options_variable",
-            po.has_options_variable ? json(po.options_variable) : json(nullptr)},
-           {"options", options_json(po)},
-           {"option_problems", po.problems},
-           {"exit_status", status}};
+    json j{
+        {"schema", kJsonSchema},
+        {"torch", torch_json(tenv, p, jd, override_raw)},
+        {"profile",
+         {{"name", po.options.profile == Profile::Debug ? "debug" : "guard"},
+          {"source",
+           set_by_run ? "cumemguard run" : std::string(option_source_name(po.profile_source))},
+          {"why", profile_why(po, set_by_run)}}},
+        {"options_variable", po.has_options_variable ? json(po.options_variable) : json(nullptr)},
+        {"options", options_json(po, by_run)},
+        {"option_problems", po.problems},
+        {"exit_status", status}};
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
     print_torch_text(out, tenv, p, jd, override_raw);
-    print_options_text(out, po, env, set_by_run);
+    print_options_text(out, po, env, by_run);
   }
   return status;
 }

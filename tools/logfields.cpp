@@ -440,6 +440,8 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
     }
   }
   if (key == "deferred"sv) f.deferred = bool_of(v);
+  else if (key == "released_from"sv)
+    f.released_from = str_of(v);
   else if (key == "blocked_ns"sv) f.blocked_ns = i64_of(v);
   else if (key == "suppressed"sv) {
     if (!typed()) return false;

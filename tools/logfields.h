@@ -42,7 +42,7 @@ struct Fields {
       size, signal, cumemguard_log;
   std::optional<std::string> api, mem, cls, action, msg, event, comm, path, build_id, what, var,
       original, result, level, signal_name, name, suppressed_rule, object, object_field, file,
-      py_end;
+      py_end, released_from;
   std::optional<std::int64_t> first;
   bool skipped = false, deferred = false, applied = false, aborted = false, sticky = false,
        suppressed_flag = false;

@@ -391,6 +391,7 @@ struct LogReader::Impl {
         c.delta = f.delta.value_or(0);
         c.skipped = f.skipped;
         c.deferred = f.deferred;
+        if (f.released_from) c.released_from = std::move(*f.released_from);
       } else if (k == "finding"sv) {
         if (!f.cls || f.cls->empty()) return false;
         Finding x;

@@ -108,6 +108,9 @@ struct Call {
   std::int64_t delta = 0;
   bool skipped = false;
   bool deferred = false;
+  // "quarantine" or "deferred": not a call of the program but the shim handing a free it held to
+  // the driver (docs/log-format.md `released_from`); empty for the program's own calls.
+  std::string released_from;
   // The arguments the crash context follows (memory lifecycle, VMM ranges), when present.
   std::optional<std::uint64_t> ptr, size, handle;
 };

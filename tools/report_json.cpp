@@ -298,6 +298,14 @@ Json report_json(const Model &m, const ReportOptions &opt) {
                      {"dur_ns_max", c.dur_max},
                      {"at_exit", opt_json(c.at_exit)}});
 
+  Json shim_releases = Json::array();
+  for (const auto &r : m.shim_releases)
+    shim_releases.push_back({{"from", r.from},
+                             {"api", r.api},
+                             {"count", r.count},
+                             {"errors", r.errors},
+                             {"bytes", r.bytes}});
+
   Json nccl_events = Json::array();
   for (const Example &x : m.nccl) {
     const Event &e = x.event;
@@ -356,6 +364,7 @@ Json report_json(const Model &m, const ReportOptions &opt) {
           {"memory", std::move(memory)},
           {"top_sites", {{"sites_total", m.sites.size()}, {"sites", std::move(sites)}}},
           {"calls", std::move(calls)},
+          {"shim_releases", std::move(shim_releases)},
           {"nccl",
            {{"events", std::move(nccl_events)},
             {"events_not_listed", m.nccl_dropped},

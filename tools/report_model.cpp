@@ -290,6 +290,17 @@ class Builder {
 
  private:
   void call(std::size_t li, const Event &e, const Call &c, std::int64_t t) {
+    if (!c.released_from.empty()) {
+      // The shim's own release of a free it held: the program's free was counted when it was
+      // called (and its bytes left the tracked memory then).
+      ShimReleaseRow &r = shim_releases_[{c.released_from, c.api}];
+      r.from = c.released_from;
+      r.api = c.api;
+      ++r.count;
+      if (c.res != 0) ++r.errors;
+      r.bytes = sat_add(r.bytes, static_cast<std::int64_t>(c.size.value_or(0)));
+      return;
+    }
     auto [cit, cfresh] = calls_.try_emplace(c.api);
     CallRow &row = cit->second;
     if (cfresh) row.api = c.api;
@@ -410,6 +421,7 @@ class Builder {
   std::unordered_map<long, SiteRow> sites_;            // by stack key
   std::unordered_map<std::string, SiteRow> stackless_sites_;  // by API
   std::unordered_map<std::string, CallRow> calls_;
+  std::map<std::pair<std::string, std::string>, ShimReleaseRow> shim_releases_;
   MemoryRow *last_row_ = nullptr;  // std::map nodes stay put
   std::size_t last_log_ = 0;
   std::map<std::pair<std::size_t, std::string>, std::size_t> comm_index_;
@@ -526,6 +538,7 @@ Model Builder::finish(std::vector<Log> logs, std::vector<LogError> errors) {
   for (auto &[key, row] : sites) m.sites.push_back(std::move(row));
 
   for (auto &[api, row] : calls_) m.calls.push_back(std::move(row));
+  for (auto &[key, row] : shim_releases_) m.shim_releases.push_back(std::move(row));
   std::sort(m.calls.begin(), m.calls.end(), [](const CallRow &a, const CallRow &b) {
     if (a.count != b.count) return a.count > b.count;
     return a.api < b.api;

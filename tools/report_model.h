@@ -152,6 +152,15 @@ struct CallRow {
   std::optional<std::int64_t> at_exit;  // summed `summary.calls`
 };
 
+// Frees the shim held (its quarantine, deferred cache flushes) and handed to the driver itself:
+// logged as calls with `released_from`, never counted as the program's calls.
+struct ShimReleaseRow {
+  std::string from;  // "quarantine" or "deferred"
+  std::string api;
+  std::size_t count = 0, errors = 0;
+  std::int64_t bytes = 0;
+};
+
 struct NcclPoint {
   std::int64_t t = 0;
   std::string api, event;
@@ -245,7 +254,8 @@ struct Model {
   std::vector<std::pair<std::size_t, std::int64_t>> log_leaks;  // per log: objects, bytes
   std::vector<MemoryRow> memory;
   std::vector<SiteRow> sites;  // all, ranked; writers show the top N
-  std::vector<CallRow> calls;
+  std::vector<CallRow> calls;  // the program's calls
+  std::vector<ShimReleaseRow> shim_releases;
   std::vector<Example> nccl;  // at most kMaxNccl
   std::size_t nccl_dropped = 0;
   std::vector<CommRow> comms;
@@ -300,6 +310,8 @@ std::string log_label(const Log &log);
 std::string dev_text(std::int64_t dev);
 
 void write_text(const Model &m, const ReportOptions &opt, std::ostream &out);
+// The text report's first line: logs, findings by class, leaks, crashed or cut-off processes.
+void write_headline(const Model &m, std::ostream &out);
 // `--gen-suppressions`: one rule per finding group shown (docs/report.md).
 void write_suppressions(const Model &m, std::ostream &out);
 Json report_json(const Model &m, const ReportOptions &opt);

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# One source of truth for counts: the exit summary `cumemguard run` prints, the report of the same
+# log and `cumemguard config --run` say the same thing. The program's calls per API agree (the
+# quarantine's own releases at exit are logged with `released_from` and shown apart, never as the
+# program's calls: the report said `cudaFree 3` where the summary said 2); findings by class agree,
+# leaks included (the summary's `leak 1` was the report's `0 findings, 1 leak`); and what config
+# --run lists as set by the launcher is what the launcher exports (CUMEMGUARD_LOG and
+# CUMEMGUARD_SUMMARY showed as defaults).
+#   check_counts.py --cg CUMEMGUARD --build BUILD
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, msg):
+    if not cond:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+    return cond
+
+
+def pairs(text):
+    """'cudaFree 2 cudaMalloc 1' or 'double-free 1, leak 1 (live at exit)' -> dict."""
+    text = re.sub(r"\([^)]*\)", "", text)
+    return {k: int(v) for k, v in re.findall(r"([A-Za-z][\w-]*) (\d+)", text)}
+
+
+def summary(stderr):
+    """The summary's calls and findings, as printed (the calls may wrap onto indented lines)."""
+    lines = stderr.splitlines()
+    calls, findings, released = "", "", None
+    for i, l in enumerate(lines):
+        if l.strip().startswith("calls:"):
+            calls = l.split("calls:", 1)[1]
+            for more in lines[i + 1:]:
+                if not more.startswith("         "):
+                    break
+                calls += " " + more
+        if l.strip().startswith("findings:"):
+            findings = l.split("findings:", 1)[1].strip()
+        m = re.search(r"quarantine: .*, (\S+ \S+) of frees released from it", l)
+        if m:
+            released = m.group(1)
+    return pairs(calls), ({} if findings == "none" else pairs(findings)), released
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cg", required=True)
+    ap.add_argument("--build", required=True)
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    a.cg = os.path.abspath(a.cg)
+    prog = os.path.join(build, "tests", "integration", "runtime_cases")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
+    env["LD_LIBRARY_PATH"] = os.path.join(build, "tests", "fakecuda")
+    first = os.environ.get("CMG_PRELOAD_FIRST", "")
+    env.pop("LD_PRELOAD", None)
+    if first:
+        env["LD_PRELOAD"] = first
+    tmp = tempfile.mkdtemp(prefix="cmg-counts-")
+
+    # P29: a double free (the first free held in the debug profile's quarantine, released at
+    # exit); leak: an allocation live at exit.
+    for case, want_calls, want_findings in (("P29", {"cudaMalloc": 1, "cudaFree": 2},
+                                             {"double-free": 1}),
+                                            ("leak", {"cudaMalloc": 1}, {"leak": 1})):
+        log = os.path.join(tmp, case + ".log")
+        p = subprocess.run([a.cg, "run", "--log", log, "--", prog, case], env=env, cwd=tmp,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        check(p.returncode == 0, f"{case}: run exited {p.returncode}: {p.stderr[-400:]}")
+        calls, findings, released = summary(p.stderr)
+        check(calls == want_calls and findings == want_findings,
+              f"{case}: the summary says calls {calls}, findings {findings}")
+        r = subprocess.run([a.cg, "report", "--json", log], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        doc = json.loads(r.stdout)
+        rcalls = {c["api"]: c["count"] for c in doc["calls"]}
+        check(rcalls == calls, f"{case}: the report's calls {rcalls}, the summary's {calls}")
+        check(all(c["at_exit"] == c["count"] for c in doc["calls"]),
+              f"{case}: calls and calls at exit differ: {doc['calls']}")
+        rel = [(s["from"], s["api"], s["count"]) for s in doc["shim_releases"]]
+        if case == "P29":
+            check(rel == [("quarantine", "cudaFree", 1)] and released == "1.0 MiB" and
+                  doc["shim_releases"][0]["bytes"] == 1 << 20,
+                  f"{case}: releases from the quarantine: report {doc['shim_releases']}, summary "
+                  f"{released}")
+        else:
+            check(rel == [], f"{case}: releases {rel}")
+        by_class = {c["class"]: c["count"] for c in doc["findings"]["classes"] if c["count"]}
+        if doc["leaks"]["count"]:
+            by_class["leak"] = doc["leaks"]["count"]
+        check(by_class == findings, f"{case}: the report's findings {by_class}, the summary's "
+                                    f"{findings}")
+        t = subprocess.run([a.cg, "report", log], stdout=subprocess.PIPE, text=True, timeout=120)
+        head = t.stdout.splitlines()[0]
+        total = sum(findings.values())
+        want_head = (f"cumemguard report: 1 log, {total} finding{'s' if total != 1 else ''} (" +
+                     ", ".join(f"{k} {v}" for k, v in findings.items()) + ")")
+        check(head == want_head, f"{case}: headline {head!r}, expected {want_head!r}")
+        check(re.search(r"^  \+ 1 cudaFree by the shim, releasing 1048576 bytes \(1\.0 MiB\) from "
+                        r"its quarantine: not calls of the program$", t.stdout, re.M)
+              if case == "P29" else "by the shim" not in t.stdout,
+              f"{case}: the text report's line for the quarantine's releases:\n{t.stdout}")
+
+    # config --run lists what run exports, as set by it.
+    c = subprocess.run([a.cg, "config", "--run", "--json"], env=env, cwd=tmp,
+                       stdout=subprocess.PIPE, text=True, timeout=120)
+    opts = {o["name"]: o for o in json.loads(c.stdout)["options"]}
+    e = subprocess.run([a.cg, "run", "--no-summary", "--", "sh", "-c",
+                        "env | grep '^CUMEMGUARD_[A-Z]*=' | grep -v RUN_ID"],
+                       env=env, cwd=tmp, stdout=subprocess.PIPE, text=True, timeout=120)
+    exported = dict(l.split("=", 1) for l in e.stdout.splitlines())
+    exported.pop("CUMEMGUARD_SUMMARY", None)  # --no-summary here: checked below
+    for name in ("CUMEMGUARD_PROFILE", "CUMEMGUARD_LOG"):
+        o = opts[name]
+        got = o["effective"].replace("cumemguard.PROGRAM.", "cumemguard.sh.")
+        check(o["source"] == "cumemguard run" and got == exported.get(name),
+              f"config --run {name}: {o['effective']!r} ({o['source']}); run exports "
+              f"{exported.get(name)!r}")
+    s = opts["CUMEMGUARD_SUMMARY"]
+    e2 = subprocess.run([a.cg, "run", "--no-log", "--", "sh", "-c", "echo $CUMEMGUARD_SUMMARY"],
+                        env=env, cwd=tmp, stdout=subprocess.PIPE, text=True, timeout=120)
+    check(s["source"] == "cumemguard run" and s["effective"] == "1" and
+          e2.stdout.strip() == "1", f"config --run SUMMARY {s}; run exports {e2.stdout!r}")
+    # What the user sets stays theirs, in both.
+    c = subprocess.run([a.cg, "config", "--run", "--json"], env=dict(env, CUMEMGUARD_SUMMARY="0"),
+                       cwd=tmp, stdout=subprocess.PIPE, text=True, timeout=120)
+    s = {o["name"]: o for o in json.loads(c.stdout)["options"]}["CUMEMGUARD_SUMMARY"]
+    e3 = subprocess.run([a.cg, "run", "--no-log", "--", "sh", "-c", "echo $CUMEMGUARD_SUMMARY"],
+                        env=dict(env, CUMEMGUARD_SUMMARY="0"), cwd=tmp, stdout=subprocess.PIPE,
+                        text=True, timeout=120)
+    check(s["source"] == "environment" and s["effective"] == "0" and e3.stdout.strip() == "0",
+          f"user's SUMMARY=0: config {s}, run exports {e3.stdout!r}")
+    t = subprocess.run([a.cg, "config", "--run"], env=env, cwd=tmp, stdout=subprocess.PIPE,
+                       text=True, timeout=120).stdout
+    for name in ("CUMEMGUARD_LOG", "CUMEMGUARD_SUMMARY", "CUMEMGUARD_PROFILE"):
+        check(re.search(rf"^{name}=\S+  \(set by cumemguard run\)$", t, re.M),
+              f"config --run text: {name} not shown as set by cumemguard run")
+
+    if FAILURES:
+        print(f"{len(FAILURES)} failed (files kept in {tmp})")
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
