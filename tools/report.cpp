@@ -243,6 +243,9 @@ int report_main(int argc, char **argv) {
         write_suppressions(m, out);
       else if (opt.json)
         out << report_json(m, opt).dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
+      // The page or the trace is the report asked for: stdout says what is in it, in one line.
+      else if ((!opt.trace_path.empty() || !opt.html_path.empty()) && opt.output_path.empty())
+        write_headline(m, out);
       else
         write_text(m, opt, out);
       out.flush();
@@ -251,7 +254,13 @@ int report_main(int argc, char **argv) {
         if (!file) cannot_write(opt.output_path, "report");
       }
     }
-    return std::max(m.exit_status(opt), write_status);
+    // --gen-suppressions succeeded when it printed the rules: the findings are what they are for.
+    int status = m.exit_status(opt);
+    if (opt.gen_suppressions) {
+      status = 0;
+      for (const auto &e : m.errors) status = std::max(status, e.exit_status);
+    }
+    return std::max(status, write_status);
   } catch (const std::exception &e) {
     std::cerr << "cumemguard report: internal error: " << e.what() << "\n";
     return kExitNoInput;

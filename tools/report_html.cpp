@@ -72,9 +72,18 @@ for(let i=0;i<=4;i++){const v=y1*i/4,yy=y(v);
 svg.appendChild(el('line',{x1:L,x2:W-R,y1:yy,y2:yy,stroke:'#e6e9ef'}));
 const tx=el('text',{x:L-6,y:yy+4,'text-anchor':'end','font-size':11,fill:'#5b6475'});
 tx.textContent=fmtB(v);svg.appendChild(tx);}
-for(let i=0;i<=5;i++){const t=t0+(t1-t0)*i/5,xx=x(t);
-const tx=el('text',{x:xx,y:H-B+16,'text-anchor':'middle','font-size':11,fill:'#5b6475'});
-tx.textContent=(t/1e9).toFixed(3)+' s';svg.appendChild(tx);}
+// Time ticks at a round step (1, 2 or 5 times a power of ten) in a unit the run's length suits,
+// with as many decimals as the step needs: a 2 ms run printed "0.001 s" three times before. The
+// labels at the edges are anchored inside the chart instead of clipped.
+const span=t1-t0,raw=span/5,p10=10**Math.floor(Math.log10(raw));
+const step=[1,2,5,10].map(m=>m*p10).find(v=>v>=raw);
+const [us,un]=span>=1e9?[1e9,'s']:span>=1e6?[1e6,'ms']:span>=1e3?[1e3,'\u00b5s']:[1,'ns'];
+const dec=Math.max(0,-Math.floor(Math.log10(step/us)+1e-9));
+for(let k=Math.ceil(t0/step);k*step<=t1+step*1e-9;k++){const t=k*step,xx=x(t);
+const anchor=xx>W-R-40?'end':xx<L+40?'start':'middle';
+const tx=el('text',{x:xx,y:H-B+16,'text-anchor':anchor,'font-size':11,fill:'#5b6475',
+class:'tick-x'});
+tx.textContent=(t/us).toFixed(dec)+' '+un;svg.appendChild(tx);}
 const ax=el('text',{x:(L+W-R)/2,y:H-6,'text-anchor':'middle','font-size':11,fill:'#5b6475'});
 ax.textContent='report time (peak bytes per interval)';svg.appendChild(ax);
 const colors=['#3366cc','#dc3912','#ff9900','#109618','#990099','#0099c6','#dd4477','#66aa00',

@@ -78,7 +78,16 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
     return;
   }
   if (s.frames.empty()) out << indent << "(empty stack)\n";
+  // Frames below main (__libc_start_call_main, __libc_start_main, _start) are the same in every
+  // stack of a program: not printed, as valgrind's --show-below-main=no does (JSON, the trace and
+  // the HTML page keep them). A thread's stack has no main and is printed whole.
+  std::size_t end = s.frames.size();
   for (std::size_t i = 0; i < s.frames.size(); ++i)
+    if (s.frames[i].function == "main" && !s.frames[i].inlined) {
+      end = i + 1;
+      break;
+    }
+  for (std::size_t i = 0; i < end; ++i)
     out << indent
         << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
                        s.frames[i].inlined ? " [inlined]" : "");
@@ -281,8 +290,19 @@ void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
                        live_at_end(m, li));
 }
 
+// A row no byte ever went through (a release of a VMM handle on no device, say) says nothing.
+bool idle_row(const MemoryRow &r) {
+  const bool events_zero =
+      !r.from_events || (r.current == 0 && r.peak == 0 && r.allocated == 0 && r.freed == 0);
+  const bool exit_zero =
+      !r.at_exit || (r.at_exit->current == 0 && r.at_exit->peak == 0 && r.at_exit->total == 0);
+  return events_zero && exit_zero;
+}
+
 void write_memory(const Model &m, std::ostream &out) {
-  if (m.memory.empty()) {
+  const auto idle =
+      static_cast<std::size_t>(std::count_if(m.memory.begin(), m.memory.end(), idle_row));
+  if (idle == m.memory.size()) {
     out << "\n== Memory: no tracked bytes\n";
     return;
   }
@@ -292,6 +312,7 @@ void write_memory(const Model &m, std::ostream &out) {
           {false, true, false, true, true, true, true, true, true, true, true},
           {}};
   for (const auto &r : m.memory) {
+    if (idle_row(r)) continue;
     auto num = [&](std::int64_t v) { return r.from_events ? fmt::format("{}", v) : "-"; };
     auto ex = [&](std::int64_t SummaryBytes::*f) {
       return r.at_exit ? fmt::format("{}", (*r.at_exit).*f) : "-";
@@ -302,6 +323,8 @@ void write_memory(const Model &m, std::ostream &out) {
                       ex(&SummaryBytes::total)});
   }
   t.print(out, "  ");
+  if (idle)
+    out << fmt::format("  ({} with no bytes at any time not shown)\n", plural(idle, "row", "rows"));
 }
 
 void write_sites(const Model &m, const ReportOptions &opt, std::ostream &out) {

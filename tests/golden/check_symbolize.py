@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Symbolizes a real stack with libdw: symhelper writes a log of its own stack and module map, and
 # the report must name its (demangled) functions with file:line, an inlined function as a frame of
-# its own, fall back to module+offset when
-# the module is missing or changed, and (with --expect-static) not need libdw/libelf at run time.
+# its own, stop the text stack at main (the JSON keeps the frames below it), fall back to
+# module+offset when the module is missing or changed, and (with --expect-static) not need
+# libdw/libelf at run time.
 import argparse
 import json
 import os
@@ -56,6 +57,17 @@ def main():
 
         doc = json.loads(report(a.report, '--json', log))
         frames = doc['findings']['classes'][0]['groups'][0]['stack']['frames']
+        # The text stops at main (valgrind's --show-below-main=no); the JSON keeps every frame.
+        names = [f.get('function') for f in frames]
+        if 'main' in names and names.index('main') + 1 < len(names):
+            below = len(names) - names.index('main') - 1
+            stack = text.split('      stack\n', 1)[1].split('\n\n', 1)[0]
+            if not re.search(r'#\d+ main \(', stack) or \
+                    re.search(r'#\d+ main \(.*\n\s+#\d+ ', stack):
+                failures.append(f'the text stack goes on past main ({below} frames below it in '
+                                'the JSON):\n' + stack)
+        else:
+            failures.append(f'the JSON stack has no frame below main: {names}')
         for i, (func, file, line, inlined) in enumerate(expected):
             fr = frames[i] if i < len(frames) else {}
             if (fr.get('function') != func or not fr.get('file', '').endswith('/' + file)

@@ -39,13 +39,18 @@ CASES = {
     'aborted': (['logs/aborted.log'], 1),
     'suppressed': (['logs/suppressed.log'], 0),
     'suppressed-json': (['--json', 'logs/suppressed.log'], 0),
-    'gen-suppressions': (['--gen-suppressions', 'logs/double-free.log', 'logs/sleep-mode.log'], 1),
+    # The rules were printed: 0, whatever the findings they are for (it was 1).
+    'gen-suppressions': (['--gen-suppressions', 'logs/double-free.log', 'logs/sleep-mode.log'], 0),
     'hostile': (['logs/hostile.log'], 1),
     'hostile-json': (['--json', 'logs/hostile.log'], 1),
     'duplicate': (['logs/clean.log', 'logs/clean.log', './logs/clean.log'], 0),
     'python': (['logs/python.log'], 1),
     'python-json': (['--json', 'logs/python.log'], 1),
-    'python-gen-suppressions': (['--gen-suppressions', 'logs/python.log'], 1),
+    # --gen-suppressions: 0 when the rules were printed.
+    'python-gen-suppressions': (['--gen-suppressions', 'logs/python.log'], 0),
+    # The page and the trace are the outputs asked for: stdout gets the report's first line only
+    # (it got the whole text report).
+    'html-trace': (['--html', '/dev/null', '--trace', '/dev/null', 'logs/double-free.log'], 1),
 }
 
 
