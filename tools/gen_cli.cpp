@@ -21,7 +21,7 @@ int main(int argc, char **argv) {
     text = bash_completion();
     out = argv[2];
   } else {
-    std::fprintf(stderr, "usage: gen_cli man COMMAND VERSION OUT | gen_cli completion OUT\n");
+    std::fprintf(stderr, "Usage: gen_cli man COMMAND VERSION OUT | gen_cli completion OUT\n");
     return 64;
   }
   std::FILE *f = std::fopen(out, "we");
