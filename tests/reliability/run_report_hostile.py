@@ -176,7 +176,8 @@ def case_debuglink_fifo(exe, tmp):
     text = out.decode()
     expect(f"symbols  {mod}.debug: not a regular file; the debug information of {mod} is not "
            "looked for" in text, "no warning naming the FIFO:\n" + text)
-    expect("#0 plugin_double_free (libplugin.so+0x" in text, "the frame is not symbolized:\n" + text)
+    expect("#0 plugin_double_free (libplugin.so+0x" in text,
+           "the frame is not symbolized:\n" + text)
 
 
 def finding_log(path, pid, rank=-1, extra=()):
@@ -233,8 +234,13 @@ def report_limited(exe, args, tmp, nofile=None, timeout=120):
 
 
 def peak_rss(exe, args, tmp, nofile=None):
-    """Peak RSS (bytes) of `cumemguard report ARGS`, measured by a helper process whose only
-    child is the report (RUSAGE_CHILDREN of that helper)."""
+    """Peak RSS (bytes) that `cumemguard report ARGS` adds to the same executable's report of one
+    small log: what reading these logs costs, without the program's fixed share (13 MiB in the
+    plain build: libdw, simdjson's tables) or a sanitizer's (60 MiB of ASan's shadow and allocator
+    at start), which are not the reader's buffers. Each is measured by a helper process whose only
+    child is the report (RUSAGE_CHILDREN of that helper). ASan's quarantine is turned off for these
+    runs alone: it keeps up to 256 MiB of freed blocks to catch a later use (the other runs of the
+    case keep it), which would count each buffer the reader gave back."""
     code = ("import resource, subprocess, sys\n"
             "n = int(sys.argv[1])\n"
             "def lim():\n"
@@ -242,10 +248,20 @@ def peak_rss(exe, args, tmp, nofile=None):
             "subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,"
             " preexec_fn=lim, timeout=120)\n"
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n")
-    p = subprocess.run([sys.executable, "-c", code, str(nofile or 0), exe, "report"] + args,
-                       stdout=subprocess.PIPE, text=True, timeout=180, cwd=tmp)
-    expect(p.returncode == 0, f"the RSS helper failed: {p.returncode}")
-    return int(p.stdout.strip())
+    env = dict(os.environ)
+    if "ASAN_OPTIONS" in env:
+        env["ASAN_OPTIONS"] += ":quarantine_size_mb=0"
+    base = os.path.join(tmp, "rss-base.log")
+    write_log(base, [{"k": "end", "ts": 1}])
+
+    def run(report_args):
+        p = subprocess.run([sys.executable, "-c", code, str(nofile or 0), exe, "report"] +
+                           report_args, stdout=subprocess.PIPE, text=True, timeout=180, cwd=tmp,
+                           env=env)
+        expect(p.returncode == 0, f"the RSS helper failed: {p.returncode}")
+        return int(p.stdout.strip())
+
+    return run(args) - run([base])
 
 
 def case_log_fifo(exe, tmp):
@@ -307,9 +323,12 @@ def case_many_logs(exe, tmp):
                f"findings, {doc['leaks']['count']} leaks; expected {n} of each")
         expect(calls == {"cudaMalloc": 2 * n, "cudaFree": n}, f"calls {calls}")
     rss = peak_rss(exe, logs, tmp, nofile=1024)
-    # docs/report.md, "Reading at scale": 31 MB measured for these 2,000 logs of 1.4 KB.
-    expect(rss < 100 << 20, f"peak RSS {rss >> 20} MiB for {n} small logs (limit 100 MiB)")
-    print(f"many-logs: {n} logs, peak RSS {rss / (1 << 20):.1f} MiB")
+    # docs/report.md, "Reading at scale": the line buffers of all logs share 64 MiB. Measured:
+    # 14 MiB more than one log for these 2,000 logs of 1.4 KB (2,040 MiB before the bounded
+    # reader).
+    expect(rss < 64 << 20, f"peak RSS {rss >> 20} MiB more than one log's for {n} small logs "
+                           "(limit 64 MiB)")
+    print(f"many-logs: {n} logs, peak RSS {rss / (1 << 20):.1f} MiB more than one log's")
 
 
 def case_overlong_line(exe, tmp):
@@ -328,9 +347,11 @@ def case_overlong_line(exe, tmp):
     expect((l["overlong_lines"], l["malformed_lines"], doc["leaks"]["count"], l["status"]) ==
            (1, 1, 1, "complete"), f"log {l}, leaks {doc['leaks']['count']}")
     rss = peak_rss(exe, [log], tmp)
-    # The line buffer grows to 16 MiB and no further; nothing parses the line.
-    expect(rss < 64 << 20, f"peak RSS {rss >> 20} MiB for one 17 MiB line (limit 64 MiB)")
-    print(f"overlong-line: peak RSS {rss / (1 << 20):.1f} MiB")
+    # The line buffer grows to 16 MiB and no further (8 MiB and 16 MiB at once while it grows);
+    # nothing parses the line. Measured: 18 MiB (44 MiB when the line was parsed).
+    expect(rss < 32 << 20, f"peak RSS {rss >> 20} MiB more than a small log's for one 17 MiB "
+                           "line (limit 32 MiB)")
+    print(f"overlong-line: peak RSS {rss / (1 << 20):.1f} MiB more than a small log's")
 
 
 CASES = {
