@@ -233,6 +233,13 @@ def report_limited(exe, args, tmp, nofile=None, timeout=120):
     return p.returncode, out, err
 
 
+# ThreadSanitizer's shadow grows with the memory the program touches: the reads below measured 120
+# and 129 MiB more under it for the plain build's 18 and 14 MiB, so its RSS says nothing of the
+# reader's buffers. The bounds are asserted in the plain and the ASan build; under ThreadSanitizer
+# the figure is printed and the rest of each case (statuses, counts, messages) still holds.
+UNDER_TSAN = "libtsan" in os.environ.get("CMG_PRELOAD_FIRST", "")
+
+
 def peak_rss(exe, args, tmp, nofile=None):
     """Peak RSS (bytes) that `cumemguard report ARGS` adds to the same executable's report of one
     small log: what reading these logs costs, without the program's fixed share (13 MiB in the
@@ -326,9 +333,10 @@ def case_many_logs(exe, tmp):
     # docs/report.md, "Reading at scale": the line buffers of all logs share 64 MiB. Measured:
     # 14 MiB more than one log for these 2,000 logs of 1.4 KB (2,040 MiB before the bounded
     # reader).
-    expect(rss < 64 << 20, f"peak RSS {rss >> 20} MiB more than one log's for {n} small logs "
-                           "(limit 64 MiB)")
-    print(f"many-logs: {n} logs, peak RSS {rss / (1 << 20):.1f} MiB more than one log's")
+    expect(UNDER_TSAN or rss < 64 << 20,
+           f"peak RSS {rss >> 20} MiB more than one log's for {n} small logs (limit 64 MiB)")
+    print(f"many-logs: {n} logs, peak RSS {rss / (1 << 20):.1f} MiB more than one log's" +
+          (" (not bounded under ThreadSanitizer)" if UNDER_TSAN else ""))
 
 
 def case_overlong_line(exe, tmp):
@@ -349,9 +357,10 @@ def case_overlong_line(exe, tmp):
     rss = peak_rss(exe, [log], tmp)
     # The line buffer grows to 16 MiB and no further (8 MiB and 16 MiB at once while it grows);
     # nothing parses the line. Measured: 18 MiB (44 MiB when the line was parsed).
-    expect(rss < 32 << 20, f"peak RSS {rss >> 20} MiB more than a small log's for one 17 MiB "
-                           "line (limit 32 MiB)")
-    print(f"overlong-line: peak RSS {rss / (1 << 20):.1f} MiB more than a small log's")
+    expect(UNDER_TSAN or rss < 32 << 20, f"peak RSS {rss >> 20} MiB more than a small log's "
+                                         "for one 17 MiB line (limit 32 MiB)")
+    print(f"overlong-line: peak RSS {rss / (1 << 20):.1f} MiB more than a small log's" +
+          (" (not bounded under ThreadSanitizer)" if UNDER_TSAN else ""))
 
 
 CASES = {
