@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "event.h"
+#include "lock_within.h"
 #include "options.h"
 #include "torch_conf.h"
 
@@ -236,7 +237,7 @@ class ExportTable {
   }
 
  private:
-  mutable std::mutex mu_;
+  mutable MarkedMutex mu_;  // its holder is known (exit paths, lock_within.h)
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, Export> exports_;  // by id
   std::atomic<std::size_t> count_{0};

@@ -126,14 +126,14 @@ std::size_t LinearModel::live_count() const {
   return n;
 }
 
-void LinearModel::for_each_live(const std::function<void(const LinearRec &)> &fn) const {
+void LinearModel::for_each_live(FnRef<void(const LinearRec &)> fn) const {
   for (const Shard &s : shards_) {
     std::lock_guard lk(s.mu);
     for (const auto &[p, r] : s.live) fn(r);
   }
 }
 
-std::size_t LinearModel::for_each_live_within(const std::function<void(const LinearRec &)> &fn,
+std::size_t LinearModel::for_each_live_within(FnRef<void(const LinearRec &)> fn,
                                               std::uint64_t patience_ns) const {
   std::size_t skipped = 0;
   for (const Shard &s : shards_) {

@@ -12,7 +12,6 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -20,6 +19,8 @@
 #include <vector>
 
 #include "event.h"
+#include "fn_ref.h"
+#include "lock_within.h"
 
 namespace cmg {
 
@@ -61,10 +62,11 @@ class LinearModel {
   void rollback(const FreeVerdict &v);
   std::optional<LinearRec> find_containing(std::uint64_t p) const;
   std::size_t live_count() const;
-  void for_each_live(const std::function<void(const LinearRec &)> &fn) const;
-  // for_each_live for exit paths (lock_within.h): a shard whose lock stays taken for patience_ns
-  // is skipped. Returns the number of shards skipped.
-  std::size_t for_each_live_within(const std::function<void(const LinearRec &)> &fn,
+  void for_each_live(FnRef<void(const LinearRec &)> fn) const;
+  // for_each_live for exit paths (lock_within.h): visits in place, allocating nothing; a shard
+  // whose lock this thread holds, or that stays taken for patience_ns, is skipped. Returns the
+  // number of shards skipped.
+  std::size_t for_each_live_within(FnRef<void(const LinearRec &)> fn,
                                    std::uint64_t patience_ns) const;
   void clear();
   // fork(): the child does not own the parent's CUDA objects and starts with an empty model. The 64
@@ -91,7 +93,7 @@ class LinearModel {
   using LiveMap = std::map<std::uint64_t, LinearRec>;
   using FreedMap = std::map<std::uint64_t, Freed>;
   struct alignas(64) Shard {
-    mutable std::mutex mu;
+    mutable MarkedMutex mu;  // its holder is known (exit paths, lock_within.h)
     LiveMap live;
     FreedMap freed;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring

@@ -4,6 +4,7 @@
 #include "options.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -110,33 +111,54 @@ std::size_t control_length(std::string_view s, std::size_t i) {
   return 0;
 }
 
-std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed) {
+std::size_t escape_controls_to(std::string_view s, std::size_t max_out, char *out,
+                               std::size_t cap, std::size_t &consumed) {
   static const char digits[] = "0123456789abcdef";
-  std::string out;
-  std::size_t i = 0;
-  while (i < s.size() && out.size() < max_out) {
-    const std::size_t n = control_length(s, i);
-    if (n == 0) {
-      out += s[i++];
+  std::size_t n = 0, i = 0;
+  while (i < s.size() && n < max_out) {
+    const std::size_t len = control_length(s, i);
+    if (len == 0) {
+      if (n + 1 > cap) break;
+      out[n++] = s[i++];
       continue;
     }
-    for (std::size_t k = 0; k < n; ++k, ++i) {
+    if (n + 4 * len > cap) break;  // a character is escaped whole or not at all
+    for (std::size_t k = 0; k < len; ++k, ++i) {
       const auto c = static_cast<unsigned char>(s[i]);
-      out += "\\x";
-      out += digits[c >> 4];
-      out += digits[c & 15];
+      out[n++] = '\\';
+      out[n++] = 'x';
+      out[n++] = digits[c >> 4];
+      out[n++] = digits[c & 15];
     }
   }
   consumed = i;
+  return n;
+}
+
+std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed) {
+  // Each byte escapes to at most 4; an escape adds at most 12 bytes past max_out (a 3-byte
+  // character started below it).
+  const std::size_t cap = std::min(s.size() * 4, max_out > s.size() * 4 ? max_out : max_out + 12);
+  std::string out(cap, '\0');
+  out.resize(escape_controls_to(s, max_out, out.data(), out.size(), consumed));
   return out;
 }
 
-std::string shown(std::string_view s) {
+std::size_t shown_to(std::string_view s, char *out, std::size_t cap) {
   constexpr std::size_t kMax = 64;
   std::size_t used = 0;
-  std::string out = escape_controls(s.substr(0, kMax), std::string::npos, used);
-  if (s.size() > kMax) out += "... (" + std::to_string(s.size()) + " bytes)";
-  return out;
+  std::size_t n = escape_controls_to(s.substr(0, kMax), std::string_view::npos, out, cap, used);
+  if (s.size() > kMax) {
+    char tail[40];
+    const int k = std::snprintf(tail, sizeof tail, "... (%zu bytes)", s.size());
+    for (int i = 0; i < k && n < cap; ++i) out[n++] = tail[i];
+  }
+  return n;
+}
+
+std::string shown(std::string_view s) {
+  char buf[kShownMax];
+  return std::string(buf, shown_to(s, buf, sizeof buf));
 }
 
 namespace {

@@ -112,6 +112,13 @@ std::string shown(std::string_view s);
 std::string escape_controls(std::string_view s, std::size_t max_out, std::size_t &consumed);
 // The length in bytes of the character at s[i] when escape_controls escapes it, else 0.
 std::size_t control_length(std::string_view s, std::size_t i);
+// The same into out[0, cap) without allocating (kShownMax bytes hold any); returns the length.
+inline constexpr std::size_t kShownMax = 64 * 8 + 32;
+std::size_t shown_to(std::string_view s, char *out, std::size_t cap);
+// escape_controls into out[0, cap) without allocating (the shim's diagnostics after exit began):
+// stops at max_out bytes or where the next character's escape would not fit; returns the length.
+std::size_t escape_controls_to(std::string_view s, std::size_t max_out, char *out,
+                               std::size_t cap, std::size_t &consumed);
 // Case-insensitive edit distance (optimal string alignment: an adjacent swap counts one), for
 // "did you mean" hints on misspelt names.
 std::size_t edit_distance(std::string_view a, std::string_view b);

@@ -39,7 +39,9 @@
 #include "counters.h"
 #include "decide.h"
 #include "event.h"
+#include "fn_ref.h"
 #include "inline_vec.h"
+#include "lock_within.h"
 
 namespace cmg {
 
@@ -216,10 +218,11 @@ class VmmModel {
   void for_each_alloc(const std::function<void(const PhysAlloc &)> &fn) const;
   void for_each_reservation(const std::function<void(const Reservation &)> &fn) const;
   void for_each_live_handle(const std::function<void(const HandleRec &)> &fn) const;
-  // The allocations, reservations and counts at once, for exit paths (lock_within.h): false,
-  // with nothing visited, when the lock stays taken for patience_ns.
-  bool visit_within(std::uint64_t patience_ns, const std::function<void(const PhysAlloc &)> &alloc,
-                    const std::function<void(const Reservation &)> &res, VmmCounts &counts) const;
+  // The allocations, reservations and counts at once, for exit paths (lock_within.h): visited in
+  // place, allocating nothing; false, with nothing visited, when this thread holds the lock or it
+  // stays taken for patience_ns.
+  bool visit_within(std::uint64_t patience_ns, FnRef<void(const PhysAlloc &)> alloc,
+                    FnRef<void(const Reservation &)> res, VmmCounts &counts) const;
   void clear();
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
@@ -256,7 +259,7 @@ class VmmModel {
                           VmmFreed &freed);
 
   ByteCounters &counters_;
-  mutable std::mutex mu_;
+  mutable MarkedMutex mu_;  // its holder is known (exit paths, lock_within.h)
   std::uint64_t next_alloc_id_ = 1;
   std::uint64_t next_gen_ = 1;    // handle-value and reservation generations
   Allocs allocs_;

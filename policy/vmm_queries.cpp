@@ -114,10 +114,8 @@ void VmmModel::for_each_reservation(const std::function<void(const Reservation &
   for (const auto &[b, r] : res_) fn(r);
 }
 
-bool VmmModel::visit_within(std::uint64_t patience_ns,
-                            const std::function<void(const PhysAlloc &)> &alloc,
-                            const std::function<void(const Reservation &)> &res,
-                            VmmCounts &counts) const {
+bool VmmModel::visit_within(std::uint64_t patience_ns, FnRef<void(const PhysAlloc &)> alloc,
+                            FnRef<void(const Reservation &)> res, VmmCounts &counts) const {
   if (!lock_within(mu_, patience_ns)) return false;
   std::lock_guard lk(mu_, std::adopt_lock);
   counts = VmmCounts{};

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "options.h"
+#include "units.h"
 
 using namespace cmg;
 
@@ -382,4 +384,36 @@ TEST_CASE("Each problem line has its kind, the count lines too") {
   CHECK(kind_of("CUMEMGUARD_MODE is set 2 times") == K::Repeated);
   CHECK(kind_of("'mode' is not NAME=VALUE") == K::Malformed);
   CHECK(kind_of("more unknown CUMEMGUARD_* names") == K::Unknown);
+}
+
+TEST_CASE("The buffer forms of escape_controls, shown and human_bytes equal the string forms") {
+  const std::string inputs[] = {"", "plain", "tab\there", "esc\x1b[31mred", "c1 \xc2\x9b csi", "rlo \xe2\x80\xae txt",
+                                std::string(70, 'x') + "\n", std::string(3000, '\x01')};
+  for (const std::string &in : inputs) {
+    for (std::size_t max_out : {std::size_t{0}, std::size_t{5}, std::size_t{2000},
+                                std::string::npos}) {
+      std::size_t used_a = 0, used_b = 0;
+      const std::string a = escape_controls(in, max_out, used_a);
+      char buf[4 * 3000 + 16];
+      const std::string b(buf, escape_controls_to(in, max_out, buf, sizeof buf, used_b));
+      CHECK(a == b);
+      CHECK(used_a == used_b);
+    }
+    char sbuf[kShownMax];
+    CHECK(shown(in) == std::string(sbuf, shown_to(in, sbuf, sizeof sbuf)));
+  }
+  // A buffer too small stops before an escape that would not fit, never in the middle of one.
+  char small[5];
+  std::size_t used = 0;
+  CHECK(std::string(small, escape_controls_to("ab\x01", 100, small, sizeof small, used)) == "ab");
+  CHECK(used == 2);
+  for (std::int64_t v : std::initializer_list<std::int64_t>{
+           0, 512, 1023, 1024, 1280, 3 << 20, -(std::int64_t{5} << 30),
+           std::numeric_limits<std::int64_t>::max()}) {
+    char hb[kHumanMax];
+    CHECK(human_bytes(v) == std::string(hb, human_bytes_to(hb, sizeof hb, v)));
+  }
+  CHECK(human_bytes(3 << 20) == "3.0 MiB");
+  char ns[kHumanMax];
+  CHECK(std::string(ns, human_ns_to(ns, sizeof ns, 12500)) == "12.5 us");
 }
