@@ -59,7 +59,9 @@ std::string_view var_name(Var v) {
 }
 
 const std::optional<std::string> &Env::get(Var v) const {
-  static const std::optional<std::string> none;
+  // Never destroyed: no exit handler is registered for it (glibc frees its own list of them at
+  // exit on the exiting thread once there are more than 32, and the shim reads this at load).
+  static const std::optional<std::string> &none = *new std::optional<std::string>;
   switch (v) {
     case Var::Cuda:
       return cuda;

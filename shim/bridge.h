@@ -13,6 +13,8 @@
 
 #include "event.h"
 #include "ipc_bridge.h"
+#include "jsonline.h"
+#include "textbuf.h"
 
 namespace cmg::shim::bridge {
 
@@ -41,10 +43,11 @@ struct Exported {
 Exported export_pages(std::uint64_t res_base, std::uint64_t res_size,
                       const std::vector<ipc::ExportPage> &pages, int dev, const EventRef &made);
 
-// The exit summary's account of exports no peer opened (ExportTable::unrequested_within): a JSON
-// object for the summary record and a line for stderr; empty when nothing was exported.
-std::string unrequested_summary_json();
-std::string unrequested_summary_text();
+// The exit summary's account of exports no peer opened (ExportTable::unrequested_within): the
+// summary record's "bridge" member and a line for stderr; nothing when nothing was exported. Exit
+// path: allocates nothing.
+void unrequested_summary_json(JsonLine &j);
+void unrequested_summary_text(TextBuf &t);
 
 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cached per device.
 bool device_supports_posix_fd(int dev);

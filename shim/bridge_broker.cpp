@@ -22,8 +22,9 @@
 #include "lock_within.h"
 #include "owned_fd.h"
 #include "state.h"
-#include "threads.h"
 #include "summary.h"
+#include "textbuf.h"
+#include "threads.h"
 
 namespace cmg::shim::bridge {
 namespace {
@@ -34,7 +35,7 @@ constexpr std::uint64_t kRefusalNoteNs = 1'000'000'000;  // then one note a seco
 
 // ---- the broker's state ----------------------------------------------------------------------
 struct Broker {
-  std::mutex mu;    // the fields below; never held across socket I/O or a driver call
+  MarkedMutex mu;   // the fields below; never held across socket I/O or a driver call
   pid_t owner = 0;  // the process this broker serves (0: none; a forked child has none)
   std::uint64_t tag = 0;
   uid_t uid = 0;  // the effective user it was started for: it serves that user only, ever
@@ -55,7 +56,7 @@ std::atomic<bool> g_thread_done{false};
 // ---- refusals: each of the first eight is a note; then they are counted, one note a second at
 // most (another user's connect loop made millions of lines and halved the host's throughput)
 struct Refusals {
-  std::mutex mu;
+  MarkedMutex mu;  // its holder is known (exit paths, lock_within.h)
   std::uint64_t total = 0, unsaid = 0, last_note_ns = 0;
   std::string last;  // the last refusal not said yet
 };
@@ -96,14 +97,19 @@ void refusal(const std::string &msg) {
   if (!say.empty()) note(level, "ipc bridge: " + say);
 }
 
-// At exit: the refusals counted since the last note.
+// At exit: the refusals counted since the last note, said from a stack buffer (the exit path
+// allocates nothing).
 void say_refusals_at_exit() {
   Refusals &r = refusals();
   if (!lock_within(r.mu)) return;
-  std::string say = r.unsaid ? counted(r) : std::string();
+  char say[1024];
+  TextBuf t(say, sizeof say);
+  if (r.unsaid)
+    t.s("ipc bridge: ").u(r.unsaid).s(" more connections refused (").u(r.total)
+        .s(" in all; the last: ").s(r.last).s(")");
   r.unsaid = 0;
   r.mu.unlock();
-  if (!say.empty()) note(LogLevel::Warn, "ipc bridge: " + say);
+  if (t.size()) note(LogLevel::Warn, t.view());
 }
 
 void uid_changed(uid_t was, uid_t now) {
@@ -566,7 +572,7 @@ void broker_fork_child() {
   g_serving.store(false);
   g_thread_done.store(false);
   Refusals &r = refusals();  // its lock may have been held by the parent's broker thread
-  new (&r.mu) std::mutex();
+  r.mu.reset_in_child();
   r.total = r.unsaid = r.last_note_ns = 0;
   r.last.clear();
 }

@@ -7,8 +7,6 @@
 
 #include <atomic>
 
-#include <fmt/format.h>
-
 #include "bridge.h"
 #include "bridge_io.h"
 #include "lock_within.h"
@@ -92,27 +90,32 @@ bool device_supports_posix_fd(int dev) {
   return yes;
 }
 
-std::string unrequested_summary_json() {
+void unrequested_summary_json(JsonLine &j) {
   const auto u = exports().unrequested_within(kExitPatienceNs);
-  if (!u || !u->made) return {};
-  return fmt::format("{{\"exports\":{},\"never_requested\":{},\"never_requested_bytes\":{}{}}}", u->made,
-                     u->never_requested, u->never_requested_bytes,
-                     u->never_requested ? fmt::format(",\"first_never_requested_seq\":{}", u->first.seq)
-                                     : std::string());
+  if (!u || !u->made) return;
+  j.begin_object("bridge").unum("exports", u->made).unum("never_requested", u->never_requested)
+      .unum("never_requested_bytes", u->never_requested_bytes);
+  if (u->never_requested) j.unum("first_never_requested_seq", u->first.seq);
+  j.end_object();
 }
 
-std::string unrequested_summary_text() {
+void unrequested_summary_text(TextBuf &t) {
   const auto u = exports().unrequested_within(kExitPatienceNs);
-  if (!u || !u->made) return {};
-  std::string out = fmt::format("  bridge: {} export{}", u->made, u->made == 1 ? "" : "s");
-  if (!u->never_requested) return out + ", every one requested by a peer\n";
+  if (!u || !u->made) return;
+  t.s("  bridge: ").u(u->made).s(u->made == 1 ? " export" : " exports");
+  if (!u->never_requested) {
+    t.s(", every one requested by a peer\n");
+    return;
+  }
   // The peer's open failed (or never happened) and it could not say why: the bytes of a bridge
   // handle mean nothing to a driver, so only a peer under the shim opens one.
-  return out + fmt::format(
-                   ", {} never requested ({}; the first made by {} at seq {}): a bridge handle opens "
-                   "only in a process under the shim; a peer without it gets the driver's error\n",
-                   u->never_requested, human_bytes(static_cast<std::int64_t>(u->never_requested_bytes)),
-                   u->first.api ? u->first.api : "?", u->first.seq);
+  char b[kHumanMax];
+  t.s(", ").u(u->never_requested).s(" never requested (")
+      .s(std::string_view(b, human_bytes_to(b, sizeof b,
+                                            static_cast<std::int64_t>(u->never_requested_bytes))))
+      .s("; the first made by ").s(u->first.api ? u->first.api : "?").s(" at seq ").u(u->first.seq)
+      .s("): a bridge handle opens only in a process under the shim; a peer without it gets the "
+         "driver's error\n");
 }
 
 }  // namespace cmg::shim::bridge

@@ -22,8 +22,11 @@
 
 #include "crash_stack.h"
 #include "errors.h"
+#include "exiting.h"
 #include "state.h"
 #include "status_channel.h"
+#include "stderr_out.h"
+#include "textbuf.h"
 
 namespace cmg::shim {
 namespace {
@@ -42,54 +45,6 @@ const char *signal_name(int sig) {
     case SIGABRT: return "SIGABRT";
   }
   return "signal";
-}
-
-// A fixed-buffer line builder with no libc formatting (snprintf is not async-signal-safe).
-class Line {
- public:
-  Line(char *buf, std::size_t cap) : buf_(buf), cap_(cap) {}
-  Line &s(std::string_view v) {
-    for (char c : v)
-      if (len_ + 1 < cap_) buf_[len_++] = c;
-      else full_ = true;
-    return *this;
-  }
-  Line &u(std::uint64_t v) {
-    char tmp[24];
-    int n = 0;
-    do {
-      tmp[n++] = static_cast<char>('0' + v % 10);
-      v /= 10;
-    } while (v);
-    while (n) s(std::string_view(&tmp[--n], 1));
-    return *this;
-  }
-  Line &i(std::int64_t v) {
-    if (v < 0) {
-      s("-");
-      return u(static_cast<std::uint64_t>(-(v + 1)) + 1);
-    }
-    return u(static_cast<std::uint64_t>(v));
-  }
-  bool full() const { return full_; }
-  std::size_t size() const { return len_; }
-  std::string_view view() const { return std::string_view(buf_, len_); }
-  void truncate(std::size_t n) { len_ = n; }
-
- private:
-  char *buf_;
-  std::size_t cap_;
-  std::size_t len_ = 0;
-  bool full_ = false;
-};
-
-void write_all(int fd, std::string_view s) {
-  while (!s.empty()) {
-    ssize_t n = ::write(fd, s.data(), s.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    s.remove_prefix(static_cast<std::size_t>(n));
-  }
 }
 
 bool has_address(int sig) {
@@ -115,8 +70,16 @@ void crash_record(int sig, const siginfo_t *info, const void *uc, std::uint64_t 
 
 void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   State &s = state();
-  if (!active() || s.summary_printed.load(std::memory_order_acquire)) return;
-  status_signalled();
+  if (!active()) return;
+  status_signalled();  // the launcher's record counts the signal whoever writes the records
+  // The last records are the crash handler's unless the exit path has them: written already (the
+  // log is complete), or being written (this crash may be in the exit path itself, or on another
+  // thread while exit runs): then the crash record and an `end` naming the signal still go in,
+  // without a second summary, if the log is not sealed yet.
+  int claimed = kRecordsNone;
+  const bool ours = s.last_records.compare_exchange_strong(claimed, kRecordsCrash,
+                                                           std::memory_order_acq_rel);
+  if (!ours && claimed == kRecordsDone) return;
   const std::uint64_t ts = mono_ns() - s.start_mono_ns;
   // Static buffers, since the crashing thread's stack may be nearly spent: the crash context
   // (modules, the stack, the crash record) first, then the counters, large enough for every API
@@ -126,50 +89,53 @@ void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   if (s.log.is_open()) crash_record(sig, info, uc, ts, ctx, sizeof ctx, ctx_used);
   static char buf[64 * 1024];
   std::memcpy(buf, ctx, ctx_used);
-  Line l(buf + ctx_used, sizeof buf - ctx_used);
-  l.s("{\"k\":\"summary\",\"ts\":").u(ts).s(",\"calls\":{");
-  bool first = true;
-  for (std::size_t i = 0; i < kApiCount; ++i) {
-    const std::uint64_t n = s.calls.get(i);
-    if (!n) continue;
-    l.s(first ? "\"" : ",\"").s(kApis[i].name).s("\":").u(n);
-    first = false;
-  }
-  l.s("},\"bytes\":[");
-  first = true;
-  s.counters.visit([&](const ByteCounters::Row &r) {
-    l.s(first ? "{\"dev\":" : ",{\"dev\":").i(r.dev).s(",\"mem\":\"").s(mem_kind_name(r.kind))
-        .s("\",\"current\":").i(r.current).s(",\"peak\":").i(r.peak).s(",\"total\":").i(r.total)
-        .s("}");
-    first = false;
-  });
-  l.s("],\"findings\":{");
-  first = true;
+  TextBuf l(buf + ctx_used, sizeof buf - ctx_used);
   std::uint64_t findings = 0;
-  for (std::size_t i = 0; i < kFindingClassCount; ++i) {
-    const std::uint64_t n = s.findings[i].load(std::memory_order_relaxed);
-    if (!n) continue;
-    findings += n;
-    l.s(first ? "\"" : ",\"").s(finding_id(static_cast<FindingClass>(i))).s("\":").u(n);
-    first = false;
+  for (std::size_t i = 0; i < kFindingClassCount; ++i)
+    findings += s.findings[i].load(std::memory_order_relaxed);
+  if (ours) {
+    l.s("{\"k\":\"summary\",\"ts\":").u(ts).s(",\"calls\":{");
+    bool first = true;
+    for (std::size_t i = 0; i < kApiCount; ++i) {
+      const std::uint64_t n = s.calls.get(i);
+      if (!n) continue;
+      l.s(first ? "\"" : ",\"").s(kApis[i].name).s("\":").u(n);
+      first = false;
+    }
+    l.s("},\"bytes\":[");
+    first = true;
+    s.counters.visit([&](const ByteCounters::Row &r) {
+      l.s(first ? "{\"dev\":" : ",{\"dev\":").i(r.dev).s(",\"mem\":\"").s(mem_kind_name(r.kind))
+          .s("\",\"current\":").i(r.current).s(",\"peak\":").i(r.peak).s(",\"total\":").i(r.total)
+          .s("}");
+      first = false;
+    });
+    l.s("],\"findings\":{");
+    first = true;
+    for (std::size_t i = 0; i < kFindingClassCount; ++i) {
+      const std::uint64_t n = s.findings[i].load(std::memory_order_relaxed);
+      if (!n) continue;
+      l.s(first ? "\"" : ",\"").s(finding_id(static_cast<FindingClass>(i))).s("\":").u(n);
+      first = false;
+    }
+    l.s("},\"signal\":").i(sig).s("}\n");
+    if (l.full()) l.truncate(0);  // a cut line would not parse: drop it
   }
-  l.s("},\"signal\":").i(sig).s("}\n");
-  const std::size_t summary_len = l.full() ? 0 : l.size();  // a cut line would not parse: drop it
-  if (!summary_len) l.truncate(0);
   l.s("{\"k\":\"end\",\"ts\":").u(ts).s(",\"signal\":").i(sig).s(",\"signal_name\":\"")
       .s(signal_name(sig)).s("\"}\n");
   s.log.write_from_signal(std::string_view(buf, ctx_used + l.size()));
   if (s.opts.summary) {
     char msg[1024];
-    Line m(msg, sizeof msg);
+    TextBuf m(msg, sizeof msg - 1);
     std::uint64_t calls = 0;
     for (std::size_t i = 0; i < kApiCount; ++i) calls += s.calls.get(i);
     m.s("cumemguard: pid ").i(static_cast<std::int64_t>(syscall(SYS_getpid))).s(" killed by ")
         .s(signal_name(sig)).s(" after ").u(calls).s(" calls, ").u(findings).s(" findings");
     if (s.log.is_open()) m.s("; log: ").s(s.log.path()).s(" (counters up to the signal)");
-    m.s("\n");
-    write_all(2, m.view());
+    msg[m.size()] = '\n';
+    stderr_write(std::string_view(msg, m.size() + 1));
   }
+  if (ours) exit_records_done();
 }
 
 void on_fatal(int sig, siginfo_t *info, void *uc) {

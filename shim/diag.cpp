@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Diagnostics on stderr: spdlog made once and deliberately leaked, raw write(2) after exit began.
+// Diagnostics on stderr: spdlog made once and deliberately leaked, raw write(2) after exit began;
+// either way each line is built in a fixed buffer and goes only to the verified stderr
+// (stderr_out.h), never to whatever the host put at descriptor 2.
 #include "diag.h"
 
 #include <unistd.h>
@@ -10,11 +12,13 @@
 #include <string>
 #include <vector>
 
-#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "live_stacks.h"
 #include "state.h"
+#include "stderr_out.h"
+#include "textbuf.h"
 
 namespace cmg::shim {
 namespace {
@@ -25,10 +29,21 @@ std::mutex g_pending_mu;
 std::vector<std::pair<LogLevel, std::string>> *g_pending = nullptr;
 std::vector<std::string> *g_pending_lines = nullptr;
 
+// spdlog's stderr sinks write to the FILE behind descriptor 2: this one writes to the verified one.
+class VerifiedStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg &msg) override {
+    spdlog::memory_buf_t out;
+    formatter_->format(msg, out);
+    stderr_write(std::string_view(out.data(), out.size()));
+  }
+  void flush_() override {}
+};
+
 spdlog::logger *logger() {
   static spdlog::logger *l = [] {
     // Not registered and never destroyed: it must outlive every static destructor.
-    auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    auto sink = std::make_shared<VerifiedStderrSink>();
     auto *lg = new spdlog::logger("cumemguard", sink);
     lg->set_pattern("%v");  // the prefix names the process: see prefix()
     lg->set_level(spdlog::level::trace);
@@ -66,39 +81,45 @@ void write_note_record(LogLevel level, std::string_view msg) {
 // kMaxLine bytes. The event log keeps the full text, JSON-escaped.
 constexpr std::size_t kMaxLine = 2000;
 
-std::string one_line(std::string_view msg) {
-  std::size_t used = 0;
-  std::string out = escape_controls(msg, kMaxLine, used);
-  if (used < msg.size()) out += "... (" + std::to_string(msg.size() - used) + " more bytes)";
-  return out;
-}
-
 // "cumemguard[4242]: " or, when the rank is known, "cumemguard[4242 rank 1]: ": lines of many
 // processes (torchrun ranks, a forked importer) interleaved on one terminal can be told apart, as
 // ASan's ==PID== lines can. getpid() each time: a forked child writes its own.
-std::string prefix() {
+void prefix(TextBuf &t) {
   const int rank = options_ready() ? state().rank : -1;
-  return "cumemguard[" + std::to_string(getpid()) +
-         (rank >= 0 ? " rank " + std::to_string(rank) : std::string()) + "]: ";
+  t.s("cumemguard[").i(getpid());
+  if (rank >= 0) t.s(" rank ").i(rank);
+  t.s("]: ");
 }
 
 }  // namespace
 
 void diag_line(LogLevel level, std::string_view msg, std::string_view more) {
   if (!enabled(level)) return;
-  std::string line = prefix() + level_word(level) + ": " + one_line(msg);
-  if (!more.empty()) {
-    line += '\n';
-    line.append(more.substr(0, more.size() - (more.back() == '\n')));
-  }
+  // Built on the stack: after exit began nothing may allocate, and before it a line costs no heap.
+  char line[kMaxLine + 160];
+  TextBuf t(line, sizeof line);
+  prefix(t);
+  t.s(level_word(level)).s(": ");
+  char esc[kMaxLine + 8];
+  std::size_t used = 0;
+  t.s(std::string_view(esc, escape_controls_to(msg, kMaxLine, esc, sizeof esc, used)));
+  if (used < msg.size()) t.s("... (").u(msg.size() - used).s(" more bytes)");
   if (g_exit_begun.load(std::memory_order_acquire)) {
-    std::string raw = line + "\n";
-    ssize_t n = ::write(2, raw.data(), raw.size());
-    (void)n;
+    t.c('\n');
+    stderr_write(t.view());
+    if (!more.empty()) stderr_write(more);  // none once exit began (print_finding): a view, no copy
     return;
   }
   try {
-    logger()->info(line);
+    if (more.empty()) {
+      logger()->info(std::string_view(t.view()));
+    } else {
+      // The stacks in the same write as their line, so other processes' lines cannot split them.
+      std::string full(t.view());
+      full += '\n';
+      full.append(more.substr(0, more.size() - (more.back() == '\n')));
+      logger()->info(full);
+    }
   } catch (...) {
     // Never let a diagnostic take the host down.
   }
@@ -152,23 +173,33 @@ void print_finding(const Finding &f, Action action, int res, const char *api, bo
                               "(CUMEMGUARD_WARN_LIMIT)");
     return;
   }
-  std::string what;
-  switch (action) {
-    case Action::Skip: what = "skipped: returned " + std::to_string(res) + " without calling the driver"; break;
-    case Action::Forward: what = "forwarded: the driver returned " + std::to_string(res); break;
-    case Action::Defer: what = "deferred"; break;
-    case Action::Abort: what = "strict mode"; break;
-  }
+  // One stack buffer: a finding printed while exit runs (a destructor's double free) allocates
+  // nothing here either.
+  char line[kMaxLine + 200];
+  TextBuf t(line, sizeof line);
+  t.s(finding_id(f.cls)).s(" in ").s(api).s(": ").s(f.msg);
   // A finding without a call (the environment at load) was not forwarded anywhere: saying "the
   // driver returned 0" there would be false.
-  diag_line(LogLevel::Warn,
-            std::string(finding_id(f.cls)) + " in " + api + ": " + f.msg +
-                (from_call ? " [" + what + "]" : std::string()),
-            // Not once exit began: the symbolizer takes its cache's lock, which the thread a
-            // signal handler interrupted to call exit() may hold.
-            g_exiting.load(std::memory_order_acquire)
-                ? std::string()
-                : finding_stack_lines(f, stack, static_cast<int>(s.opts.warn_frames), prefix()));
+  if (from_call) {
+    switch (action) {
+      case Action::Skip:
+        t.s(" [skipped: returned ").i(res).s(" without calling the driver]");
+        break;
+      case Action::Forward: t.s(" [forwarded: the driver returned ").i(res).s("]"); break;
+      case Action::Defer: t.s(" [deferred]"); break;
+      case Action::Abort: t.s(" [strict mode]"); break;
+    }
+  }
+  // The stacks under the line: not once exit began, since the symbolizer takes its cache's lock,
+  // which the thread a signal handler interrupted to call exit() may hold.
+  std::string more;
+  if (!g_exiting.load(std::memory_order_acquire)) {
+    char pb[64];
+    TextBuf pt(pb, sizeof pb);
+    prefix(pt);
+    more = finding_stack_lines(f, stack, static_cast<int>(s.opts.warn_frames), pt.view());
+  }
+  diag_line(LogLevel::Warn, t.view(), more);
 }
 
 void diag_exit_begun() {

@@ -22,4 +22,17 @@ const char *status_name(Family family, int res);
 // fork(): the child reports its own first errors.
 void errors_fork_child();
 
+// When every call of a run failed with one status (no driver: the runtime answers every call with
+// 35), the exit summary says so once, with the likely cause, instead of a summary of a device the
+// shim never saw. Filled from atomics only (the exit path reads it).
+struct AllFailed {
+  std::uint64_t calls = 0;  // 0: not every call failed the same way (or no call failed)
+  int res = 0;
+  const char *name = nullptr;   // the status's enumerator, or nullptr
+  const char *cause = nullptr;  // the likely cause in words, or nullptr
+  const char *fake = nullptr;   // the build's fake CUDA stack next to the shim, or nullptr
+};
+// `calls`: every call the run made (the call counters' sum).
+AllFailed every_call_failed(std::uint64_t calls);
+
 }  // namespace cmg::shim

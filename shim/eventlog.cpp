@@ -20,7 +20,9 @@
 #include "lock_within.h"
 #include "log_file.h"
 #include "owned_fd.h"
+#include "stderr_out.h"
 #include "text.h"
+#include "textbuf.h"
 #include "threads.h"
 
 // Defined when the ThreadSanitizer runtime is loaded (weak: null otherwise; no dlsym, whose
@@ -30,17 +32,7 @@ extern "C" void __tsan_init() __attribute__((weak));
 namespace cmg::shim {
 namespace {
 
-// Which thread holds a lock: the address of a thread-local byte (no call, no system call).
-const void *this_thread_mark() {
-  static thread_local __attribute__((tls_model("initial-exec"))) char mark;
-  return &mark;
-}
-
-
-void sleep_ns(long ns) {
-  timespec t{0, ns};
-  nanosleep(&t, nullptr);
-}
+void sleep_ns(long ns) { pause_ns(ns); }
 
 bool write_all(int fd, std::string_view s) {
   while (!s.empty()) {
@@ -52,15 +44,14 @@ bool write_all(int fd, std::string_view s) {
   return true;
 }
 
-// One stderr line without allocating (it may be said from the crash handler's write-out).
+// One stderr line without allocating (it may be said from the crash handler's write-out or the
+// exit path), to the verified stderr only.
 void warn_raw(std::string_view msg) {
   char line[1024];
-  constexpr std::string_view head = "cumemguard: warning: ";
-  const std::size_t n = std::min(msg.size(), sizeof line - head.size() - 1);
-  std::memcpy(line, head.data(), head.size());
-  std::memcpy(line + head.size(), msg.data(), n);
-  line[head.size() + n] = '\n';
-  write_all(2, std::string_view(line, head.size() + n + 1));
+  TextBuf t(line, sizeof line - 1);
+  t.s("cumemguard: warning: ").s(msg);
+  line[t.size()] = '\n';
+  stderr_write(std::string_view(line, t.size() + 1));
 }
 
 std::string not_ours(const struct stat &st) {
@@ -119,10 +110,22 @@ inline bool EventLog::lock() {
       return true;
     }
     // Held by this very thread: a signal handler interrupted it there and called exit().
-    if (owner_.load(std::memory_order_acquire) == this_thread_mark() || waited >= kExitPatienceNs)
+    if (owner_.load(std::memory_order_acquire) == this_thread_mark()) return false;
+    // One wait that ran out (here or in another exit path) is enough: later records go directly.
+    if (waited >= kExitPatienceNs || exit_wait_gave_up()) {
+      g_exit_wait_gave_up.store(true, std::memory_order_relaxed);
       return false;
+    }
     sleep_ns(200'000);
   }
+}
+
+// Once exit began, a record written under the lock goes out at once: a later exit record may
+// find the lock taken (another thread's call record, and after one bounded wait ran out the exit
+// path tries only once) and go out directly with the seal, and nothing would write what was left
+// in the buffer (ThreadSanitizer's runs of `exit-signal` lost the summary so, 1 run in 40).
+inline bool EventLog::exit_write_through() const {
+  return exiting_.load(std::memory_order_acquire);
 }
 
 inline void EventLog::unlock() {
@@ -188,21 +191,26 @@ bool EventLog::ours_locked() {
   const int fd = fd_.load(std::memory_order_relaxed);
   if (fd < 0) return false;
   if (OwnedFd{fd, dev_, ino_}.still_ours()) return true;
+  // From a signal handler the file is not opened again (the record would come from a handler in
+  // the middle of whatever the thread was doing): the crash lines are dropped, nothing else.
+  if (in_signal_) return false;
+  // Opened by its path, messages built on the stack: this may run on the exit path.
   OwnedFd again = OwnedFd::adopt(
       ::open(abs_path_.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  char msg[1024];
+  TextBuf t(msg, sizeof msg);
+  t.s("the event log's descriptor ").i(fd).s(" was closed or replaced by the program");
   if (again.valid() && again.dev == dev_ && again.ino == ino_) {
     fcntl(again.fd, F_SETFL, fcntl(again.fd, F_GETFL) & ~O_NONBLOCK);
     (void)flock(again.fd, LOCK_EX | LOCK_NB);  // the lock went with the closed descriptor
     const off_t end = lseek(again.fd, 0, SEEK_END);
     pos_ = end < 0 ? 0 : end;
     fd_.store(again.fd, std::memory_order_release);
-    const std::string msg = "the event log's descriptor " + std::to_string(fd) +
-                            " was closed or replaced by the program; " + path_ +
-                            " was opened again (descriptor " + std::to_string(again.fd) + ")";
-    warn_raw(msg);
-    char buf[1024];
+    t.s("; ").s(path_).s(" was opened again (descriptor ").i(again.fd).s(")");
+    warn_raw(t.view());
+    char buf[1200];
     JsonLine j(buf, sizeof buf);
-    j.str("k", "note").str("level", "warning").str("msg", msg);
+    j.str("k", "note").str("level", "warning").str("msg", t.view());
     const std::string_view note = j.finish();
     if (write_all(again.fd, note)) pos_ += static_cast<off_t>(note.size());
     return true;
@@ -210,9 +218,8 @@ bool EventLog::ours_locked() {
   again.close();
   fd_.store(-1, std::memory_order_release);
   write_failed_ = true;
-  warn_raw("the event log's descriptor " + std::to_string(fd) +
-           " was closed or replaced by the program and " + path_ +
-           " is not the same file any more; further events are not logged");
+  t.s(" and ").s(path_).s(" is not the same file any more; further events are not logged");
+  warn_raw(t.view());
   return false;
 }
 
@@ -297,7 +304,7 @@ void EventLog::write(std::string_view line, std::uint64_t now_ns) {
   }
   if (!sealed_.load(std::memory_order_relaxed)) {
     append_locked(line);
-    if (now_ns - last_flush_ns_ > 1000000000ull || write_through_) {
+    if (now_ns - last_flush_ns_ > 1000000000ull || write_through_ || exit_write_through()) {
       flush_locked();
       last_flush_ns_ = now_ns;
     }
@@ -341,7 +348,7 @@ void EventLog::end_pieces(Pieces how, std::string_view last, std::uint64_t now_n
   if (how == Pieces::Direct) direct_mu_.unlock();
   if (how != Pieces::Locked) return;
   partial_at_.store(-1, std::memory_order_release);
-  if (now_ns - last_flush_ns_ > 1000000000ull) {
+  if (now_ns - last_flush_ns_ > 1000000000ull || exit_write_through()) {
     flush_locked();
     last_flush_ns_ = now_ns;
   }
@@ -371,8 +378,13 @@ void EventLog::start_flusher_locked() {
         return nullptr;
       },
       this);
-  if (rc != 0) warn_raw("event log: no flusher thread (" + std::string(std::strerror(rc)) +
-                        "); records are written when the buffer fills or a later one comes");
+  if (rc != 0) {
+    char msg[256];
+    TextBuf t(msg, sizeof msg);
+    t.s("event log: no flusher thread (").s(std::strerror(rc))
+        .s("); records are written when the buffer fills or a later one comes");
+    warn_raw(t.view());
+  }
 }
 
 void EventLog::flusher_loop() {
@@ -514,7 +526,8 @@ void EventLog::write_from_signal(std::string_view lines) {
   if (mu_.try_lock()) {
     owner_.store(this_thread_mark(), std::memory_order_release);
     const bool sealed = sealed_.load(std::memory_order_relaxed);
-    // Only a descriptor that is still the log's: opening it again allocates, not for a handler.
+    // Only a descriptor that is still the log's: a handler never opens it again (in_signal_ makes
+    // ours_locked say no rather than reopen, should the host close it between the two checks).
     in_signal_ = true;
     if (!sealed && OwnedFd{fd, dev_, ino_}.still_ours()) flush_locked();
     in_signal_ = false;
@@ -522,6 +535,8 @@ void EventLog::write_from_signal(std::string_view lines) {
     unlock();
     if (sealed) return;  // the exit summary was written: the log is complete
   } else {
+    // Sealed already (the exit path wrote `end` and still holds the lock): nothing after it.
+    if (sealed_.load(std::memory_order_acquire)) return;
     // A held lock means a writer was interrupted mid-record (possibly this very thread: then its
     // bytes are finished first) or is writing on another thread (its buffer is given up).
     int expected = 0;

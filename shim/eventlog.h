@@ -81,6 +81,7 @@ class EventLog {
   void flusher_loop();
   void finish_interrupted();                 // the lock's holder is this thread, interrupted
   void write_direct(std::string_view data, bool then_seal = false);  // without the lock (exit)
+  bool exit_write_through() const;
   void direct_locked(std::string_view data);                         // direct_mu_ held
 
   // Atomic: hooks ask is_open() without the lock, and a failed write stops every later one.

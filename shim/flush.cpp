@@ -35,7 +35,7 @@ struct Site {
 };
 
 struct Sites {
-  std::mutex mu;
+  MarkedMutex mu;  // its holder is known (exit paths, lock_within.h)
   std::map<std::pair<std::uintptr_t, std::uintptr_t>, int> index;  // (flush start, caller pc)
   std::vector<Site> rows;
   std::uint64_t findings = 0, blocked_ns = 0, bytes = 0;
@@ -93,16 +93,23 @@ int site_for(const FrameSym *const *fs, const Captured &stack_of, const FlushVer
   return it->second;
 }
 
-// Lock held.
-std::vector<const Site *> most_blocked_first(const Sites &st) {
-  std::vector<const Site *> rows;
-  for (const Site &r : st.rows) rows.push_back(&r);
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const Site *a, const Site *b) { return a->blocked_ns > b->blocked_ns; });
-  return rows;
+// The rows most blocked first, visited in place (the exit summary allocates nothing): the row
+// after `prev` in the order of blocked time, longest first, ties in the order the sites were
+// seen; -1 for the first, and returned when there is none after. Lock held.
+int next_most_blocked(const Sites &st, int prev) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(st.rows.size()); ++i) {
+    const std::uint64_t b = st.rows[static_cast<std::size_t>(i)].blocked_ns;
+    if (prev >= 0) {
+      const std::uint64_t pb = st.rows[static_cast<std::size_t>(prev)].blocked_ns;
+      if (b > pb || (b == pb && i <= prev)) continue;  // at or before prev in the order
+    }
+    if (best < 0 || b > st.rows[static_cast<std::size_t>(best)].blocked_ns) best = i;
+  }
+  return best;
 }
 
-std::string policy_name(FlushPolicy p) {
+const char *policy_name(FlushPolicy p) {
   switch (p) {
     case FlushPolicy::Allow:
       return "allow";
@@ -112,6 +119,13 @@ std::string policy_name(FlushPolicy p) {
       return "defer";
   }
   return "?";
+}
+
+std::string_view bytes_text(char (&b)[kHumanMax], std::uint64_t v) {
+  return std::string_view(b, human_bytes_to(b, sizeof b, static_cast<std::int64_t>(v)));
+}
+std::string_view ns_text(char (&b)[kHumanMax], std::uint64_t v) {
+  return std::string_view(b, human_ns_to(b, sizeof b, v));
 }
 
 }  // namespace
@@ -196,113 +210,106 @@ void flush_report(const Call &c, const FlushCheck &fc, const Args &args, int res
   report_finding(c, flush_finding(e), action, res, args);
 }
 
-std::string transport_summary_json() {
+void flush_reserve() { (void)sites(); }
+
+void transport_summary_json(JsonLine &j) {
   State &s = state();
   const Transport &t = s.transport;
-  std::string o = "{\"suppressed\":";
-  o += t.suppressed() ? "true" : "false";
+  j.begin_object("transport").boolean("suppressed", t.suppressed());
   if (EventRef by = t.suppressed_by(); by.known())
-    o += ",\"suppressed_by\":{\"api\":\"" + json_escape(by.api ? by.api : "") +
-         "\",\"seq\":" + std::to_string(by.seq) + ",\"ts\":" + std::to_string(by.ts) + "}";
-  o += ",\"live\":" + std::to_string(t.live()) + ",\"live_by_device\":[";
-  bool first = true;
-  for (const auto &[dev, n] : t.live_by_device()) {
-    o += (first ? "" : ",") + std::string("{\"dev\":") + std::to_string(dev) +
-         ",\"live\":" + std::to_string(n) + "}";
-    first = false;
+    j.begin_object("suppressed_by").str("api", by.api ? by.api : "").unum("seq", by.seq)
+        .unum("ts", by.ts).end_object();
+  j.num("live", t.live()).begin_array("live_by_device");
+  for (int dev = 0; dev <= Transport::kMaxDevices; ++dev) {
+    const int d = dev == Transport::kMaxDevices ? -1 : dev;
+    if (const int n = t.live_on(d)) j.elem_object().num("dev", d).num("live", n).end_object();
   }
-  o += "],\"communicators_created\":" + std::to_string(t.created_total()) +
-       ",\"flush_requests\":{\"ran\":" + std::to_string(t.flushes_run()) +
-       ",\"declined\":" + std::to_string(t.flushes_declined()) + "}" + ",\"policy\":\"" +
-       policy_name(s.opts.opportunistic) + "\"" + ",\"deferred_released_bytes\":" +
-       std::to_string(held().released_bytes(HoldReason::Deferred));
+  j.end_array().unum("communicators_created", t.created_total()).begin_object("flush_requests")
+      .unum("ran", t.flushes_run()).unum("declined", t.flushes_declined()).end_object()
+      .str("policy", policy_name(s.opts.opportunistic))
+      .unum("deferred_released_bytes", held().released_bytes(HoldReason::Deferred));
   Sites &st = sites();
-  if (!lock_within(st.mu)) return o + "}";  // exit: a thread kept the lock (lock_within.h)
-  std::lock_guard lk(st.mu, std::adopt_lock);
-  o += ",\"flushes\":" + std::to_string(st.findings) + ",\"bytes\":" + std::to_string(st.bytes) +
-       ",\"blocked_ns\":" + std::to_string(st.blocked_ns) + ",\"sites\":[";
-  std::vector<const Site *> rows = most_blocked_first(st);
-  if (rows.size() > 64) rows.resize(64);  // the log has every finding; the summary the worst
-  first = true;
-  for (const Site *r : rows) {
-    o += (first ? "" : ",") + std::string("{\"site\":\"") + json_escape(r->text) +
-         "\",\"flush\":\"" + json_escape(r->flush) + "\",\"count\":" + std::to_string(r->count) +
-         ",\"bytes\":" + std::to_string(r->bytes) +
-         ",\"blocked_ns\":" + std::to_string(r->blocked_ns) +
-         ",\"max_blocked_ns\":" + std::to_string(r->max_blocked_ns) +
-         ",\"deferred\":" + std::to_string(r->deferred) +
-         ",\"deferred_bytes\":" + std::to_string(r->deferred_bytes) +
-         ",\"trims\":" + std::to_string(r->trims) + ",\"skipped\":" + std::to_string(r->skipped) +
-         (r->stack ? ",\"stack\":" + std::to_string(r->stack) : std::string()) + "}";
-    first = false;
+  if (lock_within(st.mu)) {  // exit: a thread kept the lock otherwise (lock_within.h)
+    std::lock_guard lk(st.mu, std::adopt_lock);
+    j.unum("flushes", st.findings).unum("bytes", st.bytes).unum("blocked_ns", st.blocked_ns)
+        .begin_array("sites");
+    // The log has every finding; the summary the 64 most blocked sites.
+    int i = -1;
+    for (int k = 0; k < 64 && (i = next_most_blocked(st, i)) >= 0; ++k) {
+      const Site &r = st.rows[static_cast<std::size_t>(i)];
+      j.elem_object().str("site", r.text).str("flush", r.flush).unum("count", r.count)
+          .unum("bytes", r.bytes).unum("blocked_ns", r.blocked_ns)
+          .unum("max_blocked_ns", r.max_blocked_ns).unum("deferred", r.deferred)
+          .unum("deferred_bytes", r.deferred_bytes).unum("trims", r.trims)
+          .unum("skipped", r.skipped);
+      if (r.stack) j.unum("stack", r.stack);
+      j.end_object();
+    }
+    j.end_array();
   }
-  o += "]}";
-  return o;
+  j.end_object();
 }
 
-std::string transport_summary_text() {
+void transport_summary_text(TextBuf &out) {
   State &s = state();
   const Transport &t = s.transport;
   Sites &st = sites();
-  if (!lock_within(st.mu)) return {};  // exit: a thread kept the lock (lock_within.h)
+  if (!lock_within(st.mu)) return;  // exit: a thread kept the lock (lock_within.h)
   std::lock_guard lk(st.mu, std::adopt_lock);
   if (!t.suppressed() && t.created_total() == 0 && st.rows.empty() && t.flushes_run() == 0)
-    return {};
-  std::string out = "  transport: ";
+    return;
+  out.s("  transport: ");
   if (t.suppressed()) {
     EventRef by = t.suppressed_by();
-    out += "opportunistic cleanup suppressed";
-    if (by.known())
-      out +=
-          " from " + std::string(by.api ? by.api : "?") + " (seq " + std::to_string(by.seq) + ")";
+    out.s("opportunistic cleanup suppressed");
+    if (by.known()) out.s(" from ").s(by.api ? by.api : "?").s(" (seq ").u(by.seq).s(")");
   } else {
-    out += "opportunistic cleanup never suppressed";
+    out.s("opportunistic cleanup never suppressed");
   }
-  out += "; " + std::to_string(t.created_total()) +
-         (t.created_total() == 1 ? " communicator created, " : " communicators created, ") +
-         std::to_string(t.live()) + " live at exit";
+  out.s("; ").u(t.created_total())
+      .s(t.created_total() == 1 ? " communicator created, " : " communicators created, ")
+      .i(t.live()).s(" live at exit");
   if (t.flushes_run() || t.flushes_declined())
-    out += "; cumemguard_maybe_empty_cache ran " + std::to_string(t.flushes_run()) + ", declined " +
-           std::to_string(t.flushes_declined());
-  out += "\n";
-  if (st.rows.empty()) return out;
-  out += "  opportunistic flushes (CUMEMGUARD_OPPORTUNISTIC=" + policy_name(s.opts.opportunistic) +
-         "): " + std::to_string(st.findings) + " calls, " + human_bytes(st.bytes) + ", blocked " +
-         human_ns(st.blocked_ns) + ", at " + std::to_string(st.rows.size()) + " call sites\n";
-  char line[160];
-  std::snprintf(line, sizeof line, "    %7s %12s %12s %9s  %s\n", "count", "bytes", "blocked",
-                "deferred", "site (flush <- caller)");
-  out += line;
-  std::vector<const Site *> rows = most_blocked_first(st);
-  for (const Site *r : rows) {
-    std::snprintf(line, sizeof line, "    %7llu %12s %12s %9llu  ",
-                  static_cast<unsigned long long>(r->count), human_bytes(r->bytes).c_str(),
-                  human_ns(r->blocked_ns).c_str(), static_cast<unsigned long long>(r->deferred));
-    out += line + r->text + "\n";
+    out.s("; cumemguard_maybe_empty_cache ran ").u(t.flushes_run()).s(", declined ")
+        .u(t.flushes_declined());
+  out.s("\n");
+  if (st.rows.empty()) return;
+  char b[kHumanMax], n[kHumanMax];
+  out.s("  opportunistic flushes (CUMEMGUARD_OPPORTUNISTIC=").s(policy_name(s.opts.opportunistic))
+      .s("): ").u(st.findings).s(" calls, ").s(bytes_text(b, st.bytes)).s(", blocked ")
+      .s(ns_text(n, st.blocked_ns)).s(", at ").u(st.rows.size()).s(" call sites\n");
+  // "    %7s %12s %12s %9s  %s"
+  out.s("    ").right("count", 7).c(' ').right("bytes", 12).c(' ').right("blocked", 12).c(' ')
+      .right("deferred", 9).s("  site (flush <- caller)\n");
+  char c[24], d[24];
+  for (int i = -1; (i = next_most_blocked(st, i)) >= 0;) {
+    const Site &r = st.rows[static_cast<std::size_t>(i)];
+    out.s("    ").right(TextBuf::digits(r.count, c), 7).c(' ').right(bytes_text(b, r.bytes), 12)
+        .c(' ').right(ns_text(n, r.blocked_ns), 12).c(' ').right(TextBuf::digits(r.deferred, d), 9)
+        .s("  ").s(r.text).s("\n");
   }
-  return out;
 }
 
 void flush_exit_line() {
   State &s = state();
   Sites &st = sites();
-  std::string msg;
+  char msg[1024];
+  TextBuf t(msg, sizeof msg);
   {
     if (!lock_within(st.mu)) return;  // exit: a thread kept the lock (lock_within.h)
     std::lock_guard lk(st.mu, std::adopt_lock);
     if (st.findings == 0 || s.opts.summary) return;
     std::uint64_t held_back = 0;
     for (const Site &r : st.rows) held_back += r.deferred + r.skipped;
-    msg = std::to_string(st.findings) +
-          " opportunistic cache flushes after NCCL or another "
-          "transport started (" +
-          human_bytes(st.bytes) + "; " + std::to_string(held_back) + " held back, " +
-          human_ns(st.blocked_ns) + " blocked in the driver) at " + std::to_string(st.rows.size()) +
-          " call sites; CUMEMGUARD_SUMMARY=1";
+    char b[kHumanMax], n[kHumanMax];
+    t.u(st.findings).s(" opportunistic cache flushes after NCCL or another transport started (")
+        .s(bytes_text(b, st.bytes)).s("; ").u(held_back).s(" held back, ")
+        .s(ns_text(n, st.blocked_ns)).s(" blocked in the driver) at ").u(st.rows.size())
+        .s(" call sites; CUMEMGUARD_SUMMARY=1");
   }
-  if (s.log.is_open()) msg += " or 'cumemguard report " + s.log.path() + "'";
-  msg += " lists them by call site";
-  diag_line(LogLevel::Warn, msg);
+  if (s.log.is_open()) t.s(" or 'cumemguard report ").s(s.log.path()).s("'");
+  t.s(" lists them by call site");
+  diag_line(LogLevel::Warn, t.view());
 }
 
 void capi_call_record(const char *api, const EventRef &ev, int res, std::uint64_t dur,

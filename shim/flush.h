@@ -9,6 +9,7 @@
 #include <string>
 
 #include "state.h"
+#include "textbuf.h"
 #include "transport.h"
 
 namespace cmg::shim {
@@ -35,10 +36,12 @@ const FlushPatterns &patterns();
 void flush_report(const Call &c, const FlushCheck &fc, const Args &args, int res,
                   std::uint64_t bytes, std::uint64_t blocked_ns);
 
-// The "transport" object of the summary record, and the lines of the stderr summary (empty when
-// no transport was seen and no flush reported).
-std::string transport_summary_json();
-std::string transport_summary_text();
+// The summary record's "transport" member, and the lines of the stderr summary (none when no
+// transport was seen and no flush reported). Exit path: allocates nothing.
+void transport_summary_json(JsonLine &j);
+void transport_summary_text(TextBuf &t);
+// At activation: the call-site table the exit summary reads exists from then on.
+void flush_reserve();
 // At exit without CUMEMGUARD_SUMMARY: one line saying how many flushes were reported, if any.
 void flush_exit_line();
 

@@ -6,8 +6,6 @@
 #include <atomic>
 #include <cstdlib>
 
-#include <vector>
-
 #include "loader.h"
 #include "lock_within.h"
 #include "state.h"
@@ -21,27 +19,14 @@ HeldFrees &held() {
 }
 
 namespace {
-// Held frees go back to the driver at exit while the runtime still works: this handler is
-// registered at the first hold, after the program's first CUDA calls initialised cudart, so exit()
-// runs it before cudart's own teardown (handlers run in reverse order of registration). A release
-// from the shim's destructor instead would meet cudaErrorCudartUnloading.
-void release_at_exit() {
-  exit_begun();
-  ReentryGuard guard;
-  held().close();
-}
-
-void register_exit_release() {
-  static std::atomic<bool> done{false};
-  if (!done.exchange(true)) std::atexit(release_at_exit);
-}
 std::atomic<std::uint64_t> g_quarantine_limit{0};  // resolved `auto`, 0 until the first hold
+std::atomic<bool> g_quarantine_device_known{false};  // the device's memory was read for it
 }  // namespace
 
 std::uint64_t quarantine_limit(int dev) {
   const std::uint64_t q = state().opts.quarantine;
   if (q != kAutoSize) return q;
-  std::uint64_t limit = g_quarantine_limit.load(std::memory_order_relaxed);
+  std::uint64_t limit = g_quarantine_limit.load(std::memory_order_acquire);
   if (limit) return limit;
   static std::atomic<void *> slot{nullptr};
   std::size_t total = 0;
@@ -49,12 +34,26 @@ std::uint64_t quarantine_limit(int dev) {
   auto f = driver_fn<PFN_cuDeviceTotalMem_v3020>(slot, "cuDeviceTotalMem_v2");
   if (!f || f(&total, dev < 0 ? 0 : dev) != CUDA_SUCCESS) total = 0;
   limit = quarantine_for_device(total);
-  g_quarantine_limit.store(limit, std::memory_order_relaxed);
+  g_quarantine_device_known.store(total != 0, std::memory_order_relaxed);
+  g_quarantine_limit.store(limit, std::memory_order_release);
   return limit;
 }
 
+QuarantineSize quarantine_size() {
+  QuarantineSize q;
+  q.bytes = state().opts.quarantine;
+  if (q.bytes != kAutoSize) return q;
+  q.bytes = g_quarantine_limit.load(std::memory_order_acquire);
+  if (!q.bytes)
+    q.how = QuarantineSize::How::NeverSized;
+  else if (g_quarantine_device_known.load(std::memory_order_relaxed))
+    q.how = QuarantineSize::How::Auto;
+  else
+    q.how = QuarantineSize::How::AutoDeviceUnknown;
+  return q;
+}
+
 bool HeldFrees::hold(const Held &h) {
-  register_exit_release();
   std::lock_guard lk(mu_);
   if (closed_) return false;  // exit has begun: nothing would release it later
   q_.push_back(h);
@@ -67,31 +66,37 @@ bool HeldFrees::closed() const {
   return closed_;
 }
 
-// Exit: the lock with a bounded wait (lock_within.h). A thread that kept it (a signal handler
-// interrupted it there and called exit()) leaves the held frees to the end of the process, which
-// returns the memory to the driver anyway; a note says so.
+// Exit: the lock with a bounded wait (lock_within.h), none when this thread holds it itself (a
+// signal handler interrupted it there and called exit()). Without the lock nothing is counted;
+// the frees still held are returned with the process either way.
 void HeldFrees::close() {
   exit_begun();
-  if (lock_within(mu_)) {
-    closed_ = true;
-    mu_.unlock();
+  if (at_exit_known_.load(std::memory_order_acquire)) return;
+  if (!lock_within(mu_)) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      note(LogLevel::Warn, "exit: the held frees stayed locked by a thread that did not come back "
+                           "(a signal handler that called exit() interrupted it); they are "
+                           "returned with the process, uncounted");
+    return;
   }
-  release_all_at_exit();
+  closed_ = true;
+  AtExit a;
+  a.known = true;
+  for (const Held &h : q_) {
+    ++a.count[static_cast<int>(h.why)];
+    a.bytes[static_cast<int>(h.why)] += h.size;
+  }
+  at_exit_ = a;
+  at_exit_known_.store(true, std::memory_order_release);
+  mu_.unlock();
 }
 
-std::uint64_t HeldFrees::release_all_at_exit() {
-  const std::uint64_t n = release_down_to(HoldReason::Quarantine, 0, true) +
-                          release_down_to(HoldReason::Deferred, 0, true);
-  static std::atomic<bool> said{false};
-  if (gave_up_ && !said.exchange(true))
-    note(LogLevel::Warn, "exit: the held frees stayed locked by a thread that did not come back (a "
-                         "signal handler that called exit() interrupted it); they are returned "
-                         "with the process");
-  return n;
+HeldFrees::AtExit HeldFrees::at_exit() const {
+  return at_exit_known_.load(std::memory_order_acquire) ? at_exit_ : AtExit{};
 }
 
 bool HeldFrees::hold_within(const Held &h, std::uint64_t limit) {
-  register_exit_release();
   std::lock_guard lk(mu_);
   if (closed_) return false;  // the caller frees it now
   auto &b = bytes_[static_cast<int>(h.why)];
@@ -125,29 +130,29 @@ void HeldFrees::really_free(const Held &h) {
   s.log.write(j.finish(), ts);
 }
 
-std::uint64_t HeldFrees::release_down_to(HoldReason why, std::uint64_t keep_bytes, bool at_exit) {
-  std::vector<Held> go;
-  {
-    if (at_exit && !lock_within(mu_)) {
-      gave_up_ = true;
-      return 0;
-    }
-    if (!at_exit) mu_.lock();
-    std::lock_guard lk(mu_, std::adopt_lock);
-    auto &b = bytes_[static_cast<int>(why)];
-    for (auto it = q_.begin(); it != q_.end() && b > keep_bytes;) {
-      if (it->why != why) {
-        ++it;
-        continue;
-      }
-      b -= it->size;
-      released_[static_cast<int>(why)] += it->size;
-      go.push_back(*it);
-      it = q_.erase(it);
-    }
+// The oldest entry of `why` while more than keep_bytes of it are held, taken off the queue.
+bool HeldFrees::pop_oldest(HoldReason why, std::uint64_t keep_bytes, Held &out) {
+  std::lock_guard lk(mu_);
+  auto &b = bytes_[static_cast<int>(why)];
+  if (b <= keep_bytes) return false;
+  for (auto it = q_.begin(); it != q_.end(); ++it) {
+    if (it->why != why) continue;
+    out = *it;
+    b -= it->size;
+    released_[static_cast<int>(why)] += it->size;
+    q_.erase(it);
+    return true;
   }
+  return false;
+}
+
+// One at a time: each free is taken off the queue under the lock and given to the driver outside
+// it (a free synchronises the device; another thread's hold must not wait for that), with no list
+// of them built first.
+std::uint64_t HeldFrees::release_down_to(HoldReason why, std::uint64_t keep_bytes) {
   std::uint64_t n = 0;
-  for (const Held &h : go) {
+  Held h;
+  while (pop_oldest(why, keep_bytes, h)) {
     really_free(h);
     n += h.size;
   }
@@ -200,6 +205,8 @@ bool HeldFrees::empty() const {
 void HeldFrees::fork_child() {
   mu_.unlock();
   closed_ = false;
+  at_exit_ = AtExit{};
+  at_exit_known_.store(false, std::memory_order_relaxed);
   q_.clear();
   bytes_[0] = bytes_[1] = 0;
   released_[0] = 0;

@@ -2,19 +2,22 @@
 // Frees the shim holds back instead of passing them to the driver at once: the quarantine
 // (CUMEMGUARD_QUARANTINE: freed linear memory kept FIFO so a stale free of an address the driver
 // would have re-issued is still caught, bug-patterns.md P30) and deferred cache flushes
-// (CUMEMGUARD_OPPORTUNISTIC=defer). Nothing held is ever dropped: it is released in FIFO order
-// when over its limit, when an allocation fails with out-of-memory (then the allocation is retried
-// once), on request, and at exit.
+// (CUMEMGUARD_OPPORTUNISTIC=defer). Nothing held is dropped while the process runs: it is
+// released in FIFO order, one free at a time, when over its limit, when an allocation fails with
+// out-of-memory (then the allocation is retried once) and on request. At exit what is still held
+// stays held and goes back to the driver with the process: the exit path makes no CUDA call (a
+// free synchronises the whole device, real-driver.md section 3, and the exiting thread may have
+// been interrupted inside the driver by the signal handler that called exit()).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <optional>
 
 #include "cuda_api.h"
 #include "event.h"
+#include "lock_within.h"
 
 namespace cmg::shim {
 
@@ -37,12 +40,10 @@ class HeldFrees {
   // or once exit has begun (closed() tells which).
   bool hold_within(const Held &h, std::uint64_t limit);
   // Releases the oldest entries of `why` until at most `keep_bytes` of it remain; returns bytes.
-  std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes, bool at_exit = false);
-  // Releases everything (out-of-memory, explicit request, exit); returns bytes released.
+  std::uint64_t release_down_to(HoldReason why, std::uint64_t keep_bytes);
+  // Releases everything (out-of-memory, explicit request); returns bytes released.
   std::uint64_t release_all();
   std::uint64_t release_all(HoldReason why);
-  // The same at exit, never waiting long for the lock (close() uses it).
-  std::uint64_t release_all_at_exit();
   std::uint64_t bytes(HoldReason why) const;
   // The entry holding ptr, if the shim holds it (a free of it is then a proven double free).
   std::optional<Held> find(std::uint64_t ptr) const;
@@ -51,22 +52,31 @@ class HeldFrees {
   bool release(std::uint64_t ptr);
   std::uint64_t released_bytes(HoldReason why) const;  // all released so far
   bool empty() const;
-  // Exit: releases everything and holds nothing more (frees from library destructors come after
-  // the exit handlers: nothing would release them).
+  // Exit: holds nothing more (frees from library destructors come after the exit handlers and go
+  // to the driver), and counts what stays held. No CUDA call, no allocation, a bounded wait.
   void close();
   bool closed() const;
+  // What close() found held, by reason (the exit summary); known is false when the lock stayed
+  // taken (a thread a signal handler interrupted inside it).
+  struct AtExit {
+    bool known = false;
+    std::uint64_t count[2] = {0, 0}, bytes[2] = {0, 0};
+  };
+  AtExit at_exit() const;
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
   void fork_child();  // the child owns none of the parent's memory: forget, do not free
 
  private:
   void really_free(const Held &h);
-  mutable std::mutex mu_;
+  bool pop_oldest(HoldReason why, std::uint64_t keep_bytes, Held &out);
+  mutable MarkedMutex mu_;  // its holder is known (exit paths, lock_within.h)
   std::deque<Held> q_;
   std::uint64_t bytes_[2] = {0, 0};
   std::atomic<std::uint64_t> released_[2] = {0, 0};  // read without the lock (exit summary)
   bool closed_ = false;
-  std::atomic<bool> gave_up_{false};
+  AtExit at_exit_;  // written once by close(), read after it
+  std::atomic<bool> at_exit_known_{false};
 };
 
 HeldFrees &held();
@@ -74,5 +84,14 @@ HeldFrees &held();
 // The quarantine in force, in bytes (CUMEMGUARD_QUARANTINE, `auto` resolved from the memory of the
 // device of the first free it holds; dev -1: device 0).
 std::uint64_t quarantine_limit(int dev);
+// What the exit summary says of the quarantine's size, without asking the driver: the size given,
+// the size `auto` resolved to (and whether the device's memory could be read), or that `auto`
+// was never resolved because nothing was held.
+struct QuarantineSize {
+  enum class How : std::uint8_t { Given, Auto, AutoDeviceUnknown, NeverSized };
+  How how = How::Given;
+  std::uint64_t bytes = 0;
+};
+QuarantineSize quarantine_size();
 
 }  // namespace cmg::shim

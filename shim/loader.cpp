@@ -3,6 +3,7 @@
 // and cuGetProcAddress routing by pointer identity (interposers.md 10.2: call the real lookup, then
 // map the exact export it returned to the wrapper of that exact export).
 #include "loader.h"
+#include "stderr_out.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -209,8 +210,7 @@ void trace_line(const char *fmt, ...) {
   n += pre;
   std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 2);
   buf[len++] = '\n';
-  ssize_t w = ::write(2, buf, len);  // raw: this runs inside dlsym and the driver's lookups
-  (void)w;
+  stderr_write(std::string_view(buf, len));  // raw: this runs inside dlsym and the driver's lookups
 }
 
 const char *module_of(const void *p) {

@@ -22,6 +22,7 @@
 #include "clock.h"
 #include "crash.h"
 #include "diag.h"
+#include "exiting.h"
 #include "flush.h"
 #include "handlers.h"
 #include "held.h"
@@ -30,6 +31,7 @@
 #include "records.h"
 #include "stacks.h"
 #include "status_channel.h"
+#include "stderr_out.h"
 #include "summary.h"
 #include "suppress.h"
 #include "cmg_config.h"
@@ -115,7 +117,8 @@ void fork_child() {
   t_tid = 0;  // this thread has the child's id now
   for (auto &f : s.findings) f.store(0);
   s.warned.store(0);
-  s.summary_printed.store(false);
+  s.last_records.store(0);
+  exiting_fork_child();
   crash_fork_child();
   status_fork_child();
   new (&g_activate_mu) std::mutex();
@@ -128,7 +131,10 @@ void fork_child() {
 
 const ParsedOptions &parsed_options() {
   options_ready();
-  static const ParsedOptions none;
+  // Never destroyed, like the rest of the state: no exit handler is registered for it (past 32
+  // of them glibc frees a block of its list at exit, on the exiting thread: an allocator call
+  // after exit began).
+  static const ParsedOptions &none = *new ParsedOptions;
   return g_parsed ? *g_parsed : none;
 }
 
@@ -171,6 +177,9 @@ bool options_ready() {
   g_options_state.store(2, std::memory_order_release);
   parsing_here = false;
   if (s.opts.disable) return true;
+  // Before the first diagnostic: the stderr the shim writes to is the one the process started
+  // with, whatever the host puts at descriptor 2 later (stderr_out.h).
+  stderr_take();
   for (const auto &msg : p.problems) note(LogLevel::Warn, msg);
   if (p.fatal) {
     note(LogLevel::Error, "CUMEMGUARD_STRICT_CONFIG is set and the options above are invalid; "
@@ -209,6 +218,10 @@ void activate_slow() {
   for (const Interposer &i : before) note(LogLevel::Warn, interposer_note(i));
   if (s.opts.stacks > 0) stacks_warm_up();
   suppressions_load();
+  // What the exit path reads is made now: after exit begins nothing is allocated.
+  held();
+  flush_reserve();
+  bridge::exports();
   g_active.store(true, std::memory_order_release);
   if (s.opts.crash_summary) install_crash_handlers();
   flush_pending_notes();
@@ -383,18 +396,25 @@ __attribute__((constructor)) static void cmg_load() {
     __cxa_atexit(final_summary, nullptr, nullptr);
     g_summary_at_exit = true;
   }
+  cmg::shim::exiting_at_load();
   cmg::shim::options_ready();
   cmg::shim::on_load();
 }
 
-// Exit handlers ran (held frees went back to the driver then); nothing is held from now on. The
-// log's buffered lines are written now, in case a later destructor crashes or hangs.
+// The program's destructors ran, its libraries' have not yet (a preloaded library is finalised
+// early): the held frees are closed now, so that those destructors' frees go to the driver (what
+// was held stays held and goes back with the process). The log's buffered lines are written now,
+// in case a later destructor crashes or hangs. No exit handler is registered for this (only the
+// summary's): past 32 of them glibc frees a block of its list at exit, on the exiting thread.
 __attribute__((destructor)) static void cmg_unload() {
-  if (cmg::shim::disabled()) return;
+  // A process that never called CUDA has nothing to close or write (and nothing may be created
+  // now: the exit path allocates nothing).
+  if (cmg::shim::disabled() || !cmg::shim::active()) return;
+  cmg::shim::exit_begun();
   cmg::shim::held().close();
   if (!g_summary_at_exit) {
     cmg::shim::exit_summary(/*from_abort=*/false);
-  } else if (cmg::shim::active()) {
+  } else {
     cmg::shim::state().log.flush();
   }
 }

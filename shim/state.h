@@ -78,8 +78,9 @@ struct State {
   std::uint64_t start_mono_ns = 0;
   std::uint64_t start_unix_ns = 0;
   int rank = -1;
-  // Set once by whichever writes the last records: the exit summary, or the crash handler.
-  std::atomic<bool> summary_printed{false};
+  // Who writes the last records (the summary and `end`): claimed once by the exit path or the
+  // crash handler (exiting.h, LastRecords).
+  std::atomic<int> last_records{0};
 };
 
 // The state, created on first use and never destroyed (frees from static destructors after main()

@@ -132,39 +132,54 @@ SuppressHit suppression_for(FindingClass cls, bool count) {
   return hit;
 }
 
-std::string suppressed_json() {
+void suppressed_json(JsonLine &j) {
   const Loaded *l = g_loaded.load(std::memory_order_acquire);
-  if (!l) return {};
-  std::string out;
+  if (!l) return;
+  bool any = false;
   for (std::size_t i = 0; i < l->rules.rules.size(); ++i) {
     const std::uint64_t n = l->hits[i].load(std::memory_order_relaxed);
     if (!n) continue;
+    if (!any) j.begin_array("suppressed");
+    any = true;
     const SuppressionRule &r = l->rules.rules[i];
-    out += out.empty() ? "[" : ",";
-    out += "{\"class\":\"" + json_escape(r.cls) + "\",\"pattern\":\"" + json_escape(r.pattern) +
-           "\",\"count\":" + std::to_string(n) + "}";
+    j.elem_object().str("class", r.cls).str("pattern", r.pattern).unum("count", n).end_object();
   }
-  return out.empty() ? out : out + "]";
+  if (any) j.end_array();
 }
 
-std::string suppressed_text() {
+void suppressed_text(TextBuf &t) {
   const Loaded *l = g_loaded.load(std::memory_order_acquire);
-  if (!l) return {};
+  if (!l) return;
   std::uint64_t total = 0;
-  std::vector<std::pair<std::string, std::uint64_t>> used;
+  std::size_t used = 0;
   for (std::size_t i = 0; i < l->rules.rules.size(); ++i)
     if (const std::uint64_t n = l->hits[i].load(std::memory_order_relaxed)) {
-      used.emplace_back(shown(l->rules.rules[i].text()), n);
       total += n;
+      ++used;
     }
-  if (used.empty()) return {};
-  std::string out = "  suppressed: " + std::to_string(total) + " (";
-  for (std::size_t i = 0; i < used.size(); ++i) {
-    if (i) out += ", ";
-    out += used[i].first;
-    if (used.size() > 1) out += " " + std::to_string(used[i].second);
+  if (!used) return;
+  t.s("  suppressed: ").u(total).s(" (");
+  bool first = true;
+  for (std::size_t i = 0; i < l->rules.rules.size(); ++i) {
+    const std::uint64_t n = l->hits[i].load(std::memory_order_relaxed);
+    if (!n) continue;
+    if (!first) t.s(", ");
+    first = false;
+    // The rule as "CLASS:PATTERN", quoted as shown() quotes it (its first 64 bytes escaped, the
+    // length of a longer one said), built on the stack.
+    const SuppressionRule &r = l->rules.rules[i];
+    char rule[64];
+    TextBuf rt(rule, sizeof rule);
+    rt.s(r.cls).c(':').s(r.pattern);
+    char text[kShownMax];
+    std::size_t consumed = 0;
+    t.s(std::string_view(text, escape_controls_to(rt.view(), std::string_view::npos, text,
+                                                  sizeof text, consumed)));
+    const std::size_t whole = r.cls.size() + 1 + r.pattern.size();
+    if (whole > sizeof rule) t.s("... (").u(whole).s(" bytes)");
+    if (used > 1) t.c(' ').u(n);
   }
-  return out + ")\n";
+  t.s(")\n");
 }
 
 }  // namespace cmg::shim

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "findings.h"
+#include "jsonline.h"
+#include "textbuf.h"
 
 namespace cmg::shim {
 
@@ -25,10 +27,10 @@ struct SuppressHit {
 // captured when no rules are loaded. `count` records the hit for the summary.
 SuppressHit suppression_for(FindingClass cls, bool count);
 
-// {"class":"double-release","pattern":"*libvendor*","count":3} per rule that matched, as a JSON
-// array, or empty when none did.
-std::string suppressed_json();
-// "  suppressed: 3 (double-release:*libvendor*)\n" for the exit summary, or empty.
-std::string suppressed_text();
+// The summary record's "suppressed" member: {"class":"double-release","pattern":"*libvendor*",
+// "count":3} per rule that matched; nothing when none did. Exit path: allocates nothing.
+void suppressed_json(JsonLine &j);
+// "  suppressed: 3 (double-release:*libvendor*)\n" for the exit summary, or nothing.
+void suppressed_text(TextBuf &t);
 
 }  // namespace cmg::shim

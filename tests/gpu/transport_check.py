@@ -96,8 +96,12 @@ def main():
                c["args"].get("size", 0) >= result["big_bytes"]]
         expect(any(c["res"] == 0 and c["args"].get("retried_after_release") == 1 for c in big),
                f"{mode}: it was retried after the held frees were released ({big[:2]})")
-        expect(len(released) == len(deferred) and all(c["res"] == 0 for c in released),
-               f"{mode}: every held free went to the driver ({len(released)} of {len(deferred)})")
+        # Every held free went to the driver while the program ran, or is counted as held at exit
+        # (the exit path makes no CUDA call: those go back with the process).
+        at_exit = summary.get("held_at_exit", {}).get("deferred", {}).get("frees", 0)
+        expect(len(released) + at_exit == len(deferred) and all(c["res"] == 0 for c in released),
+               f"{mode}: every held free went to the driver or is held at exit ({len(released)} "
+               f"released, {at_exit} held at exit, of {len(deferred)})")
     if mode == "ctypes":
         maybe = [c for c in calls if c["api"] == "cumemguard_maybe_empty_cache"]
         expect(result.get("before_ran") is True and result["ran"] == [False] * result["iters"],

@@ -55,18 +55,23 @@ TEST_CASE("Values of every kind are parsed") {
 }
 
 TEST_CASE("A bad value warns once and keeps the default") {
-  auto p = parse({{"CUMEMGUARD_STACKS", "abc"}, {"CUMEMGUARD_MODE", "loud"},
-                  {"CUMEMGUARD_SUMMARY", ""}, {"CUMEMGUARD_WARN_LIMIT", "-1"},
-                  {"CUMEMGUARD_STACK_SAMPLE", "0"}, {"CUMEMGUARD_QUARANTINE", "auto"}});
+  auto p = parse({{"CUMEMGUARD_STACKS", "abc"},
+                  {"CUMEMGUARD_MODE", "loud"},
+                  {"CUMEMGUARD_SUMMARY", ""},
+                  {"CUMEMGUARD_WARN_LIMIT", "-1"},
+                  {"CUMEMGUARD_STACK_SAMPLE", "0"},
+                  {"CUMEMGUARD_QUARANTINE", "auto"}});
   REQUIRE(p.problems.size() == 5);
-  CHECK(p.problems[0] ==
-        "CUMEMGUARD_STACKS: 'abc' is not valid: not a whole number; keeping '0'");
-  CHECK(p.problems[1] == "CUMEMGUARD_MODE: 'loud' is not valid: expected one of "
-                         "guard|report|strict; keeping 'guard'");
-  CHECK(p.problems[3] == "CUMEMGUARD_WARN_LIMIT: '-1' is not valid: must not be negative; "
-                         "keeping '20'");
-  CHECK(p.problems[4] == "CUMEMGUARD_STACK_SAMPLE: '0' is not valid: must be at least 1; "
-                         "keeping '1'");
+  CHECK(p.problems[0] == "CUMEMGUARD_STACKS: 'abc' is not valid: not a whole number; keeping '0'");
+  CHECK(p.problems[1] ==
+        "CUMEMGUARD_MODE: 'loud' is not valid: expected one of "
+        "guard|report|strict; keeping 'guard'");
+  CHECK(p.problems[3] ==
+        "CUMEMGUARD_WARN_LIMIT: '-1' is not valid: must not be negative; "
+        "keeping '20'");
+  CHECK(p.problems[4] ==
+        "CUMEMGUARD_STACK_SAMPLE: '0' is not valid: must be at least 1; "
+        "keeping '1'");
   CHECK(p.options.quarantine == kAutoSize);  // auto is a value of QUARANTINE, carried as is
   CHECK(p.values.front().spec->name == "PROFILE");
   CHECK(p.options.stacks == 0);
@@ -159,8 +164,10 @@ const OptionValue &value_of(const ParsedOptions &p, std::string_view name) {
 }  // namespace
 
 TEST_CASE("A name present twice is read as getenv reads it: the first entry wins") {
-  auto p = parse({{"CUMEMGUARD_MODE", "strict"}, {"CUMEMGUARD_LOG", "/tmp/a"},
-                  {"CUMEMGUARD_MODE", "report"}, {"CUMEMGUARD_LOG", "/tmp/b"},
+  auto p = parse({{"CUMEMGUARD_MODE", "strict"},
+                  {"CUMEMGUARD_LOG", "/tmp/a"},
+                  {"CUMEMGUARD_MODE", "report"},
+                  {"CUMEMGUARD_LOG", "/tmp/b"},
                   {"CUMEMGUARD_MODE", "loud"}});
   CHECK(p.options.mode == Mode::Strict);
   CHECK(p.options.log == "/tmp/a");
@@ -188,7 +195,8 @@ TEST_CASE("Every kind of problem is capped: 20,000 bad values print a bounded nu
   // Many different bad variables: each a line, up to the cap.
   std::vector<std::string> bad_names;
   for (const auto &s : option_specs())
-    if (s.kind == OptionKind::Int || s.kind == OptionKind::Bool) bad_names.push_back("CUMEMGUARD_" + std::string(s.name));
+    if (s.kind == OptionKind::Int || s.kind == OptionKind::Bool)
+      bad_names.push_back("CUMEMGUARD_" + std::string(s.name));
   for (const auto &n : bad_names) env.emplace_back(n, "zzz");
   auto p = parse_options(env);
   // unknown: 8 + 1; repeated MODE: 1; malformed: 8 + 1; bad values (MODE, the last stacks= and
@@ -199,8 +207,9 @@ TEST_CASE("Every kind of problem is capped: 20,000 bad values print a bounded nu
   };
   CHECK(has("and 19992 more unknown CUMEMGUARD_* names; ignored"));
   CHECK(has("and 19992 more malformed CUMEMGUARD_OPTIONS entries; ignored"));
-  CHECK(has("CUMEMGUARD_MODE is set 20000 times in the environment; the first ('loud') is used, "
-            "as getenv() does"));
+  CHECK(
+      has("CUMEMGUARD_MODE is set 20000 times in the environment; the first ('loud') is used, "
+          "as getenv() does"));
   std::size_t capped_bad = 0;
   for (const auto &l : p.problems)
     if (l.rfind("and ", 0) == 0 && l.find("invalid CUMEMGUARD_* values") != std::string::npos)
@@ -209,7 +218,8 @@ TEST_CASE("Every kind of problem is capped: 20,000 bad values print a bounded nu
 }
 
 TEST_CASE("CUMEMGUARD_OPTIONS holds many options; a separate variable wins over it") {
-  auto p = parse({{"CUMEMGUARD_OPTIONS", "mode=strict:stacks=16:QUARANTINE=64M:log='/tmp/a:b.log'"}});
+  auto p =
+      parse({{"CUMEMGUARD_OPTIONS", "mode=strict:stacks=16:QUARANTINE=64M:log='/tmp/a:b.log'"}});
   CHECK(p.problems.empty());
   CHECK(p.options.mode == Mode::Strict);
   CHECK(p.options.stacks == 16);
@@ -236,11 +246,11 @@ TEST_CASE("CUMEMGUARD_OPTIONS holds many options; a separate variable wins over 
 
   auto e = parse({{"CUMEMGUARD_OPTIONS", "mdoe=strict:verbose:stacks=99::"}});
   REQUIRE(e.problems.size() == 3);
-  CHECK(e.problems[0] ==
-        "CUMEMGUARD_OPTIONS: unknown option mdoe (did you mean mode?); ignored");
+  CHECK(e.problems[0] == "CUMEMGUARD_OPTIONS: unknown option mdoe (did you mean mode?); ignored");
   CHECK(e.problems[1] == "CUMEMGUARD_OPTIONS: 'verbose' is not NAME=VALUE; ignored");
-  CHECK(e.problems[2] == "CUMEMGUARD_OPTIONS entry stacks: '99' is not valid: must be between 0 "
-                         "and 64; keeping '0'");
+  CHECK(e.problems[2] ==
+        "CUMEMGUARD_OPTIONS entry stacks: '99' is not valid: must be between 0 "
+        "and 64; keeping '0'");
   auto f = parse({{"CUMEMGUARD_STRICT_CONFIG", "1"}, {"CUMEMGUARD_OPTIONS", "frob=1"}});
   CHECK(f.fatal);
 }
@@ -271,15 +281,17 @@ TEST_CASE("Actions a class cannot take are refused with one line") {
                   {"CUMEMGUARD_ACTION_DOUBLE_FREE", "skip"},
                   {"CUMEMGUARD_ACTION_INVALID_FREE", "abort"}});
   REQUIRE(p.problems.size() == 2);
-  CHECK(p.problems[0] == "CUMEMGUARD_ACTION_LEAK: 'abort' is not valid: abort cannot apply to leak "
-                         "findings (they are found at exit); it takes default|forward; keeping "
-                         "'default'");
+  CHECK(p.problems[0] ==
+        "CUMEMGUARD_ACTION_LEAK: 'abort' is not valid: abort cannot apply to leak "
+        "findings (they are found at exit); it takes default|forward; keeping "
+        "'default'");
   CHECK(p.problems[1] ==
         "CUMEMGUARD_ACTION_FREE_EXPORTED: 'skip' is not valid: skip cannot apply to free-exported "
         "findings (the shim cannot prove the call redundant); it takes default|forward|abort; "
         "keeping 'default'");
   CHECK(p.options.action[static_cast<std::size_t>(FindingClass::Leak)] == ActionOverride::Default);
-  CHECK(p.options.action[static_cast<std::size_t>(FindingClass::DoubleFree)] == ActionOverride::Skip);
+  CHECK(p.options.action[static_cast<std::size_t>(FindingClass::DoubleFree)] ==
+        ActionOverride::Skip);
   CHECK(p.options.action[static_cast<std::size_t>(FindingClass::InvalidFree)] ==
         ActionOverride::Abort);
   // The listing shows what each class takes.
@@ -314,7 +326,8 @@ TEST_CASE("Profiles: guard is the default, debug changes only its own column") {
   CHECK(value_of(d, "MODE").source == OptionSource::Default);
 
   // An explicit setting wins over the profile, from either place.
-  auto e = parse({{"CUMEMGUARD_PROFILE", "debug"}, {"CUMEMGUARD_STACKS", "4"},
+  auto e = parse({{"CUMEMGUARD_PROFILE", "debug"},
+                  {"CUMEMGUARD_STACKS", "4"},
                   {"CUMEMGUARD_OPTIONS", "quarantine=0"}});
   CHECK(e.options.stacks == 4);
   CHECK(e.options.quarantine == 0);
@@ -330,8 +343,9 @@ TEST_CASE("Profiles: guard is the default, debug changes only its own column") {
   CHECK(v.problems.empty());
   auto b = parse({{"CUMEMGUARD_PROFILE", "loud"}});
   REQUIRE(b.problems.size() == 1);
-  CHECK(b.problems[0] == "CUMEMGUARD_PROFILE: 'loud' is not valid: expected one of guard|debug; "
-                         "keeping 'guard'");
+  CHECK(b.problems[0] ==
+        "CUMEMGUARD_PROFILE: 'loud' is not valid: expected one of guard|debug; "
+        "keeping 'guard'");
   CHECK(b.options.stacks == 0);
 }
 
@@ -342,7 +356,8 @@ TEST_CASE("The options table round-trips: every effective value parses back to i
     std::vector<std::pair<std::string_view, std::string_view>> env;
     names.reserve(p.values.size());
     for (const auto &v : p.values) names.push_back("CUMEMGUARD_" + std::string(v.spec->name));
-    for (std::size_t i = 0; i < p.values.size(); ++i) env.emplace_back(names[i], p.values[i].effective);
+    for (std::size_t i = 0; i < p.values.size(); ++i)
+      env.emplace_back(names[i], p.values[i].effective);
     auto q = parse_options(env);
     CHECK(q.problems.empty());
     REQUIRE(q.values.size() == p.values.size());
@@ -359,14 +374,18 @@ TEST_CASE("The options table round-trips: every effective value parses back to i
     }
     auto r = parse({{"CUMEMGUARD_OPTIONS", all}});
     CHECK(r.problems.empty());
-    for (std::size_t i = 0; i < p.values.size(); ++i) CHECK(r.values[i].effective == p.values[i].effective);
+    for (std::size_t i = 0; i < p.values.size(); ++i)
+      CHECK(r.values[i].effective == p.values[i].effective);
   }
 }
 
 TEST_CASE("Each problem line has its kind, the count lines too") {
   std::vector<std::pair<std::string_view, std::string_view>> env = {
-      {"CUMEMGUARD_STAKS", "3"}, {"CUMEMGUARD_STACKS", "99"}, {"CUMEMGUARD_MODE", "report"},
-      {"CUMEMGUARD_MODE", "strict"}, {"CUMEMGUARD_OPTIONS", "mode:warn_limit=1"}};
+      {"CUMEMGUARD_STAKS", "3"},
+      {"CUMEMGUARD_STACKS", "99"},
+      {"CUMEMGUARD_MODE", "report"},
+      {"CUMEMGUARD_MODE", "strict"},
+      {"CUMEMGUARD_OPTIONS", "mode:warn_limit=1"}};
   std::vector<std::string> many;
   for (int i = 0; i < 12; ++i) many.push_back("CUMEMGUARD_NOPE" + std::to_string(i));
   for (const auto &n : many) env.emplace_back(n, "1");
@@ -387,11 +406,17 @@ TEST_CASE("Each problem line has its kind, the count lines too") {
 }
 
 TEST_CASE("The buffer forms of escape_controls, shown and human_bytes equal the string forms") {
-  const std::string inputs[] = {"", "plain", "tab\there", "esc\x1b[31mred", "c1 \xc2\x9b csi", "rlo \xe2\x80\xae txt",
-                                std::string(70, 'x') + "\n", std::string(3000, '\x01')};
+  const std::string inputs[] = {"",
+                                "plain",
+                                "tab\there",
+                                "esc\x1b[31mred",
+                                "c1 \xc2\x9b csi",
+                                "rlo \xe2\x80\xae txt",
+                                std::string(70, 'x') + "\n",
+                                std::string(3000, '\x01')};
   for (const std::string &in : inputs) {
-    for (std::size_t max_out : {std::size_t{0}, std::size_t{5}, std::size_t{2000},
-                                std::string::npos}) {
+    for (std::size_t max_out :
+         {std::size_t{0}, std::size_t{5}, std::size_t{2000}, std::string::npos}) {
       std::size_t used_a = 0, used_b = 0;
       const std::string a = escape_controls(in, max_out, used_a);
       char buf[4 * 3000 + 16];
