@@ -16,11 +16,6 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
-#include <elf.h>
-#include <fcntl.h>
-#include <link.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +26,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "own_symbol.h"
 
 namespace {
 
@@ -46,56 +43,12 @@ constexpr std::size_t kSize = 2u << 20;  // 2 MiB: one granule (real-driver.md D
     if (r_ != 0) die(#call, r_);        \
   } while (0)
 
-// The loaded copy of a library: its path and load bias.
-struct Loaded {
-  std::string path;
-  std::uintptr_t base = 0;
-};
-Loaded find_loaded(const char *name_part) {
-  Loaded l;
-  struct Ctx {
-    const char *part;
-    Loaded *out;
-  } ctx{name_part, &l};
-  dl_iterate_phdr(
-      [](dl_phdr_info *i, std::size_t, void *p) {
-        auto *c = static_cast<Ctx *>(p);
-        if (i->dlpi_name && std::strstr(i->dlpi_name, c->part)) {
-          c->out->path = i->dlpi_name;
-          c->out->base = i->dlpi_addr;
-          return 1;
-        }
-        return 0;
-      },
-      &ctx);
-  return l;
-}
+using cmg_test::find_loaded;
+using cmg_test::Loaded;
 
 // The address of `name` in the library's own .dynsym: its definition, whoever interposes it.
-void *own_symbol(const Loaded &l, const char *name) {
-  int fd = open(l.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) die(("open " + l.path).c_str(), errno);
-  struct stat st;
-  fstat(fd, &st);
-  auto *m = static_cast<unsigned char *>(
-      mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0));
-  close(fd);
-  if (m == MAP_FAILED) die("mmap", errno);
-  auto *eh = reinterpret_cast<Elf64_Ehdr *>(m);
-  auto *sh = reinterpret_cast<Elf64_Shdr *>(m + eh->e_shoff);
-  void *res = nullptr;
-  for (int s = 0; s < eh->e_shnum && !res; ++s) {
-    if (sh[s].sh_type != SHT_DYNSYM) continue;
-    auto *sym = reinterpret_cast<Elf64_Sym *>(m + sh[s].sh_offset);
-    const char *str = reinterpret_cast<const char *>(m + sh[sh[s].sh_link].sh_offset);
-    for (std::size_t k = 0; k < sh[s].sh_size / sizeof(Elf64_Sym); ++k)
-      if (sym[k].st_value && sym[k].st_shndx != SHN_UNDEF &&
-          std::strcmp(str + sym[k].st_name, name) == 0) {
-        res = reinterpret_cast<void *>(l.base + sym[k].st_value);
-        break;
-      }
-  }
-  munmap(m, static_cast<std::size_t>(st.st_size));
+void *own_or_die(const Loaded &l, const char *name) {
+  void *res = cmg_test::own_symbol(l, name);
   if (!res) die(name, 0);
   return res;
 }
@@ -119,7 +72,7 @@ struct Api {
 
 template <class F>
 void get(F &f, const char *name, const Loaded *own) {
-  f = reinterpret_cast<F>(own ? own_symbol(*own, name) : dlsym(RTLD_DEFAULT, name));
+  f = reinterpret_cast<F>(own ? own_or_die(*own, name) : dlsym(RTLD_DEFAULT, name));
   if (!f) die(name, 0);
 }
 

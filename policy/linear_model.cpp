@@ -105,6 +105,15 @@ void LinearModel::rollback(const FreeVerdict &v) {
   if (s.live.find(v.rec.ptr) == s.live.end()) put_live(s, v.rec);
 }
 
+void LinearModel::refreed(const FreeVerdict &v, const EventRef &ev) {
+  if (v.cls != FreeClass::DoubleFree) return;
+  Shard &s = shards_[shard_of(v.rec.ptr)];
+  std::lock_guard lk(s.mu);
+  auto f = s.freed.find(v.rec.ptr);
+  if (f == s.freed.end() || f->second.free.seq != v.first_free.seq) return;  // issued again
+  remember_freed(s, v.rec, ev);
+}
+
 std::optional<LinearRec> LinearModel::find_containing(std::uint64_t p) const {
   for (const Shard &s : shards_) {
     std::lock_guard lk(s.mu);
@@ -213,6 +222,32 @@ Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t pt
               "an API the shim sees)";
       break;
   }
+  return f;
+}
+
+Decision decide_free(const Options &o, const FreeVerdict &v, bool held) {
+  const bool dbl = v.cls == FreeClass::DoubleFree;
+  const bool async = v.rec.kind == MemKind::Async;
+  const FindingClass c = dbl ? FindingClass::DoubleFree : FindingClass::InvalidFree;
+  Decision d = decide(o, c, dbl && !async, dbl && async);
+  if (dbl && !async && !held) rests_on_freed(d);
+  return d;
+}
+
+Finding unseen_free(const FreeVerdict &v, const char *api, std::uint64_t ptr,
+                    const DriverView &dv) {
+  Finding f;
+  f.cls = FindingClass::UnseenReissue;
+  f.msg = std::string(api ? api : "free") + " of " + hex(ptr) + ", which the shim saw freed at " +
+          at_seq(v.first_free) + " (" + std::to_string(v.rec.size) + " bytes, " +
+          std::string(mem_kind_name(v.rec.kind)) +
+          ") and never allocated again, but the driver holds it live: it was issued again "
+          "through " +
+          (dv.path ? std::string(dv.path) : std::string(kUnseenPaths)) +
+          "; forwarded (the driver freed it)";
+  f.related.push_back({"allocation", v.rec.alloc});
+  f.related.push_back({"earlier free", v.first_free});
+  f.state_json = "{\"ptr\":\"" + hex(ptr) + "\",\"model\":\"double-free\",\"driver\":\"live\"}";
   return f;
 }
 

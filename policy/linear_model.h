@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "decide.h"
 #include "event.h"
 #include "fn_ref.h"
 #include "lock_within.h"
@@ -60,6 +61,9 @@ class LinearModel {
   // rollback() if the driver then refuses the free.
   FreeVerdict begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev);
   void rollback(const FreeVerdict &v);
+  // A free of an address the model held as freed was forwarded and the driver accepted it (the
+  // address had been issued again unseen): the free it remembers is this one.
+  void refreed(const FreeVerdict &v, const EventRef &ev);
   std::optional<LinearRec> find_containing(std::uint64_t p) const;
   std::size_t live_count() const;
   void for_each_live(FnRef<void(const LinearRec &)> fn) const;
@@ -111,5 +115,16 @@ class LinearModel {
 // The finding for a free the linear model did not accept (DoubleFree, Interior, WrongKind, InVmm,
 // Unknown): phrased here so the hooks stay free of policy text.
 Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t ptr);
+
+// What happens to such a free (decide.h). A double free is proven redundant from the model only
+// for synchronous memory the shim does not hold itself (`held`: the first free is still in the
+// quarantine or deferred, so the driver has not freed it): its skip is then confirmed with the
+// driver's view. A second free of stream-ordered memory is never proven (a graph launch the shim
+// does not see allocates it again): forwarded, reported if refused.
+Decision decide_free(const Options &o, const FreeVerdict &v, bool held);
+
+// The free of an address the model held as freed, which the driver held live and freed when the
+// shim forwarded it: it had been issued again through a path the shim does not see.
+Finding unseen_free(const FreeVerdict &v, const char *api, std::uint64_t ptr, const DriverView &dv);
 
 }  // namespace cmg

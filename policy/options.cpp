@@ -287,6 +287,8 @@ bool validate(const Options &o, std::size_t row, std::string &why) {
       why += " findings (";
       why += f.cls == FindingClass::Leak     ? "they are found at exit"
              : f.cls == FindingClass::Config ? "CUMEMGUARD_STRICT_CONFIG makes them fatal"
+             : f.cls == FindingClass::UnseenReissue
+                 ? "the driver holds the memory live: the call is the program's legitimate one"
              : a == ActionOverride::Skip     ? "the shim cannot prove the call redundant"
                                              : "nothing is left to do it to";
       why += "); it takes default|";
@@ -325,7 +327,9 @@ std::string printable(const Options &o, std::size_t row) {
 }  // namespace
 
 Action Options::action_for(FindingClass c) const {
-  if (c == FindingClass::Leak) return Action::Forward;
+  // Neither is a call the program got wrong: a leak is found at exit, and an unseen re-issue is a
+  // legitimate free the shim could not see being allocated (strict mode must not abort for it).
+  if (c == FindingClass::Leak || c == FindingClass::UnseenReissue) return Action::Forward;
   switch (action[static_cast<std::size_t>(c)]) {
     case ActionOverride::Skip: return Action::Skip;
     case ActionOverride::Forward: return Action::Forward;

@@ -39,7 +39,8 @@ struct Options {
   std::array<ActionOverride, kFindingClassCount> action{};
 
   // What the shim does for a finding of class c under the mode and the per-class override.
-  // Leak findings are only ever reported; config findings abort only with strict_config.
+  // Leak and unseen-reissue findings are only ever reported; config findings abort only with
+  // strict_config.
   Action action_for(FindingClass c) const;
 };
 

@@ -48,17 +48,17 @@ Finding map_over_mapped(std::uint64_t va, std::uint64_t size, std::uint64_t hand
   return f;
 }
 
-Finding unmap_unmapped(std::uint64_t va, std::uint64_t size, const Reservation &r,
-                       const std::vector<const Sleeper *> &asleep) {
+Finding unmap_unmapped(std::uint64_t va, std::uint64_t size, const VmmTicket::Noop &r,
+                       const ThreadVmmState &ts) {
   Finding f;
   f.cls = FindingClass::UnmapUnmapped;
   std::string last;
-  for (const Sleeper *s : asleep) {
-    f.related.push_back({"earlier unmap (put to sleep)", s->unmapped});
+  for (unsigned i = 0; i < ts.nlast; ++i) {
+    f.related.push_back({"earlier unmap (put to sleep)", ts.last[i].unmapped});
     if (!last.empty()) last += ",";
-    last += "\"" + hex(s->handle) + "\"";
+    last += "\"" + hex(ts.last[i].handle) + "\"";
   }
-  const bool is_asleep = !asleep.empty();
+  const bool is_asleep = ts.nlast > 0;
   const char *state = is_asleep ? "asleep" : (r.ever_mapped ? "unmapped" : "reserved, never mapped");
   f.msg = "cuMemUnmap of " + range_text(va, size) + " where nothing is mapped: " +
           (is_asleep ? "the range was already unmapped at " + at_seq(f.related.front().ev) +
@@ -67,8 +67,10 @@ Finding unmap_unmapped(std::uint64_t va, std::uint64_t size, const Reservation &
                                                  : "the range is reserved and was never mapped")) +
           "; the driver would return SUCCESS and do nothing";
   f.related.push_back({"reservation", r.reserved});
-  f.state_json = "{\"reservation\":\"" + hex(r.base) + "\",\"size\":" + std::to_string(r.size) +
-                 ",\"state\":\"" + state + "\",\"last_handles\":[" + last + "]}";
+  // The first eight sleeping ranges are named; `more_asleep` says there were others.
+  f.state_json = "{\"reservation\":\"" + hex(r.res_base) + "\",\"size\":" +
+                 std::to_string(r.res_size) + ",\"state\":\"" + state + "\",\"last_handles\":[" +
+                 last + "]" + (ts.more ? ",\"more_asleep\":true" : "") + "}";
   return f;
 }
 
@@ -141,6 +143,23 @@ Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
                  (h.ever_mapped ? ",\"last_mapped_at\":\"" + hex(h.last_res + h.last_off) + "\""
                                 : std::string(",\"never_mapped\":true")) +
                  "}";
+  return f;
+}
+
+Finding unseen_release(std::uint64_t handle, const Finding &was, const DriverView &v) {
+  Finding f;
+  f.cls = FindingClass::UnseenReissue;
+  const EventRef *first = nullptr;
+  for (const Related &r : was.related)
+    if (r.what == "first release") first = &r.ev;
+  f.msg = "cuMemRelease of handle " + hex(handle) + ", which the shim saw released" +
+          (first ? " at " + at_seq(*first) : std::string()) +
+          " and never issued again, but the driver holds it live: it was issued again through " +
+          (v.path ? std::string(v.path) : std::string(kUnseenPaths)) +
+          "; forwarded (the driver released it)";
+  f.related = was.related;
+  f.state_json = "{\"handle\":\"" + hex(handle) + "\",\"model\":\"" +
+                 std::string(finding_id(was.cls)) + "\",\"driver\":\"live\"}";
   return f;
 }
 

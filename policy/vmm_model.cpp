@@ -73,14 +73,60 @@ void VmmModel::drop_if_dead_locked(std::uint64_t alloc_id, VmmTicket *t, VmmFree
   recycle(spare_allocs_, allocs_.extract(it));
 }
 
-// The inverse of the drops a refused call made: the allocation is back, with the bytes.
-void VmmModel::undo_drops_locked(VmmTicket &t) {
-  t.dropped.each([&](const PhysAlloc &a) {
-    if (allocs_.count(a.id)) return;  // ids are never reused: present means never dropped
+// The inverse of one drop a refused call made: the allocation is back, with its bytes. Only when
+// what referred to it comes back too (a mapping restored, a reference given back): an allocation
+// put back with nothing referring to it would never be dropped again (a leak at exit).
+PhysAlloc *VmmModel::undo_drop_locked(VmmTicket &t, std::uint64_t alloc_id) {
+  if (auto a = allocs_.find(alloc_id); a != allocs_.end()) return &a->second;
+  for (std::size_t i = 0; i < t.dropped.size(); ++i) {
+    const PhysAlloc &a = t.dropped[i];
+    if (a.id != alloc_id) continue;  // ids are never reused: absent means this call dropped it
     put_reusing(allocs_, spare_allocs_, a.id, a);
     counters_.add(a.dev(), MemKind::Vmm, static_cast<std::int64_t>(a.size));
-  });
-  t.freed = {};
+    if (t.freed.bytes >= a.size) t.freed.bytes -= a.size;
+    return &allocs_.find(a.id)->second;
+  }
+  return nullptr;
+}
+
+void VmmModel::erase_res_locked(Reservations::iterator it, VmmFreed &freed) {
+  Reservation &r = it->second;
+  for (const auto &[o, m] : r.maps) {
+    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
+      a->second.map_count--;
+    drop_if_dead_locked(m.alloc_id, nullptr, freed);
+  }
+  // A reservation with a free in flight gave its bytes back when that free began.
+  if (!r.freeing) counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(r.size));
+  recycle(spare_res_, res_.extract(it));
+}
+
+void VmmModel::remember_released_locked(const HandleRec &h) {
+  if (released_ring_.size() < kReleasedKept) {
+    released_ring_.emplace_back(h.value, h.gen);
+    return;
+  }
+  const auto [old, old_gen] = released_ring_[released_head_];
+  released_ring_[released_head_] = {h.value, h.gen};
+  released_head_ = (released_head_ + 1) % kReleasedKept;
+  // Forgotten only if the value is still released in the generation this entry recorded.
+  auto it = handles_.find(old);
+  if (it != handles_.end() && it->second.refs == 0 && it->second.gen == old_gen) handles_.erase(it);
+}
+
+void VmmModel::remember_freed_res_locked(std::uint64_t base, std::uint64_t size,
+                                         const EventRef &ev) {
+  put_reusing(freed_res_, spare_freed_res_, base, std::make_pair(size, ev));
+  if (freed_res_ring_.size() < kFreedResKept) {
+    freed_res_ring_.emplace_back(base, ev.seq);
+    return;
+  }
+  const auto [old, old_seq] = freed_res_ring_[freed_res_head_];
+  freed_res_ring_[freed_res_head_] = {base, ev.seq};
+  freed_res_head_ = (freed_res_head_ + 1) % kFreedResKept;
+  auto it = freed_res_.find(old);
+  if (it != freed_res_.end() && it->second.second.seq == old_seq)
+    erase_keep(freed_res_, spare_freed_res_, it);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -130,6 +176,19 @@ void VmmModel::on_reserve(std::uint64_t base, std::uint64_t size, const EventRef
                           ThreadVmmState &ts) {
   ts.pending = false;
   std::lock_guard lk(mu_);
+  // The driver handed out this range: whatever the model still holds there is gone at the driver
+  // (freed through a path the shim does not see, or by an address free that has not returned to
+  // the shim yet).
+  VmmFreed gone;
+  for (auto it = res_.upper_bound(base); it != res_.begin();) {
+    auto prev = std::prev(it);
+    if (prev->second.base + prev->second.size <= base) break;
+    erase_res_locked(prev, gone);
+    it = res_.upper_bound(base);
+  }
+  for (auto it = res_.lower_bound(base); it != res_.end() && it->first < base + size;
+       it = res_.lower_bound(base))
+    erase_res_locked(it, gone);
   Reservation r;
   r.base = base;
   r.size = size;
@@ -274,7 +333,7 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
   t.va = va;
   t.size = size;
   t.ev = ev;
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   Reservation *r = res_containing_locked(va);
   if (!r || size == 0 || size > r->base + r->size - va) {
     ts.pending = false;
@@ -294,32 +353,33 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
   }
   if (hits == 0) {
     // real-driver.md D3/D4: the driver answers SUCCESS and does nothing; the call is redundant.
-    // The sleeping ranges it covers are remembered on this thread for the pairing rule.
-    std::vector<const Sleeper *> asleep;
+    // The sleeping ranges it covers are remembered on this thread for the pairing rule: the first
+    // eight copied, the rest found again at the release (ThreadVmmState). O(log n) and no
+    // allocation under the lock, however many ranges it covers: an expandable segment keeps
+    // thousands of them in one reservation.
     ts.pending = true;
     ts.base = va;
     ts.size = size;
+    ts.res_base = r->base;
+    ts.res_gen = r->gen;
+    ts.mark = next_gen_++;  // ranges put to sleep from now on are not this unmap's
     ts.nlast = 0;
+    ts.more = false;
     ts.noop_unmap = ev;
-    std::vector<ThreadVmmState::Last> more;
     for (auto it = first_after(r->asleep, off); it != r->asleep.end() && it->second.off < end;
          ++it) {
       const Sleeper &s = it->second;
-      const ThreadVmmState::Last l{s.handle, s.gen, s.alloc_id, s.unmapped};
-      if (ts.nlast < ts.last.size())
-        ts.last[ts.nlast++] = l;
-      else
-        more.push_back(l);
-      asleep.push_back(&s);
+      if (ts.nlast == ts.last.size()) {
+        ts.more = true;
+        ts.beyond = s.off;  // where the release's lookup starts
+        break;
+      }
+      ts.last[ts.nlast++] = ThreadVmmState::Last{s.handle, s.gen, s.alloc_id, s.unmapped};
     }
-    const bool has_more = !more.empty();
-    if (has_more)
-      more_[ev.tid] = {ev.seq, std::move(more)};
-    else if (ts.more)
-      more_.erase(ev.tid);
-    ts.more = has_more;
-    t.finding = vmm_findings::unmap_unmapped(va, size, *r, asleep);
+    t.noop = VmmTicket::Noop{r->base, r->size, r->ever_mapped, r->reserved};
     t.decision = decide(o, FindingClass::UnmapUnmapped, true);
+    lk.unlock();
+    t.finding = vmm_findings::unmap_unmapped(va, size, t.noop, ts);
     return t;  // nothing to note: forwarded (report mode), the driver does nothing either
   }
   ts.pending = false;
@@ -345,7 +405,7 @@ void VmmModel::note_unmap_locked(VmmTicket &t, Reservation &r, std::uint64_t off
     if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && t.dev < 0) t.dev = a->second.dev();
     it = erase_keep(r.maps, spare_maps_, it);
     put_reusing(r.asleep, spare_sleepers_, m.off,
-                Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, t.ev});
+                Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, t.ev, next_gen_});
     if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
       a->second.map_count--;
     drop_if_dead_locked(m.alloc_id, &t, t.freed);
@@ -359,7 +419,7 @@ void VmmModel::force_unmap_locked(Reservation &r, std::uint64_t off, std::uint64
     const Mapping m = it->second;
     it = erase_keep(r.maps, spare_maps_, it);
     put_reusing(r.asleep, spare_sleepers_, m.off,
-                Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, ev});
+                Sleeper{m.off, m.size, m.handle, m.gen, m.alloc_id, ev, next_gen_});
     if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
       a->second.map_count--;
     drop_if_dead_locked(m.alloc_id, nullptr, freed);
@@ -376,17 +436,30 @@ void VmmModel::end_unmap_locked(VmmTicket &t, bool ok) {
     return;
   }
   if (ok) return;
-  // Refused: the mappings are back where they were, with the allocations that died with them.
-  undo_drops_locked(t);
+  // Refused: the driver still maps the ranges. Each mapping goes back where it was, with the
+  // allocation that died with it — only together: if the reservation is gone (freed since, which
+  // the driver can only have done after unmapping), nothing comes back, and an allocation put
+  // back without its mapping would stay in the model for ever (a false leak at exit).
   if (!r || r->gen != t.res_gen) return;
   t.unmapped.each([&](const Mapping &m) {
     auto s = r->asleep.find(m.off);
     if (s != r->asleep.end() && s->second.unmapped.seq == t.ev.seq)
       erase_keep(r->asleep, spare_sleepers_, s);
-    if (overlaps(r->maps, m.off, m.off + m.size)) return;  // mapped again meanwhile
+    // A map noted meanwhile over the range is one the driver refuses (it is still mapped, D12):
+    // undone here, with its reference to its allocation; its own end() finds it gone.
+    for (auto it = first_after(r->maps, m.off);
+         it != r->maps.end() && it->second.off < m.off + m.size;) {
+      const std::uint64_t other = it->second.alloc_id;
+      it = erase_keep(r->maps, spare_maps_, it);
+      if (auto a = allocs_.find(other); a != allocs_.end() && a->second.map_count)
+        a->second.map_count--;
+      VmmFreed gone;
+      drop_if_dead_locked(other, nullptr, gone);
+    }
     put_reusing(r->maps, spare_maps_, m.off, m);
-    if (auto a = allocs_.find(m.alloc_id); a != allocs_.end()) a->second.map_count++;
+    if (PhysAlloc *a = undo_drop_locked(t, m.alloc_id)) a->map_count++;
   });
+  t.freed = {};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -410,13 +483,17 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   }
   HandleRec &h = it->second;
   if (h.refs > 0) {
-    const std::vector<ThreadVmmState::Last> *more = nullptr;
-    if (paired && ts.more)
-      if (auto m = more_.find(ev.tid); m != more_.end() && m->second.first == ts.noop_unmap.seq)
-        more = &m->second.second;
-    const std::size_t n = paired ? ts.nlast + (more ? more->size() : 0) : 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const ThreadVmmState::Last &l = i < ts.nlast ? ts.last[i] : (*more)[i - ts.nlast];
+    // The sleeping ranges of the no-op unmap: the eight it copied, then (past eight) one still
+    // asleep in the reservation with this value in an older generation.
+    ThreadVmmState::Last beyond{};
+    const unsigned n = paired ? ts.nlast + (ts.more ? 1 : 0) : 0;
+    for (unsigned i = 0; i < n; ++i) {
+      if (i == ts.nlast) {
+        const Sleeper *s = paired_beyond_locked(ts, handle, h.gen);
+        if (!s) break;
+        beyond = ThreadVmmState::Last{s->handle, s->gen, s->alloc_id, s->unmapped};
+      }
+      const ThreadVmmState::Last &l = i < ts.nlast ? ts.last[i] : beyond;
       if (l.handle != handle || l.gen == h.gen) continue;
       // The value was issued again since the range went to sleep. Issued to another thread, the
       // new generation is not this thread's to release; issued to this thread, it is someone's
@@ -454,18 +531,37 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   }
   t.finding = vmm_findings::released_again(handle, h, replaced, replaced_by);
   t.decision = decide(o, t.finding->cls, true);
+  // Proven from what the shim saw; the driver is asked before it is answered without it, or
+  // its answer tells when it is forwarded anyway.
+  rests_on_freed(t.decision);
   return t;
+}
+
+const Sleeper *VmmModel::paired_beyond_locked(const ThreadVmmState &ts, std::uint64_t handle,
+                                              std::uint64_t gen) const {
+  auto r = res_.find(ts.res_base);
+  if (r == res_.end() || r->second.gen != ts.res_gen) return nullptr;
+  const std::uint64_t end = ts.base - r->second.base + ts.size;
+  for (auto it = r->second.asleep.lower_bound(ts.beyond);
+       it != r->second.asleep.end() && it->second.off < end; ++it) {
+    const Sleeper &s = it->second;
+    if (s.handle == handle && s.gen != gen && s.since <= ts.mark) return &s;
+  }
+  return nullptr;
 }
 
 void VmmModel::note_release_locked(VmmTicket &t, HandleRec &h) {
   h.refs--;
-  if (h.refs == 0) h.released = t.ev;
   t.gen = h.gen;
   t.alloc_id = h.alloc_id;
   t.noted = true;
   if (auto a = allocs_.find(h.alloc_id); a != allocs_.end() && a->second.handle_refs)
     a->second.handle_refs--;
   drop_if_dead_locked(h.alloc_id, &t, t.freed);
+  if (h.refs == 0) {
+    h.released = t.ev;
+    remember_released_locked(h);  // last: it may forget an older record, never this one's use
+  }
 }
 
 void VmmModel::end_release_locked(VmmTicket &t, bool ok) {
@@ -483,9 +579,9 @@ void VmmModel::end_release_locked(VmmTicket &t, bool ok) {
   const bool same_issue = h->second.gen == t.gen || (h->second.alloc_id == t.alloc_id &&
                                                      h->second.gen >= t.gen_floor);
   if (!same_issue) return;
-  undo_drops_locked(t);
   if (h->second.refs++ == 0) h->second.released = {};
-  if (auto a = allocs_.find(h->second.alloc_id); a != allocs_.end()) a->second.handle_refs++;
+  if (PhysAlloc *a = undo_drop_locked(t, h->second.alloc_id)) a->handle_refs++;
+  t.freed = {};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -517,10 +613,17 @@ VmmTicket VmmModel::begin_address_free(std::uint64_t base, std::uint64_t size, c
     t.decision = decide(o, FindingClass::FreeMappedVa, false);
     return t;
   }
-  t.freed_res = std::move(r);  // moved, not copied: its maps keep their nodes
-  recycle(spare_res_, res_.extract(it));
-  if (freed_res_.size() > 4096) erase_keep(freed_res_, spare_freed_res_, freed_res_.begin());
-  put_reusing(freed_res_, spare_freed_res_, base, std::make_pair(std::uint64_t{size}, ev));
+  if (r.freeing) {
+    // Another thread's free of it is in flight: the driver accepts one of the two. Not noted;
+    // if this one is accepted, the model follows.
+    t.follow = true;
+    return t;
+  }
+  // Noted as a mark, not by taking the reservation out: what the call changes is undone by
+  // clearing the mark (an inverse delta checked against the reservation's generation), never by
+  // writing a copy back over what other threads did meanwhile.
+  r.freeing = ev.seq;
+  remember_freed_res_locked(base, size, ev);
   counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(size));
   t.va_freed = true;
   t.noted = true;
@@ -528,33 +631,35 @@ VmmTicket VmmModel::begin_address_free(std::uint64_t base, std::uint64_t size, c
 }
 
 void VmmModel::end_address_free_locked(VmmTicket &t, bool ok) {
+  auto it = res_.find(t.va);
+  const bool same = it != res_.end() && it->second.gen == t.res_gen;
   if (!t.noted) {
-    if (!ok || !t.finding || t.finding->cls != FindingClass::FreeMappedVa) return;
-    // The driver freed a reservation the model holds mappings in: follow it.
-    auto it = res_.find(t.va);
-    if (it == res_.end() || it->second.gen != t.res_gen) return;
-    for (const auto &[o, m] : it->second.maps) {
-      if (auto a = allocs_.find(m.alloc_id); a != allocs_.end() && a->second.map_count)
-        a->second.map_count--;
-      drop_if_dead_locked(m.alloc_id, nullptr, t.freed);
-    }
-    counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(it->second.size));
-    res_.erase(it);
-    freed_res_.insert_or_assign(t.va, std::make_pair(t.size, t.ev));
+    if (!ok || !same) return;
+    if (t.finding && t.finding->cls != FindingClass::FreeMappedVa) return;
+    // The driver freed a reservation the model holds mappings in, or that another thread's free
+    // was freeing: follow it.
+    erase_res_locked(it, t.freed);
+    remember_freed_res_locked(t.va, t.size, t.ev);
     t.va_freed = true;
     return;
   }
-  if (ok) return;
-  // Refused: the driver kept the range, so no reservation can overlap it now; the check keeps
-  // that true.
+  if (!same || it->second.freeing != t.ev.seq) {
+    // Gone already: the driver handed the range out again (on_reserve removed it) or another
+    // free was accepted. Nothing of this call is left to complete or undo.
+    t.va_freed = ok;
+    return;
+  }
+  if (ok) {
+    // Any mapping in it was made meanwhile by a map the driver refused (the range was going).
+    erase_res_locked(it, t.freed);
+    return;
+  }
+  // Refused: the mark goes, with the bytes and the record of the free; maps made meanwhile stay.
+  it->second.freeing = 0;
+  counters_.add(-1, MemKind::Va, static_cast<std::int64_t>(it->second.size));
   t.va_freed = false;
   if (auto f = freed_res_.find(t.va); f != freed_res_.end() && f->second.second.seq == t.ev.seq)
     erase_keep(freed_res_, spare_freed_res_, f);
-  auto next = res_.lower_bound(t.va);
-  if (res_containing_locked(t.va) || (next != res_.end() && next->first < t.va + t.size)) return;
-  counters_.add(-1, MemKind::Va, static_cast<std::int64_t>(t.freed_res->size));
-  put_reusing(res_, spare_res_, t.va, std::move(*t.freed_res));
-  t.freed_res.reset();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -563,8 +668,8 @@ VmmFreed VmmModel::end(VmmTicket &t, bool ok) {
   if (t.op == VmmTicket::Op::None) return {};
   // A call that succeeded as noted, or one the model noted nothing for and has nothing to follow
   // (its va_state was read under begin's lock): no second locked pass.
-  if (ok && t.noted) return t.freed;
-  if (!t.noted && (!t.finding || !ok)) return t.freed;
+  if (ok && t.noted && t.op != VmmTicket::Op::AddressFree) return t.freed;
+  if (!t.noted && (!(t.finding || t.follow) || !ok)) return t.freed;
   std::lock_guard lk(mu_);
   switch (t.op) {
     case VmmTicket::Op::Map: end_map_locked(t, ok); break;

@@ -22,8 +22,14 @@
 //    release would free its new owner's memory (stale-release). Before the re-issuing create has
 //    returned to the shim, the old generation is still the current one, not live, so the release is
 //    a double release: there is no window in which the stale release is forwarded.
+//  * A skip that rests on the model holding a value as released (a double release) is checked with
+//    the driver's view before it is answered (Decision::confirm, confirm_ticket): the model sees
+//    only what is hooked, and a value issued again behind its back is live.
 //  * One mutex: VMM calls cost the driver tens of microseconds each (real-driver.md section 4) and
-//    the model's work per call is a few map look-ups.
+//    the model's work per call is a few map look-ups. The state it keeps is bounded: released
+//    values and freed reservations are remembered for the last kReleasedKept / kFreedResKept of
+//    each, oldest forgotten first; a no-op unmap (the free-while-asleep path) allocates nothing
+//    under the lock and costs O(log n) whatever the number of sleeping ranges it covers.
 #pragma once
 
 #include <array>
@@ -41,6 +47,7 @@
 #include "event.h"
 #include "fn_ref.h"
 #include "inline_vec.h"
+#include "in_flight.h"
 #include "lock_within.h"
 
 namespace cmg {
@@ -85,6 +92,7 @@ struct Sleeper {
   std::uint64_t gen = 0;            // and its generation
   std::uint64_t alloc_id = 0;
   EventRef unmapped;
+  std::uint64_t since = 0;          // the model's generation counter when it went to sleep
 };
 
 struct Reservation {
@@ -94,6 +102,10 @@ struct Reservation {
   std::map<std::uint64_t, Sleeper> asleep;    // by offset
   EventRef reserved;
   bool ever_mapped = false;
+  // A cuMemAddressFree of it is in flight (the seq of that call, 0: none). The reservation stays
+  // in the model until the driver answered, so a map made meanwhile is noted in it: if the free is
+  // refused, nothing was lost; if it succeeds, such a map is one the driver refused.
+  std::uint64_t freeing = 0;
 };
 
 // Per-thread record of the last no-op unmap, for the stale-release pairing rule: vLLM's
@@ -102,18 +114,23 @@ struct Reservation {
 // the no-op unmap (one per sleeping range it covered) are all paired with it.
 struct ThreadVmmState {
   bool pending = false;
-  std::uint64_t base = 0, size = 0;
+  std::uint64_t base = 0, size = 0;  // the no-op unmap's range
+  std::uint64_t res_base = 0, res_gen = 0;  // its reservation
+  std::uint64_t mark = 0;            // the model's generation counter at the no-op unmap
   struct Last {
     std::uint64_t handle, gen, alloc_id;
     EventRef unmapped;
   };
   // Every sleeping range the no-op unmap covered, however many: an unmap of several ranges is
   // followed by one release per range, and each of them is judged. The first eight are kept here
-  // (no heap memory in thread-local state: a forked child's leak checker cannot see the other
-  // threads' storage), the rest in the model (VmmModel::more_), under its lock.
+  // as they were at the unmap (no heap memory in thread-local state: a forked child's leak checker
+  // cannot see the other threads' storage). Past eight (`more`), the release looks the ranges up
+  // in the reservation, among those that were asleep at the unmap (Sleeper::since <= mark) and are
+  // still asleep: nothing is copied under the lock for them.
   std::array<Last, 8> last{};
   unsigned nlast = 0;
   bool more = false;
+  std::uint64_t beyond = 0;          // more: the offset of the ninth range in the reservation
   EventRef noop_unmap;
 };
 
@@ -135,6 +152,7 @@ struct ReservationPages {
 
 struct VmmCounts {
   std::size_t phys = 0, handles = 0, reservations = 0, mappings = 0;
+  std::size_t released_kept = 0, freed_res_kept = 0;  // records of released values, freed ranges
   std::uint64_t phys_bytes = 0, va_bytes = 0;
 };
 
@@ -164,7 +182,6 @@ struct VmmTicket {
   InlineVec<Mapping, 1> unmapped;    // unmap: the mappings it took away (now asleep)
   InlineVec<Sleeper, 1> woken;       // map: the sleeping ranges it replaced
   InlineVec<PhysAlloc, 1> dropped;   // allocations whose last reference went with the call
-  std::optional<Reservation> freed_res;  // address free: the reservation it removed
   VmmFreed freed;                    // bytes that went away with the call
   struct Where {
     std::uint64_t res = 0, off = 0;
@@ -173,13 +190,27 @@ struct VmmTicket {
   bool prev_ever_mapped = false;     // map: whether the reservation had been mapped before
   bool sized_import = false;         // map: the first mapping of an import gave it its size
   bool va_freed = false;             // address free: the reservation's bytes went away
+  bool follow = false;               // not noted, but the model follows the driver if it accepts
   const char *va_state = nullptr;    // a refused call: what the model knows of the range
+  // Unmap of nothing: what its finding says of the reservation, copied under the lock so that the
+  // finding is phrased after it (no allocation under the model's lock on this path).
+  struct Noop {
+    std::uint64_t res_base = 0, res_size = 0;
+    bool ever_mapped = false;
+    EventRef reserved;
+  } noop;
 
   bool skip() const { return finding && decision.skip; }
 };
 
 class VmmModel {
  public:
+  // How many released handle values and freed reservations are remembered (for double-release
+  // and double-address-free findings), oldest forgotten first. A value the model no longer knows
+  // is forwarded (release-unknown): the driver answers it, as it would without the shim.
+  static constexpr std::size_t kReleasedKept = 4096;
+  static constexpr std::size_t kFreedResKept = 4096;
+
   explicit VmmModel(ByteCounters &counters) : counters_(counters) {}
 
   // Issuing calls, after the driver succeeded.
@@ -229,7 +260,12 @@ class VmmModel {
   void fork_child() {
     mu_.unlock();
     clear();
+    issues.fork_child();
   }
+
+  // Creates, retains and imports until they reach the model, releases until the driver answered:
+  // the hooks mark them (InFlightCall), a release waits for them (confirm_ticket).
+  InFlightCalls issues;
 
  private:
   using Allocs = std::unordered_map<std::uint64_t, PhysAlloc>;
@@ -245,10 +281,19 @@ class VmmModel {
   void issue_locked(std::uint64_t value, std::uint64_t alloc_id, const EventRef &ev);
   // Drops the allocation when nothing refers to it any more; keeps it in `t` for the inverse.
   void drop_if_dead_locked(std::uint64_t alloc_id, VmmTicket *t, VmmFreed &freed);
-  void undo_drops_locked(VmmTicket &t);
   void note_map_locked(VmmTicket &t, Reservation &r, std::uint64_t offset);
   void note_unmap_locked(VmmTicket &t, Reservation &r, std::uint64_t off, std::uint64_t end);
   void note_release_locked(VmmTicket &t, HandleRec &h);
+  // Puts back an allocation that died with a refused call (its inverse delta), if it is gone.
+  PhysAlloc *undo_drop_locked(VmmTicket &t, std::uint64_t alloc_id);
+  // Removes a reservation the driver no longer has, with what its mappings held.
+  void erase_res_locked(Reservations::iterator it, VmmFreed &freed);
+  // Bounded memory of released values and freed reservations (by age).
+  void remember_released_locked(const HandleRec &h);
+  void remember_freed_res_locked(std::uint64_t base, std::uint64_t size, const EventRef &ev);
+  // The pairing rule's sleeping ranges past the eighth, looked up at the release.
+  const Sleeper *paired_beyond_locked(const ThreadVmmState &ts, std::uint64_t handle,
+                                      std::uint64_t gen) const;
   void end_map_locked(VmmTicket &t, bool ok);
   void end_unmap_locked(VmmTicket &t, bool ok);
   void end_release_locked(VmmTicket &t, bool ok);
@@ -264,11 +309,12 @@ class VmmModel {
   std::uint64_t next_gen_ = 1;    // handle-value and reservation generations
   Allocs allocs_;
   std::unordered_map<std::uint64_t, HandleRec> handles_;   // live and released values
-  // Per thread id: the sleeping ranges past the eighth of its last no-op unmap (by its seq).
-  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::vector<ThreadVmmState::Last>>>
-      more_;
   Reservations res_;                                       // by base
   FreedReservations freed_res_;                            // base -> (size, free)
+  // Rings in the order of release and of free, (value, generation) and (base, seq), for the
+  // bounded memory above: the oldest entry is forgotten when it is still the record's last event.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> released_ring_, freed_res_ring_;
+  std::size_t released_head_ = 0, freed_res_head_ = 0;
   // Nodes of erased records, reused by the next insertions (node_reuse.h).
   std::vector<Allocs::node_type> spare_allocs_;
   std::vector<Reservations::node_type> spare_res_;
@@ -281,8 +327,9 @@ class VmmModel {
 namespace vmm_findings {
 Finding map_over_mapped(std::uint64_t va, std::uint64_t size, std::uint64_t handle,
                         const Reservation &r, const Mapping &current);
-Finding unmap_unmapped(std::uint64_t va, std::uint64_t size, const Reservation &r,
-                       const std::vector<const Sleeper *> &asleep);
+// `ts` holds the sleeping ranges the unmap covered (the first eight; `more`: there were more).
+Finding unmap_unmapped(std::uint64_t va, std::uint64_t size, const VmmTicket::Noop &r,
+                       const ThreadVmmState &ts);
 Finding partial_unmap(std::uint64_t va, std::uint64_t size, const Reservation &r,
                       const std::vector<const Mapping *> &hit);
 Finding release_unknown(std::uint64_t handle);
@@ -290,6 +337,9 @@ Finding stale_release_paired(std::uint64_t handle, const ThreadVmmState &pair,
                              const ThreadVmmState::Last &l, const HandleRec &h);
 Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
                        const EventRef &replaced_by);
+// A release the model held as redundant (`was`: its double or stale release) whose value the
+// driver holds live: issued again through a path the shim does not see; forwarded.
+Finding unseen_release(std::uint64_t handle, const Finding &was, const DriverView &v);
 Finding double_address_free(std::uint64_t base, std::uint64_t size, const EventRef &first);
 Finding free_mapped_va(std::uint64_t base, std::uint64_t size, const Reservation &r);
 // cuMemUnmap of memory whose device still had work queued: `how` is "query" (the stream was busy)
@@ -314,9 +364,33 @@ struct VmmOutcome {
   VmmFreed freed;
 };
 
+// A ticket whose decision rests on the model holding the value as released (Decision::confirm):
+// `prove` asks the driver. The driver also holds a value live between a create the shim sees
+// handing it out and the model hearing of it, and between the model noting a release and the
+// driver's: when it says live, `settle` waits for the calls in flight (InFlightCalls), and the
+// call is judged again by `begin` — the model may have heard of the issue meanwhile, before or
+// during the wait (any call that explains the answer was in flight by then). Still a double
+// release there, it is asked once more: live, the value was issued again through a path the shim
+// does not see. Returns the driver's last answer, with t's decision confirmed.
+template <class Begin, class Prove, class Settle>
+DriverView confirm_ticket(VmmTicket &t, Begin &&begin, Prove &&prove, Settle &&settle) {
+  if (!t.finding || !t.decision.confirm) return {};
+  DriverView view = prove();
+  if (view.live == DriverView::Live::Yes) {
+    settle();
+    t = begin();
+    if (!t.finding || !t.decision.confirm) return {};
+    view = prove();
+  }
+  confirmed(view, t.decision);
+  return view;
+}
+
+// `view`: what confirm_ticket found; a decision still waiting for it is not proven, and forwarded.
 template <class Driver>
-VmmOutcome run_transaction(VmmModel &m, VmmTicket &t, Driver &&driver) {
+VmmOutcome run_transaction(VmmModel &m, VmmTicket &t, Driver &&driver, const DriverView &view) {
   VmmOutcome o;
+  if (t.finding && t.decision.confirm) confirmed(view, t.decision);
   if (t.skip()) {
     o.report = true;
     return o;
@@ -328,6 +402,13 @@ VmmOutcome run_transaction(VmmModel &m, VmmTicket &t, Driver &&driver) {
   o.called = true;
   o.status = static_cast<int>(driver());
   o.freed = m.end(t, o.status == 0);
+  if (t.decision.unseen && o.status == 0) {
+    // The driver released a value the model held as released: it had been issued again unseen.
+    t.finding = vmm_findings::unseen_release(t.value, *t.finding, view);
+    t.decision.action = Action::Forward;
+    o.report = true;
+    return o;
+  }
   o.report = t.finding && t.decision.stands(o.status == 0);
   return o;
 }

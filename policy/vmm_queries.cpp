@@ -95,7 +95,11 @@ VmmCounts VmmModel::counts() const {
   VmmCounts c;
   c.phys = allocs_.size();
   for (const auto &[id, a] : allocs_) c.phys_bytes += a.size;
-  for (const auto &[v, h] : handles_) c.handles += h.refs > 0;
+  for (const auto &[v, h] : handles_) {
+    c.handles += h.refs > 0;
+    c.released_kept += h.refs == 0;
+  }
+  c.freed_res_kept = freed_res_.size();
   c.reservations = res_.size();
   for (const auto &[b, r] : res_) {
     c.mappings += r.maps.size();
@@ -149,9 +153,11 @@ void VmmModel::clear() {
   spare_sleepers_.clear();
   allocs_.clear();
   handles_.clear();
-  more_.clear();
   res_.clear();
   freed_res_.clear();
+  released_ring_.clear();
+  freed_res_ring_.clear();
+  released_head_ = freed_res_head_ = 0;
 }
 
 }  // namespace cmg

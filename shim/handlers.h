@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bridge.h"
+#include "driver_view.h"
 #include "flush.h"
 #include "held.h"
 #include "loader.h"
@@ -199,12 +200,10 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
     }
   }
   Finding f = finding_for_free(v, api_name(api), ptr);
-  // A stream-ordered allocation made inside a captured CUDA graph is allocated again by each
-  // launch without an API call the shim sees, so a second cudaFreeAsync of its address is not
-  // proven redundant: forward it, and report it only if the driver refuses.
-  const bool async = v.rec.kind == MemKind::Async;
-  const bool proven = v.cls == FreeClass::DoubleFree && !async;
-  const Decision d = decide(s.opts, f.cls, proven, v.cls == FreeClass::DoubleFree && async);
+  Decision d = decide_free(s.opts, v, held_first);
+  // The model held the address as freed; the driver says whether it is live again.
+  DriverView view;
+  if (d.confirm) confirmed(view = driver_view_of_address(ptr), d);
   if (d.skip) {
     report_finding(c, std::move(f), d.action, 0, args);
     Call::Extra x;
@@ -218,7 +217,12 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
   // memory the quarantine would release again later).
   if (held_first) held().release(ptr);
   R r = real();
-  if (d.stands(r == R(0))) report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
+  if (d.unseen && r == R(0)) {
+    s.linear.refreed(v, c.ev());
+    report_finding(c, unseen_free(v, api_name(api), ptr, view), Action::Forward, 0, args);
+  } else if (d.stands(r == R(0))) {
+    report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
+  }
   c.log(static_cast<int>(r), args);
   return r;
 }

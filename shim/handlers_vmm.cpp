@@ -22,9 +22,24 @@ Location location_of(const CUmemAllocationProp *prop) {
 // Runs a VMM call whose transaction the model opened: the ticket says whether the driver is
 // called (policy/decide.h), the model completes the transaction with the driver's answer, and the
 // finding is reported when it stands. Nothing here decides.
+// How long a release that the driver says is live waits for creates in flight to reach the model.
+constexpr std::uint64_t kSettleNs = 1'000'000'000;
+
+// The ticket from `begin`, its skip confirmed with the driver's view where it rests on the model
+// holding a value as released.
+template <class Begin>
+std::pair<VmmTicket, DriverView> judged(Begin &&begin) {
+  std::pair<VmmTicket, DriverView> out{begin(), DriverView{}};
+  VmmTicket &t = out.first;
+  out.second = confirm_ticket(
+      t, begin, [&] { return driver_view_of_handle(t.value); },
+      [] { return state().vmm.issues.settle(kSettleNs); });
+  return out;
+}
+
 template <class Real>
-CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real) {
-  const VmmOutcome o = run_transaction(state().vmm, t, real);
+CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real, const DriverView &view = {}) {
+  const VmmOutcome o = run_transaction(state().vmm, t, real, view);
   if (o.abort_first) report_finding(c, *t.finding, Action::Abort, -1, args);  // does not return
   if (o.report) report_finding(c, std::move(*t.finding), t.decision.action, o.status, args);
   Call::Extra x;
@@ -51,6 +66,7 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
   if (!c.tracked())
     return untracked_alloc<CUresult>([&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); });
   if (!prop || !h) return CMG_REAL(cuMemCreate)(h, size, prop, flags);
+  const InFlightCall w(state().vmm.issues);  // until the model has the value
   // Bridge mode: an allocation without POSIX_FD can never be exported, so the type is added
   // where the device supports it; if the driver refuses the wider request, the program's own
   // request is made as it was (never worse than without the shim).
@@ -95,10 +111,11 @@ CUresult vmm_release(CUmemGenericAllocationHandle h) {
   Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
   if (!c.tracked()) return real();
   State &s = state();
-  VmmTicket t = s.vmm.begin_release(h, c.ev(), t_vmm, s.opts);
+  const InFlightCall w(s.vmm.issues);  // noted before the driver hears of it
+  auto [t, view] = judged([&] { return s.vmm.begin_release(h, c.ev(), t_vmm, s.opts); });
   Args args;
   args.hex("handle", h);
-  return run(c, t, args, real);
+  return run(c, t, args, real, view);
 }
 
 CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
@@ -195,6 +212,7 @@ CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
   auto real = [&] { return CMG_REAL(cuMemRetainAllocationHandle)(h, addr); };
   Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always, Nested::Always);
   if (!c.tracked() || !h) return real();
+  const InFlightCall w(state().vmm.issues);
   CUresult r = real();
   Args args;
   args.hex("addr", reinterpret_cast<std::uintptr_t>(addr));
@@ -225,6 +243,7 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
   auto real = [&] { return CMG_REAL(cuMemImportFromShareableHandle)(h, os_handle, type); };
   Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
   if (!c.tracked() || !h) return real();
+  const InFlightCall w(state().vmm.issues);
   CUresult r = real();
   Args args;
   args.u("type", static_cast<std::uint64_t>(type));

@@ -458,6 +458,44 @@ CASES = {
                            shim={}, findings=[("unmap-unmapped", "skip")]),
     "ipc-deny": dict(prog="regress_cases", args=["ipc-deny"], shim_env={"CUMEMGUARD_IPC": "deny"},
                      base={"ipc_get": IV}, shim={}, findings=[("ipc-vmm", "skip")]),
+    # An address or handle value issued again through a path the shim does not see (a library
+    # holding the driver's own entry point), then freed by the program: forwarded, and the driver
+    # frees the memory; the double free after it is still skipped. Not re-issued (the real driver
+    # usually does, D18): variants().
+    "unseen-linear": dict(prog="unseen_cases", args=["linear"], real=True,
+                          base={"live_before": "0", "first_free": S, "unseen_alloc": S,
+                                "reused": "1", "live_unseen": str(1 << 20), "reissued_free": S,
+                                "live_after": "0", "double_free": IV},
+                          shim={"double_free": S},
+                          findings=[("unseen-reissue", "forward"), ("double-free", "skip")]),
+    "unseen-linear-report": dict(prog="unseen_cases", args=["linear"], real=True,
+                                 shim_env={"CUMEMGUARD_MODE": "report"},
+                                 base={"reused": "1", "reissued_free": S, "live_after": "0",
+                                       "double_free": IV},
+                                 shim={},
+                                 findings=[("unseen-reissue", "forward"),
+                                           ("double-free", "forward")]),
+    "unseen-runtime": dict(prog="unseen_cases", args=["runtime"], real=True,
+                           base={"live_before": str(1 << 20), "first_free": RS, "unseen_alloc": S,
+                                 "reused": "1", "reissued_free": RS, "live_after": "0",
+                                 "double_free": RIV, "last_error": RIV},
+                           shim={"double_free": RS, "last_error": RS},
+                           findings=[("unseen-reissue", "forward"), ("double-free", "skip")]),
+    "unseen-handle": dict(prog="unseen_cases", args=["handle"], real=True,
+                          base={"live_before": "0", "first_release": S, "unseen_create": S,
+                                "reused": "1", "live_unseen": "1", "reissued_release": S,
+                                "live_after": "0", "double_release": IV},
+                          shim={"double_release": S},
+                          findings=[("unseen-reissue", "forward"), ("double-release", "skip")]),
+    # Strict mode aborts at findings, not at an unseen re-issue: the program's call is legitimate.
+    "unseen-handle-strict": dict(prog="unseen_cases", args=["handle"], real=True,
+                                 shim_env={"CUMEMGUARD_MODE": "strict",
+                                           "CUMEMGUARD_ACTION_DOUBLE_RELEASE": "forward"},
+                                 base={"reused": "1", "reissued_release": S, "live_after": "0",
+                                       "double_release": IV},
+                                 shim={},
+                                 findings=[("unseen-reissue", "forward"),
+                                           ("double-release", "forward")]),
 }
 
 
@@ -746,6 +784,22 @@ def case_specific(name, recs, steps):
             expect(200_000_000 <= waited <= 3_000_000_000, f"{name}: waited {waited} ns")
         else:
             expect(waited == 0, f"{name}: waited {waited} ns")
+    if name.startswith("unseen-") and steps.get("reused") == "1":
+        # The free the driver performed is named with the earlier free the model knew of, and
+        # nothing the program allocated through the shim is left.
+        f = next(f for f in findings if f["class"] == "unseen-reissue")
+        earlier = [r for r in f["related"] if r["what"] in ("earlier free", "first release")]
+        expect(earlier and by_seq[earlier[0]["seq"]]["res"] == 0 and
+               by_seq[earlier[0]["seq"]]["api"] in ("cuMemFree_v2", "cudaFree", "cuMemRelease"),
+               f"{name}: the earlier free is not named: {f['related']}")
+        expect(f["res"] == 0 and f["state"]["driver"] == "live", f"{name}: {f}")
+        expect("issued again through" in f["msg"], f"{name}: {f['msg']}")
+        reissued = [c for c in calls if c["seq"] == f["call_seq"]]
+        expect(reissued and not reissued[0].get("skipped") and reissued[0]["res"] == 0,
+               f"{name}: the legitimate free's call record {reissued}")
+        live = summary["live"]
+        expect(live.get("linear", 0) == 0 and live.get("vmm", 0) == 0,
+               f"{name}: live at exit {live}")
     if name == "wakefail":
         rel = [c for c in calls if c["api"] == "cuMemRelease"]
         expect(not rel[-1].get("skipped"), f"{name}: the legitimate release was skipped")
@@ -833,6 +887,16 @@ def variants(name, c, steps):
                 "second_cycle_ok": "1", "b_intact_after": "1", "teardown_error": "0"}
         shim = {"error.free_a": None}
         findings = [("unmap-unmapped", "skip"), ("double-release", "skip")]
+    if name.startswith("unseen-") and steps.get("reused") == "0":
+        # The driver handed out another address or value: the program's frees meet memory the
+        # shim never saw, which it forwards; the second is refused and named as such.
+        linear = "handle" not in name
+        runtime = name == "unseen-runtime"
+        ok, refused = (RS, RIV) if runtime else (S, IV)
+        base = {"reused": "0", "reissued_free" if linear else "reissued_release": ok,
+                "double_free" if linear else "double_release": refused}
+        shim = {}
+        findings = [("invalid-free" if linear else "release-unknown", "forward")]
     return base, shim, findings
 
 

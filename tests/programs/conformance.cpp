@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Runs the sequences of real-driver.md rows D1-D21 and the one-host IPC rows of section 2 and
+// Runs the sequences of real-driver.md rows D1-D23 and the one-host IPC rows of section 2 and
 // prints one stable line per row, so that the fake driver and the real one can be compared.
 //
 // A plain driver-API program: no kernels, no runtime, nothing of the fake's control API. Built
@@ -392,6 +392,29 @@ int main() {
     MUST(cuMemRelease(h1));
     MUST(cuMemRelease(h2));
     MUST(cuMemAddressFree(v, 4 * G));
+  }
+
+  // D22, D23: what the shim asks the driver before it answers a double free or a double release
+  // itself (README, findings): an address's range start, live and freed; a handle value's
+  // properties, live and released.
+  {
+    CUdeviceptr p = 0, start = 0;
+    MUST(cuMemAlloc(&p, 1 << 20));
+    CUresult live = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+    CUmemoryPool pool = nullptr;
+    CUresult lp = cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p);
+    MUST(cuMemFree(p));
+    CUdeviceptr after = 0;
+    CUresult freed = cuPointerGetAttribute(&after, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+    row("D22 range-start live %s %s pool %s %s freed %s", en(live),
+        start == p ? "start-is-ptr" : "start-differs", en(lp), pool ? "set" : "null", en(freed));
+    CUmemGenericAllocationHandle h = 0;
+    MUST(cuMemCreate(&h, G, &pr, 0));
+    CUmemAllocationProp got{};
+    CUresult hl = cuMemGetAllocationPropertiesFromHandle(&got, h);
+    MUST(cuMemRelease(h));
+    CUresult hr = cuMemGetAllocationPropertiesFromHandle(&got, h);
+    row("D23 handle-properties live %s released %s", en(hl), en(hr));
   }
 
   // Section 2 across processes: a VMM allocation exported as a POSIX fd, and the legacy handle.

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// VMM calls in flight: see in_flight.h.
+#include "in_flight.h"
+
+#include <chrono>
+#include <new>
+#include <vector>
+
+namespace cmg {
+namespace {
+
+// Per thread: its slot + 1 (0: none yet), and how deep it is in such calls.
+thread_local std::size_t t_slot = 0;
+thread_local unsigned t_depth = 0;
+
+}  // namespace
+
+std::size_t InFlightCalls::slot_of_thread() {
+  if (!t_slot) t_slot = next_slot_.fetch_add(1, std::memory_order_relaxed) + 1;
+  return t_slot - 1;
+}
+
+bool InFlightCalls::enter() {
+  if (t_depth++) return false;
+  const std::size_t i = slot_of_thread();
+  if (i < kSlots) {
+    // Only this thread writes its slot: a plain read-modify-write, published with release.
+    Slot &s = slots_[i];
+    s.v.store(s.v.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+  } else {
+    shared_entered_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  return true;
+}
+
+void InFlightCalls::leave() {
+  if (--t_depth) return;
+  const std::size_t i = slot_of_thread();
+  if (i < kSlots) {
+    Slot &s = slots_[i];
+    s.v.store(s.v.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+  } else {
+    shared_left_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  if (waiters_.load(std::memory_order_seq_cst)) {
+    std::lock_guard lk(mu_);
+    cv_.notify_all();
+  }
+}
+
+std::size_t InFlightCalls::in_flight() const {
+  std::size_t n = 0;
+  for (const Slot &s : slots_) n += s.v.load(std::memory_order_acquire) & 1;
+  const std::uint64_t e = shared_entered_.load(), l = shared_left_.load();
+  return n + static_cast<std::size_t>(e > l ? e - l : 0);
+}
+
+bool InFlightCalls::settle(std::uint64_t timeout_ns) {
+  // Who is in flight now: each slot's odd value, and the shared count entered so far. The calling
+  // thread's own call (a release that waits, having noted nothing) is not in flight while it
+  // waits: two releases waiting at once must not wait for each other.
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  const std::size_t mine = t_slot ? t_slot - 1 : kSlots;
+  const bool own = mine < kSlots && t_depth && (slots_[mine].v.load() & 1);
+  if (own) slots_[mine].v.store(slots_[mine].v.load(std::memory_order_relaxed) + 1);
+  std::array<std::uint64_t, kSlots> seen{};
+  bool any = false;
+  for (std::size_t i = 0; i < kSlots; ++i) {
+    seen[i] = i == mine ? 0 : slots_[i].v.load(std::memory_order_seq_cst);
+    any |= (seen[i] & 1) != 0;
+  }
+  const std::uint64_t shared_target =
+      shared_entered_.load(std::memory_order_seq_cst) - (mine >= kSlots && t_depth ? 1 : 0);
+  any |= shared_left_.load(std::memory_order_seq_cst) < shared_target;
+  if (any) {
+    auto done = [&] {
+      for (std::size_t i = 0; i < kSlots; ++i)
+        if ((seen[i] & 1) && slots_[i].v.load(std::memory_order_acquire) == seen[i]) return false;
+      // Threads past the slots share a count: those in flight now have left once as many
+      // left as had entered (a later one may stand in for an earlier: bounded by the time).
+      return shared_left_.load(std::memory_order_acquire) >= shared_target;
+    };
+    std::unique_lock lk(mu_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+    // Woken by leave(); the wait is in slices so that a wake-up raced past is a delay, not a hang.
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      cv_.wait_for(lk, std::chrono::milliseconds(1));
+  }
+  if (own) slots_[mine].v.store(slots_[mine].v.load(std::memory_order_relaxed) + 1);
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  return any;
+}
+
+void InFlightCalls::fork_child() {
+  // The other threads are gone, and so are their calls; the forking thread's own stays as it is
+  // (it leaves it as usual).
+  const std::size_t mine = t_slot ? t_slot - 1 : kSlots;
+  for (std::size_t i = 0; i < kSlots; ++i)
+    if (i != mine)
+      slots_[i].v.store(slots_[i].v.load(std::memory_order_relaxed) & ~std::uint64_t{1});
+  shared_left_.store(shared_entered_.load() - (mine >= kSlots && t_depth ? 1 : 0));
+  waiters_.store(0);
+  new (&mu_) std::mutex();
+  new (&cv_) std::condition_variable();
+}
+
+}  // namespace cmg
