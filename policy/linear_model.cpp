@@ -225,11 +225,11 @@ Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t pt
   return f;
 }
 
-Decision decide_free(const Options &o, const FreeVerdict &v, bool held) {
+Decision decide_free(const Options &o, const FreeVerdict &v, bool held, bool trusted) {
   const bool dbl = v.cls == FreeClass::DoubleFree;
   const bool async = v.rec.kind == MemKind::Async;
   const FindingClass c = dbl ? FindingClass::DoubleFree : FindingClass::InvalidFree;
-  Decision d = decide(o, c, dbl && !async, dbl && async);
+  Decision d = decide(o, c, dbl && !async && trusted, dbl && async);
   if (dbl && !async && !held) rests_on_freed(d);
   return d;
 }

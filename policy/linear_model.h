@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -73,6 +74,10 @@ class LinearModel {
   std::size_t for_each_live_within(FnRef<void(const LinearRec &)> fn,
                                    std::uint64_t patience_ns) const;
   void clear();
+  // After a failure inside the shim the model may have missed a call: it proves nothing from then
+  // on (shim/shield.h).
+  void distrust() { trusted_.store(false, std::memory_order_relaxed); }
+  bool trusted() const { return trusted_.load(std::memory_order_relaxed); }
   // fork(): the child does not own the parent's CUDA objects and starts with an empty model. The 64
   // shard locks are not held across fork (holding them all made fork's cost grow with the shards
   // and exceeded what ThreadSanitizer's deadlock detector can follow): the child builds fresh shards
@@ -110,6 +115,7 @@ class LinearModel {
   static void put_freed(Shard &s, const Freed &f);
   static void drop_freed(Shard &s, FreedMap::iterator it);
   std::array<Shard, kShards> shards_;
+  std::atomic<bool> trusted_{true};
 };
 
 // The finding for a free the linear model did not accept (DoubleFree, Interior, WrongKind, InVmm,
@@ -121,7 +127,8 @@ Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t pt
 // quarantine or deferred, so the driver has not freed it): its skip is then confirmed with the
 // driver's view. A second free of stream-ordered memory is never proven (a graph launch the shim
 // does not see allocates it again): forwarded, reported if refused.
-Decision decide_free(const Options &o, const FreeVerdict &v, bool held);
+// `trusted`: the model may prove (LinearModel::trusted).
+Decision decide_free(const Options &o, const FreeVerdict &v, bool held, bool trusted = true);
 
 // The free of an address the model held as freed, which the driver held live and freed when the
 // shim forwarded it: it had been issued again through a path the shim does not see.

@@ -377,7 +377,7 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
       ts.last[ts.nlast++] = ThreadVmmState::Last{s.handle, s.gen, s.alloc_id, s.unmapped};
     }
     t.noop = VmmTicket::Noop{r->base, r->size, r->ever_mapped, r->reserved};
-    t.decision = decide(o, FindingClass::UnmapUnmapped, true);
+    t.decision = decide(o, FindingClass::UnmapUnmapped, trusted());
     lk.unlock();
     t.finding = vmm_findings::unmap_unmapped(va, size, t.noop, ts);
     return t;  // nothing to note: forwarded (report mode), the driver does nothing either
@@ -503,7 +503,7 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
       const bool mapped = a != allocs_.end() && a->second.map_count > 0;
       if (h.issued.tid == ev.tid && !mapped) continue;
       t.finding = vmm_findings::stale_release_paired(handle, ts, l, h);
-      t.decision = decide(o, FindingClass::StaleRelease, true);
+      t.decision = decide(o, FindingClass::StaleRelease, trusted());
       if (t.decision.skip || t.decision.abort_first) return t;
       break;  // forwarded (report mode): the driver releases the new generation; follow it
     }
@@ -530,7 +530,7 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
     }
   }
   t.finding = vmm_findings::released_again(handle, h, replaced, replaced_by);
-  t.decision = decide(o, t.finding->cls, true);
+  t.decision = decide(o, t.finding->cls, trusted());
   // Proven from what the shim saw; the driver is asked before it is answered without it, or
   // its answer tells when it is forwarded anyway.
   rests_on_freed(t.decision);

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -263,6 +264,11 @@ class VmmModel {
     issues.fork_child();
   }
 
+  // After a failure inside the shim the model may have missed a call: it proves nothing from then
+  // on (shim/shield.h).
+  void distrust() { trusted_.store(false, std::memory_order_relaxed); }
+  bool trusted() const { return trusted_.load(std::memory_order_relaxed); }
+
   // Creates, retains and imports until they reach the model, releases until the driver answered:
   // the hooks mark them (InFlightCall), a release waits for them (confirm_ticket).
   InFlightCalls issues;
@@ -304,6 +310,7 @@ class VmmModel {
                           VmmFreed &freed);
 
   ByteCounters &counters_;
+  std::atomic<bool> trusted_{true};
   mutable MarkedMutex mu_;  // its holder is known (exit paths, lock_within.h)
   std::uint64_t next_alloc_id_ = 1;
   std::uint64_t next_gen_ = 1;    // handle-value and reservation generations

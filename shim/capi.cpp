@@ -6,6 +6,8 @@
 // NCCL is no longer intercepted).
 #include "cumemguard.h"
 
+#include <cxxabi.h>
+
 #include <string>
 
 #include "cmg_config.h"
@@ -39,19 +41,44 @@ EventRef begin(const char *api) {
 
 }  // namespace
 
+// No exception leaves these (shield.h): a failure inside the shim still keeps each one's contract.
 CMG_EXPORT void cumemguard_suppress_opportunistic_cleanup(void) {
-  const EventRef ev = begin("cumemguard_suppress_opportunistic_cleanup");
-  const bool turned_on = state().transport.suppress_external(ev);
-  if (ev.seq) capi_suppress_record(ev, turned_on);
+  bool done = false;
+  try {
+    const EventRef ev = begin("cumemguard_suppress_opportunistic_cleanup");
+    const bool turned_on = state().transport.suppress_external(ev);
+    done = true;
+    if (ev.seq) capi_suppress_record(ev, turned_on);
+  } catch (abi::__forced_unwind &) {
+    throw;
+  } catch (...) {
+    if (done) return;
+    try {
+      state().transport.suppress_external(EventRef{});
+    } catch (abi::__forced_unwind &) {
+      throw;
+    } catch (...) {
+    }
+  }
 }
 
 CMG_EXPORT int cumemguard_maybe_empty_cache(void (*flush)(void *), void *arg) {
-  const EventRef ev = begin("cumemguard_maybe_empty_cache");
-  const bool ran = state().transport.run_flush(flush, arg);
-  if (ev.seq)
-    capi_call_record("cumemguard_maybe_empty_cache", ev, ran ? 1 : 0, now_ns() - ev.ts, "ran",
-                     ran ? 1 : 0);
-  return ran ? 1 : 0;
+  int ran = -1;  // the flush's fate once decided
+  try {
+    const EventRef ev = begin("cumemguard_maybe_empty_cache");
+    ran = state().transport.run_flush(flush, arg) ? 1 : 0;
+    if (ev.seq)
+      capi_call_record("cumemguard_maybe_empty_cache", ev, ran, now_ns() - ev.ts, "ran", ran);
+    return ran;
+  } catch (abi::__forced_unwind &) {
+    throw;
+  } catch (...) {
+    if (ran >= 0) return ran;
+  }
+  // The bookkeeping failed before the flush was decided: the contract still holds.
+  if (state().transport.suppressed()) return 0;
+  if (flush) flush(arg);
+  return 1;
 }
 
 CMG_EXPORT int cumemguard_opportunistic_cleanup_suppressed(void) {
@@ -59,10 +86,16 @@ CMG_EXPORT int cumemguard_opportunistic_cleanup_suppressed(void) {
 }
 
 CMG_EXPORT size_t cumemguard_release_deferred(void) {
-  const EventRef ev = begin("cumemguard_release_deferred");
-  const std::uint64_t bytes = held().release_all(HoldReason::Deferred);
-  if (ev.seq)
-    capi_call_record("cumemguard_release_deferred", ev, 0, now_ns() - ev.ts, "bytes", bytes);
+  std::uint64_t bytes = 0;
+  try {
+    const EventRef ev = begin("cumemguard_release_deferred");
+    bytes = held().release_all(HoldReason::Deferred);
+    if (ev.seq)
+      capi_call_record("cumemguard_release_deferred", ev, 0, now_ns() - ev.ts, "bytes", bytes);
+  } catch (abi::__forced_unwind &) {
+    throw;
+  } catch (...) {
+  }
   return static_cast<size_t>(bytes);
 }
 

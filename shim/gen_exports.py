@@ -14,7 +14,7 @@ names = ["dlsym", "exit"]
 for path in defs:
     with open(path) as f:
         for line in f:
-            m = re.match(r"\s*CMG_(?:DRV|RT|NCCL|PUBLIC)\(\s*([A-Za-z_][A-Za-z0-9_]*)", line)
+            m = re.match(r"\s*CMG_(?:DRV|RT|NCCL|PUBLIC|ENV)\(\s*([A-Za-z_][A-Za-z0-9_]*)", line)
             if m:
                 names.append(m.group(1))
 with open(out, "w") as f:

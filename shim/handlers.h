@@ -13,6 +13,7 @@
 #include "flush.h"
 #include "held.h"
 #include "loader.h"
+#include "shield.h"
 #include "state.h"
 
 namespace cmg::shim {
@@ -76,40 +77,42 @@ inline bool quarantined(Api api, MemKind kind) {
 // pointer after success; `size_of` is the size, or a callable giving it after success (pitch).
 template <class R, class Size, class Real, class Out>
 R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
-  Call c(api, StackWhen::Sampled);
-  if (!c.tracked()) return untracked_alloc<R>(real);
-  bool retried = false;
-  R r = call_with_oom_retry<R>(real, retried);
-  Args args;
-  if (retried) {
-    args.u("retried_after_release", 1);
-    // The runtime remembers the failed first attempt as its last error; the caller got success.
-    if (r == R(0) && kApis[static_cast<std::size_t>(api)].family == Family::Runtime)
-      clear_runtime_error();
-  }
-  if (r != R(0)) {
-    if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
-    c.log(static_cast<int>(r), args);
+  return shielded<R>(api, real, [&](auto &fwd) -> R {
+    Call c(api, StackWhen::Sampled);
+    if (!c.tracked()) return untracked_alloc<R>(fwd);
+    bool retried = false;
+    R r = call_with_oom_retry<R>(fwd, retried);
+    Args args;
+    if (retried) {
+      args.u("retried_after_release", 1);
+      // The runtime remembers the failed first attempt as its last error; the caller got success.
+      if (r == R(0) && kApis[static_cast<std::size_t>(api)].family == Family::Runtime)
+        clear_runtime_error();
+    }
+    if (r != R(0)) {
+      if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
+      c.log(static_cast<int>(r), args);
+      return r;
+    }
+    std::uint64_t size;
+    if constexpr (std::is_invocable_v<Size>)
+      size = size_of();
+    else
+      size = size_of;
+    args.u("size", size);
+    const std::uint64_t p = out();
+    args.hex("ptr", p);
+    if (p == 0) {
+      c.log(0, args);
+      return r;
+    }
+    const int dev = kind == MemKind::Host ? -1 : current_device();
+    State &s = state();
+    s.linear.on_alloc(LinearRec{p, size, dev, kind, c.ev()});
+    s.counters.add(dev, kind, static_cast<std::int64_t>(size));
+    c.log(0, args, Call::Extra{dev, kind, static_cast<std::int64_t>(size)});
     return r;
-  }
-  std::uint64_t size;
-  if constexpr (std::is_invocable_v<Size>)
-    size = size_of();
-  else
-    size = size_of;
-  args.u("size", size);
-  const std::uint64_t p = out();
-  args.hex("ptr", p);
-  if (p == 0) {
-    c.log(0, args);
-    return r;
-  }
-  const int dev = kind == MemKind::Host ? -1 : current_device();
-  State &s = state();
-  s.linear.on_alloc(LinearRec{p, size, dev, kind, c.ev()});
-  s.counters.add(dev, kind, static_cast<std::int64_t>(size));
-  c.log(0, args, Call::Extra{dev, kind, static_cast<std::int64_t>(size)});
-  return r;
+  });
 }
 
 // The free of a live allocation: held back (a deferred cache flush, the quarantine) or forwarded,
@@ -167,64 +170,66 @@ R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
 // Linear free (cudaFree, cuMemFree_v2, host frees, async frees).
 template <class R, class Real>
 R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
-  Call c(api, StackWhen::Always);
-  if (!c.tracked()) return real();
-  State &s = state();
-  FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
-  Args args;
-  args.hex("ptr", ptr);
-  if (v.cls == FreeClass::Live) return free_live<R>(c, api, v, args, real);
-  if (v.cls == FreeClass::Null) {
-    R r = real();
-    c.log(static_cast<int>(r), args);
-    return r;
-  }
-  bool held_first = false;
-  if (!held().empty()) {
-    // The shim still holds this address (quarantine or a deferred flush): the program freed it
-    // before, whatever the bounded history remembers, and forwarding would free it twice.
-    if (auto h = held().find(ptr)) {
-      held_first = true;
-      if (v.cls != FreeClass::DoubleFree) {
-        v.cls = FreeClass::DoubleFree;
-        v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
-        v.first_free = h->freed;
+  return shielded<R>(api, real, [&](auto &fwd) -> R {
+    Call c(api, StackWhen::Always);
+    if (!c.tracked()) return fwd();
+    State &s = state();
+    FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
+    Args args;
+    args.hex("ptr", ptr);
+    if (v.cls == FreeClass::Live) return free_live<R>(c, api, v, args, fwd);
+    if (v.cls == FreeClass::Null) {
+      R r = fwd();
+      c.log(static_cast<int>(r), args);
+      return r;
+    }
+    bool held_first = false;
+    if (!held().empty()) {
+      // The shim still holds this address (quarantine or a deferred flush): the program freed it
+      // before, whatever the bounded history remembers, and forwarding would free it twice.
+      if (auto h = held().find(ptr)) {
+        held_first = true;
+        if (v.cls != FreeClass::DoubleFree) {
+          v.cls = FreeClass::DoubleFree;
+          v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
+          v.first_free = h->freed;
+        }
       }
     }
-  }
-  if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
-    if (auto res = s.vmm.reservation_range(ptr)) {
-      v.cls = FreeClass::InVmm;
-      v.vmm_base = res->first;
-      v.vmm_size = res->second;
+    if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
+      if (auto res = s.vmm.reservation_range(ptr)) {
+        v.cls = FreeClass::InVmm;
+        v.vmm_base = res->first;
+        v.vmm_size = res->second;
+      }
     }
-  }
-  Finding f = finding_for_free(v, api_name(api), ptr);
-  Decision d = decide_free(s.opts, v, held_first);
-  // The model held the address as freed; the driver says whether it is live again.
-  DriverView view;
-  if (d.confirm) confirmed(view = driver_view_of_address(ptr), d);
-  if (d.skip) {
-    report_finding(c, std::move(f), d.action, 0, args);
-    Call::Extra x;
-    x.skipped = true;
-    c.log(0, args, x);
-    return R(0);
-  }
-  if (d.abort_first) report_finding(c, f, d.action, -1, args);
-  // Forwarded (report mode) while the first free is still held: that free happens now, so this
-  // one meets the driver exactly as it would have without the shim (an error, not a real free of
-  // memory the quarantine would release again later).
-  if (held_first) held().release(ptr);
-  R r = real();
-  if (d.unseen && r == R(0)) {
-    s.linear.refreed(v, c.ev());
-    report_finding(c, unseen_free(v, api_name(api), ptr, view), Action::Forward, 0, args);
-  } else if (d.stands(r == R(0))) {
-    report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
-  }
-  c.log(static_cast<int>(r), args);
-  return r;
+    Finding f = finding_for_free(v, api_name(api), ptr);
+    Decision d = decide_free(s.opts, v, held_first, s.linear.trusted());
+    // The model held the address as freed; the driver says whether it is live again.
+    DriverView view;
+    if (d.confirm) confirmed(view = driver_view_of_address(ptr), d);
+    if (d.skip) {
+      report_finding(c, std::move(f), d.action, 0, args);
+      Call::Extra x;
+      x.skipped = true;
+      c.log(0, args, x);
+      return R(0);
+    }
+    if (d.abort_first) report_finding(c, f, d.action, -1, args);
+    // Forwarded (report mode) while the first free is still held: that free happens now, so this
+    // one meets the driver exactly as it would have without the shim (an error, not a real free of
+    // memory the quarantine would release again later).
+    if (held_first) held().release(ptr);
+    R r = fwd();
+    if (d.unseen && r == R(0)) {
+      s.linear.refreed(v, c.ev());
+      report_finding(c, unseen_free(v, api_name(api), ptr, view), Action::Forward, 0, args);
+    } else if (d.stands(r == R(0))) {
+      report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
+    }
+    c.log(static_cast<int>(r), args);
+    return r;
+  });
 }
 
 // Pool trims (cuMemPoolTrimTo, cudaMemPoolTrimTo). Under a cache flush while transports are
@@ -232,24 +237,26 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
 // pool, which keeps it for its next allocations; it never waits for the device itself).
 template <class R, class Real>
 R trim_pool(Api api, std::uint64_t pool, std::uint64_t keep, Real &&real) {
-  Call c(api, StackWhen::Always);
-  if (!c.tracked()) return real();
-  Args args;
-  args.hex("pool", pool).u("keep", keep);
-  const FlushCheck fc = flush_check(c, FlushTarget::Trim);
-  if (fc.opportunistic && fc.action == Action::Skip) {
-    flush_report(c, fc, args, 0, 0, 0);
-    Call::Extra x;
-    x.skipped = true;
-    c.log(0, args, x);
-    return R(0);
-  }
-  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, 0, 0);
-  const std::uint64_t t0 = now_ns();
-  R r = real();
-  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), 0, now_ns() - t0);
-  c.log(static_cast<int>(r), args);
-  return r;
+  return shielded<R>(api, real, [&](auto &fwd) -> R {
+    Call c(api, StackWhen::Always);
+    if (!c.tracked()) return fwd();
+    Args args;
+    args.hex("pool", pool).u("keep", keep);
+    const FlushCheck fc = flush_check(c, FlushTarget::Trim);
+    if (fc.opportunistic && fc.action == Action::Skip) {
+      flush_report(c, fc, args, 0, 0, 0);
+      Call::Extra x;
+      x.skipped = true;
+      c.log(0, args, x);
+      return R(0);
+    }
+    if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, 0, 0);
+    const std::uint64_t t0 = now_ns();
+    R r = fwd();
+    if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), 0, now_ns() - t0);
+    c.log(static_cast<int>(r), args);
+    return r;
+  });
 }
 
 // VMM and IPC handlers (driver ABI; the runtime IPC hooks call them with a runtime forwarder).
@@ -282,17 +289,21 @@ struct IpcApi {
   bridge::Codes codes;
   bool runtime;  // cudaIpc*: a missing context is created, as cudart does
 };
-int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, const std::function<int()> &real);
+int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, FnRef<int()> real);
 int ipc_open(const IpcApi &k, const void *handle, unsigned flags, bool out_ok,
-             const std::function<int()> &real, const std::function<std::uint64_t()> &out,
-             const std::function<void(std::uint64_t)> &set_out);
-int ipc_close(const IpcApi &k, std::uint64_t ptr, const std::function<int()> &real);
+             FnRef<int()> real, FnRef<std::uint64_t()> out, FnRef<void(std::uint64_t)> set_out);
+int ipc_close(const IpcApi &k, std::uint64_t ptr, FnRef<int()> real);
 
 // cuGetProcAddress / cudaGetDriverEntryPoint*: forward, then hand back our wrapper of exactly the
 // export the driver returned.
 template <class R>
 R route_after(R r, const char *symbol, void **pfn) {
-  if (r == R(0) && pfn && *pfn) *pfn = route_proc(*pfn, symbol);
+  try {
+    if (r == R(0) && pfn && *pfn) *pfn = route_proc(*pfn, symbol);
+  } catch (abi::__forced_unwind &) {
+    throw;
+  } catch (...) {  // the driver's own answer stands (shield.h)
+  }
   return r;
 }
 
@@ -300,7 +311,7 @@ R route_after(R r, const char *symbol, void **pfn) {
 // succeeded or is in progress: it adds the arguments and lists the communicators created, each
 // with its device (-1: the device current at entry) or, for Finalize/Destroy, the one it names.
 enum class CommEvent : std::uint8_t { Create, Finalize, Destroy };
-int nccl_call(Api api, CommEvent ev, const std::function<int()> &real,
-              const std::function<void(Args &, std::vector<CommOnDevice> &comms)> &after);
+int nccl_call(Api api, CommEvent ev, FnRef<int()> real,
+              FnRef<void(Args &, std::vector<CommOnDevice> &comms)> after);
 
 }  // namespace cmg::shim

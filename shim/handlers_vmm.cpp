@@ -5,6 +5,7 @@
 #include "busy.h"
 #include "handlers.h"
 #include "ipc_bridge.h"
+#include "shield.h"
 
 namespace cmg::shim {
 namespace {
@@ -62,209 +63,232 @@ CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real, const DriverView &v
 
 CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                     unsigned long long flags) {
-  Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
-  if (!c.tracked())
-    return untracked_alloc<CUresult>([&] { return CMG_REAL(cuMemCreate)(h, size, prop, flags); });
-  if (!prop || !h) return CMG_REAL(cuMemCreate)(h, size, prop, flags);
-  const InFlightCall w(state().vmm.issues);  // until the model has the value
-  // Bridge mode: an allocation without POSIX_FD can never be exported, so the type is added
-  // where the device supports it; if the driver refuses the wider request, the program's own
-  // request is made as it was (never worse than without the shim).
-  const bool device = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
-  const unsigned asked = static_cast<unsigned>(prop->requestedHandleTypes);
-  CUmemAllocationProp wide = *prop;
-  if (state().opts.ipc == IpcMode::Bridge && device && !(asked & ipc::kTypePosixFd))
-    wide.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(ipc::widened_types(
-        asked, device, bridge::device_supports_posix_fd(prop->location.id)));
-  const CUmemAllocationProp *use = wide.requestedHandleTypes != prop->requestedHandleTypes ? &wide : prop;
+  // What the driver is asked: the program's request, or in bridge mode one with POSIX_FD added
+  // (outside the body: a call forwarded after a failure inside it still asks for what it held).
+  const CUmemAllocationProp *use = prop;
+  CUmemAllocationProp wide{};
   auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, use, flags); };
-  bool retried = false;
-  CUresult r = call_with_oom_retry<CUresult>(real, retried);
-  if (use != prop && r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
-    use = prop;
-    r = call_with_oom_retry<CUresult>(real, retried);
-  }
-  Args args;
-  args.u("size", size).i("loc_type", prop->location.type).i("loc_id", prop->location.id)
-      .u("handle_types", asked).u("flags", flags);
-  if (retried) args.u("retried_after_release", 1);
-  if (use != prop) args.u("granted_types", static_cast<unsigned>(use->requestedHandleTypes));
-  if (r != CUDA_SUCCESS) {
-    c.log(r, args);
+  return shielded<CUresult>(Api::cuMemCreate, real, [&](auto &fwd) {
+    Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
+    if (!c.tracked()) return untracked_alloc<CUresult>(fwd);
+    if (!prop || !h) return fwd();
+    const InFlightCall w(state().vmm.issues);  // until the model has the value
+    // Bridge mode: an allocation without POSIX_FD can never be exported, so the type is added
+    // where the device supports it; if the driver refuses the wider request, the program's own
+    // request is made as it was (never worse than without the shim).
+    const bool device = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+    const unsigned asked = static_cast<unsigned>(prop->requestedHandleTypes);
+    wide = *prop;
+    if (state().opts.ipc == IpcMode::Bridge && device && !(asked & ipc::kTypePosixFd))
+      wide.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(ipc::widened_types(
+          asked, device, bridge::device_supports_posix_fd(prop->location.id)));
+    use = wide.requestedHandleTypes != prop->requestedHandleTypes ? &wide : prop;
+    bool retried = false;
+    CUresult r = call_with_oom_retry<CUresult>(fwd, retried);
+    if (use != prop && r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
+      use = prop;
+      r = call_with_oom_retry<CUresult>(fwd, retried);
+    }
+    Args args;
+    args.u("size", size).i("loc_type", prop->location.type).i("loc_id", prop->location.id)
+        .u("handle_types", asked).u("flags", flags);
+    if (retried) args.u("retried_after_release", 1);
+    if (use != prop) args.u("granted_types", static_cast<unsigned>(use->requestedHandleTypes));
+    if (r != CUDA_SUCCESS) {
+      c.log(r, args);
+      return r;
+    }
+    args.hex("handle", *h);
+    const Location loc = location_of(prop);
+    // The types the allocation really has (bug-patterns.md P15), not the ones first asked for.
+    state().vmm.on_create(*h, size, loc, prop->location.id,
+                          static_cast<unsigned>(use->requestedHandleTypes), false, c.ev(), t_vmm);
+    Call::Extra x;
+    x.mem = MemKind::Vmm;
+    x.dev = loc == Location::Device ? prop->location.id : -1;
+    x.delta = static_cast<std::int64_t>(size);
+    c.log(r, args, x);
     return r;
-  }
-  args.hex("handle", *h);
-  const Location loc = location_of(prop);
-  // The types the allocation really has (bug-patterns.md P15), not the ones first asked for.
-  state().vmm.on_create(*h, size, loc, prop->location.id,
-                        static_cast<unsigned>(use->requestedHandleTypes), false, c.ev(), t_vmm);
-  Call::Extra x;
-  x.mem = MemKind::Vmm;
-  x.dev = loc == Location::Device ? prop->location.id : -1;
-  x.delta = static_cast<std::int64_t>(size);
-  c.log(r, args, x);
-  return r;
+  });
 }
 
 CUresult vmm_release(CUmemGenericAllocationHandle h) {
   auto real = [&] { return CMG_REAL(cuMemRelease)(h); };
-  Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
-  if (!c.tracked()) return real();
-  State &s = state();
-  const InFlightCall w(s.vmm.issues);  // noted before the driver hears of it
-  auto [t, view] = judged([&] { return s.vmm.begin_release(h, c.ev(), t_vmm, s.opts); });
-  Args args;
-  args.hex("handle", h);
-  return run(c, t, args, real, view);
+  return shielded<CUresult>(Api::cuMemRelease, real, [&](auto &fwd) {
+    Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
+    if (!c.tracked()) return fwd();
+    State &s = state();
+    const InFlightCall w(s.vmm.issues);  // noted before the driver hears of it
+    auto [t, view] = judged([&] { return s.vmm.begin_release(h, c.ev(), t_vmm, s.opts); });
+    Args args;
+    args.hex("handle", h);
+    return run(c, t, args, fwd, view);
+  });
 }
 
 CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
                      unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemAddressReserve)(ptr, size, align, addr, flags); };
-  Call c(Api::cuMemAddressReserve, StackWhen::Always, Nested::Always);
-  if (!c.tracked() || !ptr) return real();
-  CUresult r = real();
-  Args args;
-  args.u("size", size).u("align", align).hex("addr", addr).u("flags", flags);
-  if (r != CUDA_SUCCESS) {
-    c.log(r, args);
+  return shielded<CUresult>(Api::cuMemAddressReserve, real, [&](auto &fwd) {
+    Call c(Api::cuMemAddressReserve, StackWhen::Always, Nested::Always);
+    if (!c.tracked() || !ptr) return fwd();
+    CUresult r = fwd();
+    Args args;
+    args.u("size", size).u("align", align).hex("addr", addr).u("flags", flags);
+    if (r != CUDA_SUCCESS) {
+      c.log(r, args);
+      return r;
+    }
+    args.hex("ptr", *ptr);
+    state().vmm.on_reserve(*ptr, size, c.ev(), t_vmm);
+    Call::Extra x;
+    x.mem = MemKind::Va;
+    x.delta = static_cast<std::int64_t>(size);
+    c.log(r, args, x);
     return r;
-  }
-  args.hex("ptr", *ptr);
-  state().vmm.on_reserve(*ptr, size, c.ev(), t_vmm);
-  Call::Extra x;
-  x.mem = MemKind::Va;
-  x.delta = static_cast<std::int64_t>(size);
-  c.log(r, args, x);
-  return r;
+  });
 }
 
 CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
   auto real = [&] { return CMG_REAL(cuMemAddressFree)(ptr, size); };
-  Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
-  if (!c.tracked()) return real();
-  State &s = state();
-  VmmTicket t = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm, s.opts);
-  Args args;
-  args.hex("ptr", ptr).u("size", size);
-  return run(c, t, args, real);
+  return shielded<CUresult>(Api::cuMemAddressFree, real, [&](auto &fwd) {
+    Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
+    if (!c.tracked()) return fwd();
+    State &s = state();
+    VmmTicket t = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm, s.opts);
+    Args args;
+    args.hex("ptr", ptr).u("size", size);
+    return run(c, t, args, fwd);
+  });
 }
 
 CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                  unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemMap)(ptr, size, offset, h, flags); };
-  Call c(Api::cuMemMap, StackWhen::Always, Nested::Always);
-  if (!c.tracked()) return real();
-  State &s = state();
-  VmmTicket t = s.vmm.begin_map(ptr, size, offset, h, c.ev(), t_vmm, s.opts);
-  Args args;
-  args.hex("ptr", ptr).u("size", size).u("offset", offset).hex("handle", h).u("flags", flags);
-  return run(c, t, args, real);
+  return shielded<CUresult>(Api::cuMemMap, real, [&](auto &fwd) {
+    Call c(Api::cuMemMap, StackWhen::Always, Nested::Always);
+    if (!c.tracked()) return fwd();
+    State &s = state();
+    VmmTicket t = s.vmm.begin_map(ptr, size, offset, h, c.ev(), t_vmm, s.opts);
+    Args args;
+    args.hex("ptr", ptr).u("size", size).u("offset", offset).hex("handle", h).u("flags", flags);
+    return run(c, t, args, fwd);
+  });
 }
 
 CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   auto real = [&] { return CMG_REAL(cuMemUnmap)(ptr, size); };
-  Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
-  if (!c.tracked()) return real();
-  State &s = state();
-  VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts);
-  // Asked before the driver unmaps: afterwards the kernels would already have lost the range.
-  const BusyResult busy = t.noted ? busy_check(s.opts.busy_check, t.dev) : BusyResult{};
-  // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).
-  const auto exported = bridge::exports().begin_unmap(ptr, size);
-  Args args;
-  args.hex("ptr", ptr).u("size", size);
-  const CUresult r = run(c, t, args, real);
-  if (busy.busy) {
-    Finding f = vmm_findings::unmap_while_busy(t, busy.how, busy.waited_ns);
-    report_finding(c, std::move(f), decide(s.opts, FindingClass::UnmapWhileBusy, false).action, r,
-                   args);
-  }
-  if (!exported.empty())
-    for (const auto &d : bridge::exports().end_unmap(exported, r == CUDA_SUCCESS))
-      if (d.importers) {
-        Finding f = ipc::free_exported_finding(d, api_name(c.api()), ptr, size);
-        const Action a = decide(s.opts, f.cls, false).action;
-        report_finding(c, std::move(f), a, r, args);
-      }
-  return r;
+  return shielded<CUresult>(Api::cuMemUnmap, real, [&](auto &fwd) {
+    Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
+    if (!c.tracked()) return fwd();
+    State &s = state();
+    VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts);
+    // Asked before the driver unmaps: afterwards the kernels would already have lost the range.
+    const BusyResult busy = t.noted ? busy_check(s.opts.busy_check, t.dev) : BusyResult{};
+    // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).
+    const auto exported = bridge::exports().begin_unmap(ptr, size);
+    Args args;
+    args.hex("ptr", ptr).u("size", size);
+    const CUresult r = run(c, t, args, fwd);
+    if (busy.busy) {
+      Finding f = vmm_findings::unmap_while_busy(t, busy.how, busy.waited_ns);
+      report_finding(c, std::move(f), decide(s.opts, FindingClass::UnmapWhileBusy, false).action, r,
+                     args);
+    }
+    if (!exported.empty())
+      for (const auto &d : bridge::exports().end_unmap(exported, r == CUDA_SUCCESS))
+        if (d.importers) {
+          Finding f = ipc::free_exported_finding(d, api_name(c.api()), ptr, size);
+          const Action a = decide(s.opts, f.cls, false).action;
+          report_finding(c, std::move(f), a, r, args);
+        }
+    return r;
+  });
 }
 
 CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
   auto real = [&] { return CMG_REAL(cuMemSetAccess)(ptr, size, desc, count); };
-  Call c(Api::cuMemSetAccess, StackWhen::Never, Nested::Always);
-  if (!c.tracked()) return real();
-  CUresult r = real();
-  Args args;
-  args.hex("ptr", ptr).u("size", size).u("count", count);
-  if (desc && count) args.i("loc_type", desc[0].location.type).i("loc_id", desc[0].location.id)
-                         .u("access", desc[0].flags);
-  Call::Extra x;
-  if (r == CUDA_SUCCESS)
-    state().vmm.on_set_access(ptr, size);
-  else
-    x.va_state = state().vmm.range_state(ptr, size);
-  c.log(r, args, x);
-  return r;
+  return shielded<CUresult>(Api::cuMemSetAccess, real, [&](auto &fwd) {
+    Call c(Api::cuMemSetAccess, StackWhen::Never, Nested::Always);
+    if (!c.tracked()) return fwd();
+    CUresult r = fwd();
+    Args args;
+    args.hex("ptr", ptr).u("size", size).u("count", count);
+    if (desc && count) args.i("loc_type", desc[0].location.type).i("loc_id", desc[0].location.id)
+                           .u("access", desc[0].flags);
+    Call::Extra x;
+    if (r == CUDA_SUCCESS)
+      state().vmm.on_set_access(ptr, size);
+    else
+      x.va_state = state().vmm.range_state(ptr, size);
+    c.log(r, args, x);
+    return r;
+  });
 }
 
 CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
   auto real = [&] { return CMG_REAL(cuMemRetainAllocationHandle)(h, addr); };
-  Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always, Nested::Always);
-  if (!c.tracked() || !h) return real();
-  const InFlightCall w(state().vmm.issues);
-  CUresult r = real();
-  Args args;
-  args.hex("addr", reinterpret_cast<std::uintptr_t>(addr));
-  if (r == CUDA_SUCCESS) {
-    args.hex("handle", *h);
-    state().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev(), t_vmm);
-  }
-  c.log(r, args);
-  return r;
+  return shielded<CUresult>(Api::cuMemRetainAllocationHandle, real, [&](auto &fwd) {
+    Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always, Nested::Always);
+    if (!c.tracked() || !h) return fwd();
+    const InFlightCall w(state().vmm.issues);
+    CUresult r = fwd();
+    Args args;
+    args.hex("addr", reinterpret_cast<std::uintptr_t>(addr));
+    if (r == CUDA_SUCCESS) {
+      args.hex("handle", *h);
+      state().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev(), t_vmm);
+    }
+    c.log(r, args);
+    return r;
+  });
 }
 
 CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
                     unsigned long long flags) {
   auto real = [&] { return CMG_REAL(cuMemExportToShareableHandle)(shareable, h, type, flags); };
-  Call c(Api::cuMemExportToShareableHandle, StackWhen::Never, Nested::Always);
-  if (!c.tracked()) return real();
-  CUresult r = real();
-  Args args;
-  args.hex("handle", h).u("type", static_cast<std::uint64_t>(type)).u("flags", flags);
-  if (r == CUDA_SUCCESS && shareable && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-    args.i("fd", *static_cast<int *>(shareable));
-  c.log(r, args);
-  return r;
+  return shielded<CUresult>(Api::cuMemExportToShareableHandle, real, [&](auto &fwd) {
+    Call c(Api::cuMemExportToShareableHandle, StackWhen::Never, Nested::Always);
+    if (!c.tracked()) return fwd();
+    CUresult r = fwd();
+    Args args;
+    args.hex("handle", h).u("type", static_cast<std::uint64_t>(type)).u("flags", flags);
+    if (r == CUDA_SUCCESS && shareable && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+      args.i("fd", *static_cast<int *>(shareable));
+    c.log(r, args);
+    return r;
+  });
 }
 
 CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
                     CUmemAllocationHandleType type) {
   auto real = [&] { return CMG_REAL(cuMemImportFromShareableHandle)(h, os_handle, type); };
-  Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
-  if (!c.tracked() || !h) return real();
-  const InFlightCall w(state().vmm.issues);
-  CUresult r = real();
-  Args args;
-  args.u("type", static_cast<std::uint64_t>(type));
-  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-    args.i("fd", static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle)));
-  if (r == CUDA_SUCCESS) {
-    args.hex("handle", *h);
-    // The size of an imported allocation is not known from the handle; mappings carry it.
-    // Where the imported memory lives, from the driver (its size comes with its first mapping).
-    static std::atomic<void *> props_slot{nullptr};
-    CUmemAllocationProp prop{};
-    auto props = driver_fn<PFN_cuMemGetAllocationPropertiesFromHandle_v10020>(
-        props_slot, "cuMemGetAllocationPropertiesFromHandle");
-    const bool known = props && props(&prop, *h) == CUDA_SUCCESS;
-    // Ends this thread's pairing, as a retain does (case import-pairing).
-    state().vmm.on_create(*h, 0, known ? location_of(&prop) : Location::Other,
-                          known ? prop.location.id : -1, static_cast<unsigned>(type), true, c.ev(),
-                          t_vmm);
-  }
-  c.log(r, args);
-  return r;
+  return shielded<CUresult>(Api::cuMemImportFromShareableHandle, real, [&](auto &fwd) {
+    Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
+    if (!c.tracked() || !h) return fwd();
+    const InFlightCall w(state().vmm.issues);
+    CUresult r = fwd();
+    Args args;
+    args.u("type", static_cast<std::uint64_t>(type));
+    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+      args.i("fd", static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle)));
+    if (r == CUDA_SUCCESS) {
+      args.hex("handle", *h);
+      // The size of an imported allocation is not known from the handle; mappings carry it.
+      // Where the imported memory lives, from the driver (its size comes with its first mapping).
+      static std::atomic<void *> props_slot{nullptr};
+      CUmemAllocationProp prop{};
+      auto props = driver_fn<PFN_cuMemGetAllocationPropertiesFromHandle_v10020>(
+          props_slot, "cuMemGetAllocationPropertiesFromHandle");
+      const bool known = props && props(&prop, *h) == CUDA_SUCCESS;
+      // Ends this thread's pairing, as a retain does (case import-pairing).
+      state().vmm.on_create(*h, 0, known ? location_of(&prop) : Location::Other,
+                            known ? prop.location.id : -1, static_cast<unsigned>(type), true, c.ev(),
+                            t_vmm);
+    }
+    c.log(r, args);
+    return r;
+  });
 }
 
 CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep) {

@@ -32,7 +32,8 @@ def main():
     src, shim, cg = sys.argv[1], sys.argv[2], sys.argv[3]
     want = {"dlsym", "exit"}
     for f, macro in [("api_driver.def", "CMG_DRV"), ("api_runtime.def", "CMG_RT"),
-                     ("api_nccl.def", "CMG_NCCL"), ("api_public.def", "CMG_PUBLIC")]:
+                     ("api_nccl.def", "CMG_NCCL"), ("api_public.def", "CMG_PUBLIC"),
+                     ("api_env.def", "CMG_ENV")]:
         p = os.path.join(src, "shim", f)
         if os.path.exists(p):
             want.update(def_names(p, macro))

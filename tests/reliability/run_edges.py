@@ -371,6 +371,53 @@ def case_cuda_error(b, tmp):
         expect(recs.index(e) < recs.index(c), f"{e}: written after its call's record")
 
 
+def case_oom_host(b, tmp):
+    # Issue: a host that exhausted its memory and handles malloc returning NULL was aborted with
+    # SIGABRT from cudaMalloc (std::bad_alloc left the hook). Every call must answer what it
+    # answers without the shim, the shim must say so once, and every later call is forwarded.
+    argv = [b.prog("tests", "reliability", "oom_host")]
+    rc0, out0, err0 = b.run(argv, b.env(shim=False))
+    expect(rc0 == 0, f"without the shim: exit {rc0}\n{err0}")
+    base = steps(out0)
+    expect(base.get("shim_allocations_refused") == "0", f"without the shim: {base}")
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")))
+    expect(rc == 0, f"with the shim: exit {rc}\n{err[-3000:]}")
+    got = steps(out)
+    refused = int(got.pop("shim_allocations_refused", "0"))
+    base.pop("shim_allocations_refused")
+    expect(refused > 0, "no allocation of the shim's was refused: the test did not test")
+    expect(got == base, f"statuses {got}\n    without the shim {base}")
+    want = {"malloc_failures": "0", "free_failures": "0", "double_free": "1", "cuMemAlloc": "0",
+            "release_again": "1", "addrfree": "0"}
+    expect({k: base.get(k) for k in want} == want, f"the program's own results {base}")
+    said = [l for l in stderr_lines(err) if "inside the shim failed" in l]
+    expect(len(said) == 1 and "the call went to the driver unchanged" in said[0],
+           f"not said exactly once: {stderr_lines(err)}")
+    (log,) = logs_in(tmp)
+    recs = read_log(log)[0]
+    expect(recs[-1].get("k") == "end", "the log does not end with `end`")
+    # After the failure the shim answers nothing itself: the double free reached the driver.
+    skipped = [r for r in recs if r.get("k") == "call" and r.get("skipped")]
+    expect(not skipped, f"calls answered without the driver after the failure: {skipped[:3]}")
+
+
+def case_env_race(b, tmp):
+    # The legacy-IPC diagnosis of VMM memory reads PyTorch's allocator setting while another thread
+    # sets variables: every export must be refused as without the shim (section 2), each with its
+    # finding, and nothing read from an array setenv freed (AddressSanitizer says so).
+    argv = [b.prog("tests", "reliability", "env_race")]
+    rc0, out0, err0 = b.run(argv, b.env(shim=False))
+    expect(rc0 == 0, f"without the shim: exit {rc0}\n{err0}")
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")), timeout=120)
+    expect(rc == 0, f"with the shim: exit {rc}\n{err[-3000:]}")
+    expect(steps(out) == steps(out0) == {"exports": "3000", "refused": "3000"},
+           f"with the shim {steps(out)}, without {steps(out0)}")
+    (log,) = logs_in(tmp)
+    recs = read_log(log)[0]
+    ipc = [r for r in recs if r.get("k") == "finding" and r.get("class") == "ipc-vmm"]
+    expect(len(ipc) == 3000, f"{len(ipc)} ipc-vmm findings, expected 3000")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -389,6 +436,8 @@ def main():
         "closed-stdio": case_closed_stdio,
         "no-driver": case_no_driver,
         "cuda-error": case_cuda_error,
+        "oom-host": case_oom_host,
+        "env-race": case_env_race,
     }
     return run_case(a.case, lambda: cases[a.case](b, tmp), tmp)
 
