@@ -7,45 +7,33 @@
 #include <vector>
 
 namespace cmg {
-namespace {
+namespace in_flight_detail {
+thread_local __attribute__((tls_model("initial-exec"))) std::size_t t_slot = 0;
+thread_local __attribute__((tls_model("initial-exec"))) unsigned t_depth = 0;
+}  // namespace in_flight_detail
 
-// Per thread: its slot + 1 (0: none yet), and how deep it is in such calls.
-thread_local std::size_t t_slot = 0;
-thread_local unsigned t_depth = 0;
+using in_flight_detail::t_depth;
+using in_flight_detail::t_slot;
 
-}  // namespace
-
-std::size_t InFlightCalls::slot_of_thread() {
-  if (!t_slot) t_slot = next_slot_.fetch_add(1, std::memory_order_relaxed) + 1;
-  return t_slot - 1;
+void InFlightCalls::wake() {
+  std::lock_guard lk(mu_);
+  cv_.notify_all();
 }
 
-bool InFlightCalls::enter() {
-  if (t_depth++) return false;
-  const std::size_t i = slot_of_thread();
-  if (i < kSlots) {
-    // Only this thread writes its slot: a plain read-modify-write, published with release.
-    Slot &s = slots_[i];
-    s.v.store(s.v.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
-  } else {
-    shared_entered_.fetch_add(1, std::memory_order_seq_cst);
+InFlightCalls::Mark InFlightCalls::mark() const {
+  Mark m;
+  const std::size_t mine = t_slot ? t_slot - 1 : kSlots;
+  for (std::size_t i = 0; i < kSlots; ++i) {
+    const std::uint64_t v = slots_[i].v.load(std::memory_order_seq_cst);
+    m.events += v;
+    if (i != mine) m.others |= (v & 1) != 0;
   }
-  return true;
-}
-
-void InFlightCalls::leave() {
-  if (--t_depth) return;
-  const std::size_t i = slot_of_thread();
-  if (i < kSlots) {
-    Slot &s = slots_[i];
-    s.v.store(s.v.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
-  } else {
-    shared_left_.fetch_add(1, std::memory_order_seq_cst);
-  }
-  if (waiters_.load(std::memory_order_seq_cst)) {
-    std::lock_guard lk(mu_);
-    cv_.notify_all();
-  }
+  const std::uint64_t e = shared_entered_.load(std::memory_order_seq_cst);
+  const std::uint64_t l = shared_left_.load(std::memory_order_seq_cst);
+  m.events += e + l;
+  const std::uint64_t own = mine >= kSlots && t_depth ? 1 : 0;
+  m.others |= e > l + own;
+  return m;
 }
 
 std::size_t InFlightCalls::in_flight() const {

@@ -372,22 +372,29 @@ struct VmmOutcome {
 };
 
 // A ticket whose decision rests on the model holding the value as released (Decision::confirm):
-// `prove` asks the driver. The driver also holds a value live between a create the shim sees
-// handing it out and the model hearing of it, and between the model noting a release and the
-// driver's: when it says live, `settle` waits for the calls in flight (InFlightCalls), and the
-// call is judged again by `begin` — the model may have heard of the issue meanwhile, before or
-// during the wait (any call that explains the answer was in flight by then). Still a double
-// release there, it is asked once more: live, the value was issued again through a path the shim
-// does not see. Returns the driver's last answer, with t's decision confirmed.
-template <class Begin, class Prove, class Settle>
-DriverView confirm_ticket(VmmTicket &t, Begin &&begin, Prove &&prove, Settle &&settle) {
+// `prove` asks the driver. The driver's "live" is conclusive only when no call of another thread
+// could be the cause: between a create (retain, import) the shim sees handing the value out and
+// the model hearing of it, and between the model noting a release and the driver's, the driver
+// holds a value live that the model holds as released, exactly as after an unseen re-issue. So the
+// call is judged (`begin`) and the driver asked inside a window in which `calls` (InFlightCalls, or
+// a test's stand-in: mark(), quiet_since(mark), settle()) saw no such call of another thread in
+// flight or starting; otherwise they are waited for and it is tried again, a few rounds at most.
+// When the window never came, the answer could be theirs: the model's proof stands. Returns the
+// driver's last conclusive answer, with t's decision confirmed.
+template <class Begin, class Prove, class Calls>
+DriverView confirm_ticket(VmmTicket &t, Begin &&begin, Prove &&prove, Calls &calls) {
   if (!t.finding || !t.decision.confirm) return {};
-  DriverView view = prove();
-  if (view.live == DriverView::Live::Yes) {
-    settle();
-    t = begin();
+  DriverView view{DriverView::Live::No, nullptr};
+  for (int round = 0; round < 4; ++round) {
+    const auto mark = calls.mark();
+    t = begin();  // judged again: the model may have heard of the calls meanwhile
     if (!t.finding || !t.decision.confirm) return {};
-    view = prove();
+    const DriverView v = prove();
+    if (v.live != DriverView::Live::Yes || calls.quiet_since(mark)) {
+      view = v;
+      break;
+    }
+    calls.settle();
   }
   confirmed(view, t.decision);
   return view;

@@ -26,16 +26,18 @@ Location location_of(const CUmemAllocationProp *prop) {
 // How long a release that the driver says is live waits for creates in flight to reach the model.
 constexpr std::uint64_t kSettleNs = 1'000'000'000;
 
-// The ticket from `begin`, its skip confirmed with the driver's view where it rests on the model
-// holding a value as released.
+// t, from `begin`, with its skip confirmed with the driver's view where it rests on the model
+// holding a value as released; returns that view.
 template <class Begin>
-std::pair<VmmTicket, DriverView> judged(Begin &&begin) {
-  std::pair<VmmTicket, DriverView> out{begin(), DriverView{}};
-  VmmTicket &t = out.first;
-  out.second = confirm_ticket(
-      t, begin, [&] { return driver_view_of_handle(t.value); },
-      [] { return state().vmm.issues.settle(kSettleNs); });
-  return out;
+DriverView confirm(VmmTicket &t, Begin &&begin) {
+  struct Calls {
+    InFlightCalls &c;
+    InFlightCalls::Mark mark() const { return c.mark(); }
+    bool quiet_since(const InFlightCalls::Mark &m) const { return c.quiet_since(m); }
+    void settle() { c.settle(kSettleNs); }
+  } calls{state().vmm.issues};
+  return confirm_ticket(
+      t, begin, [&] { return driver_view_of_handle(t.value); }, calls);
 }
 
 template <class Real>
@@ -119,7 +121,9 @@ CUresult vmm_release(CUmemGenericAllocationHandle h) {
     if (!c.tracked()) return fwd();
     State &s = state();
     const InFlightCall w(s.vmm.issues);  // noted before the driver hears of it
-    auto [t, view] = judged([&] { return s.vmm.begin_release(h, c.ev(), t_vmm, s.opts); });
+    auto begin = [&] { return s.vmm.begin_release(h, c.ev(), t_vmm, s.opts); };
+    VmmTicket t = begin();
+    const DriverView view = confirm(t, begin);
     Args args;
     args.hex("handle", h);
     return run(c, t, args, fwd, view);

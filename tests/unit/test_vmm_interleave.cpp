@@ -115,15 +115,21 @@ struct World {
   // complete now, as they would while the shim's release waits for them (InFlightCalls::settle):
   // an issuing call the driver answered (its commit), a release the model noted (its driver call
   // and end). Returns whether there was one. A thread waiting itself is not in flight.
+  static bool in_flight(const Thread &o) {
+    if (o.waiting || o.op >= o.ops.size()) return false;
+    const OpKind k = o.ops[o.op].kind;
+    return (steps_of(k) == 2 && o.step == 1) || (k == OpKind::Release && o.step >= 1);
+  }
+  bool others_in_flight(const Thread &me) const {
+    for (const Thread &o : *threads)
+      if (&o != &me && in_flight(o)) return true;
+    return false;
+  }
   bool settle(Thread &waiting) {
     bool any = false;
     waiting.waiting = true;
     for (Thread &o : *threads) {
-      if (o.waiting || o.op >= o.ops.size()) continue;
-      const OpKind k = o.ops[o.op].kind;
-      const bool issue = steps_of(k) == 2 && o.step == 1;
-      const bool release = k == OpKind::Release && o.step >= 1;
-      if (!issue && !release) continue;
+      if (&o == &waiting || !in_flight(o)) continue;
       any = true;
       const std::size_t op = o.op;
       while (o.op == op) step(o);
@@ -174,6 +180,15 @@ struct World {
       // live, the issuing calls of the other threads that are between their driver call and the
       // model commit run their commit (the shim waits for them: IssueWindows::settle) and the
       // call is judged again. Skipped calls never reach the driver.
+      struct Calls {
+        World &w;
+        Thread &t;
+        // Nothing of another thread runs inside a step but through settle(): a window is quiet
+        // when no other thread was in flight at its start.
+        bool mark() const { return w.others_in_flight(t); }
+        bool quiet_since(bool others) const { return !others; }
+        void settle() { w.settle(t); }
+      } calls{*this, t};
       confirm_ticket(
           t.ticket, [&] { return begin(t, o, h, r); },
           [&] {
@@ -182,7 +197,7 @@ struct World {
             return DriverView{pr == CUDA_SUCCESS ? DriverView::Live::Yes : DriverView::Live::No,
                               nullptr};
           },
-          [&] { return settle(t); });
+          calls);
       t.called = !t.ticket.skip() && !(t.ticket.finding && t.ticket.decision.abort_first);
       t.res = CUDA_SUCCESS;
       if (t.called) {
