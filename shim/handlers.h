@@ -77,7 +77,7 @@ inline bool quarantined(Api api, MemKind kind) {
 // pointer after success; `size_of` is the size, or a callable giving it after success (pitch).
 template <class R, class Size, class Real, class Out>
 R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
-  return shielded<R>(api, real, [&](auto &fwd) -> R {
+  return shielded<R>(api, real, [&](auto &fwd) __attribute__((always_inline)) -> R {
     Call c(api, StackWhen::Sampled);
     if (!c.tracked()) return untracked_alloc<R>(fwd);
     bool retried = false;
@@ -119,7 +119,8 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
 // with the finding of an opportunistic flush (docs/transport.md). Intentional frees are never
 // held by the flush policy; a flush that would pass CUMEMGUARD_DEFER_LIMIT goes through.
 template <class R, class Real>
-R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
+__attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict &v, Args &args,
+                                                  Real &&real) {
   State &s = state();
   const auto delta = -static_cast<std::int64_t>(v.rec.size);
   const Call::Extra freed{v.rec.dev, v.rec.kind, delta};
@@ -170,7 +171,7 @@ R free_live(Call &c, Api api, FreeVerdict &v, Args &args, Real &&real) {
 // Linear free (cudaFree, cuMemFree_v2, host frees, async frees).
 template <class R, class Real>
 R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
-  return shielded<R>(api, real, [&](auto &fwd) -> R {
+  return shielded<R>(api, real, [&](auto &fwd) __attribute__((always_inline)) -> R {
     Call c(api, StackWhen::Always);
     if (!c.tracked()) return fwd();
     State &s = state();
@@ -237,7 +238,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
 // pool, which keeps it for its next allocations; it never waits for the device itself).
 template <class R, class Real>
 R trim_pool(Api api, std::uint64_t pool, std::uint64_t keep, Real &&real) {
-  return shielded<R>(api, real, [&](auto &fwd) -> R {
+  return shielded<R>(api, real, [&](auto &fwd) __attribute__((always_inline)) -> R {
     Call c(api, StackWhen::Always);
     if (!c.tracked()) return fwd();
     Args args;
@@ -260,21 +261,26 @@ R trim_pool(Api api, std::uint64_t pool, std::uint64_t keep, Real &&real) {
 }
 
 // VMM and IPC handlers (driver ABI; the runtime IPC hooks call them with a runtime forwarder).
+// Each takes the real function of the route the call came by (loader.h, Route).
 CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
-                    unsigned long long flags);
-CUresult vmm_release(CUmemGenericAllocationHandle h);
+                    unsigned long long flags, decltype(&::cuMemCreate) drv);
+CUresult vmm_release(CUmemGenericAllocationHandle h, decltype(&::cuMemRelease) drv);
 CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
-                     unsigned long long flags);
-CUresult vmm_address_free(CUdeviceptr ptr, size_t size);
+                     unsigned long long flags, decltype(&::cuMemAddressReserve) drv);
+CUresult vmm_address_free(CUdeviceptr ptr, size_t size, decltype(&::cuMemAddressFree) drv);
 CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
-                 unsigned long long flags);
-CUresult vmm_unmap(CUdeviceptr ptr, size_t size);
-CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
-CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr);
+                 unsigned long long flags, decltype(&::cuMemMap) drv);
+CUresult vmm_unmap(CUdeviceptr ptr, size_t size, decltype(&::cuMemUnmap) drv);
+CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count,
+                        decltype(&::cuMemSetAccess) drv);
+CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr,
+                    decltype(&::cuMemRetainAllocationHandle) drv);
 CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
-                    unsigned long long flags);
-CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle, CUmemAllocationHandleType type);
-CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep);
+                    unsigned long long flags, decltype(&::cuMemExportToShareableHandle) drv);
+CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
+                    CUmemAllocationHandleType type,
+                    decltype(&::cuMemImportFromShareableHandle) drv);
+CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep, decltype(&::cuMemPoolTrimTo) drv);
 
 // fork(): the legacy-IPC import table's lock (see state.cpp for the order).
 void ipc_fork_prepare();

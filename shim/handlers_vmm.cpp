@@ -64,12 +64,12 @@ CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real, const DriverView &v
 }  // namespace
 
 CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
-                    unsigned long long flags) {
+                    unsigned long long flags, decltype(&::cuMemCreate) drv) {
   // What the driver is asked: the program's request, or in bridge mode one with POSIX_FD added
   // (outside the body: a call forwarded after a failure inside it still asks for what it held).
   const CUmemAllocationProp *use = prop;
   CUmemAllocationProp wide{};
-  auto real = [&] { return CMG_REAL(cuMemCreate)(h, size, use, flags); };
+  auto real = [&] { return drv(h, size, use, flags); };
   return shielded<CUresult>(Api::cuMemCreate, real, [&](auto &fwd) {
     Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return untracked_alloc<CUresult>(fwd);
@@ -114,8 +114,8 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
   });
 }
 
-CUresult vmm_release(CUmemGenericAllocationHandle h) {
-  auto real = [&] { return CMG_REAL(cuMemRelease)(h); };
+CUresult vmm_release(CUmemGenericAllocationHandle h, decltype(&::cuMemRelease) drv) {
+  auto real = [&] { return drv(h); };
   return shielded<CUresult>(Api::cuMemRelease, real, [&](auto &fwd) {
     Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
@@ -131,8 +131,8 @@ CUresult vmm_release(CUmemGenericAllocationHandle h) {
 }
 
 CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
-                     unsigned long long flags) {
-  auto real = [&] { return CMG_REAL(cuMemAddressReserve)(ptr, size, align, addr, flags); };
+                     unsigned long long flags, decltype(&::cuMemAddressReserve) drv) {
+  auto real = [&] { return drv(ptr, size, align, addr, flags); };
   return shielded<CUresult>(Api::cuMemAddressReserve, real, [&](auto &fwd) {
     Call c(Api::cuMemAddressReserve, StackWhen::Always, Nested::Always);
     if (!c.tracked() || !ptr) return fwd();
@@ -153,8 +153,8 @@ CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr ad
   });
 }
 
-CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
-  auto real = [&] { return CMG_REAL(cuMemAddressFree)(ptr, size); };
+CUresult vmm_address_free(CUdeviceptr ptr, size_t size, decltype(&::cuMemAddressFree) drv) {
+  auto real = [&] { return drv(ptr, size); };
   return shielded<CUresult>(Api::cuMemAddressFree, real, [&](auto &fwd) {
     Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
@@ -167,8 +167,8 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size) {
 }
 
 CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
-                 unsigned long long flags) {
-  auto real = [&] { return CMG_REAL(cuMemMap)(ptr, size, offset, h, flags); };
+                 unsigned long long flags, decltype(&::cuMemMap) drv) {
+  auto real = [&] { return drv(ptr, size, offset, h, flags); };
   return shielded<CUresult>(Api::cuMemMap, real, [&](auto &fwd) {
     Call c(Api::cuMemMap, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
@@ -180,8 +180,8 @@ CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
   });
 }
 
-CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
-  auto real = [&] { return CMG_REAL(cuMemUnmap)(ptr, size); };
+CUresult vmm_unmap(CUdeviceptr ptr, size_t size, decltype(&::cuMemUnmap) drv) {
+  auto real = [&] { return drv(ptr, size); };
   return shielded<CUresult>(Api::cuMemUnmap, real, [&](auto &fwd) {
     Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
@@ -210,8 +210,9 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
   });
 }
 
-CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-  auto real = [&] { return CMG_REAL(cuMemSetAccess)(ptr, size, desc, count); };
+CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count,
+                        decltype(&::cuMemSetAccess) drv) {
+  auto real = [&] { return drv(ptr, size, desc, count); };
   return shielded<CUresult>(Api::cuMemSetAccess, real, [&](auto &fwd) {
     Call c(Api::cuMemSetAccess, StackWhen::Never, Nested::Always);
     if (!c.tracked()) return fwd();
@@ -230,8 +231,9 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
   });
 }
 
-CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
-  auto real = [&] { return CMG_REAL(cuMemRetainAllocationHandle)(h, addr); };
+CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr,
+                    decltype(&::cuMemRetainAllocationHandle) drv) {
+  auto real = [&] { return drv(h, addr); };
   return shielded<CUresult>(Api::cuMemRetainAllocationHandle, real, [&](auto &fwd) {
     Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always, Nested::Always);
     if (!c.tracked() || !h) return fwd();
@@ -249,8 +251,8 @@ CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr) {
 }
 
 CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
-                    unsigned long long flags) {
-  auto real = [&] { return CMG_REAL(cuMemExportToShareableHandle)(shareable, h, type, flags); };
+                    unsigned long long flags, decltype(&::cuMemExportToShareableHandle) drv) {
+  auto real = [&] { return drv(shareable, h, type, flags); };
   return shielded<CUresult>(Api::cuMemExportToShareableHandle, real, [&](auto &fwd) {
     Call c(Api::cuMemExportToShareableHandle, StackWhen::Never, Nested::Always);
     if (!c.tracked()) return fwd();
@@ -265,8 +267,9 @@ CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAlloca
 }
 
 CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
-                    CUmemAllocationHandleType type) {
-  auto real = [&] { return CMG_REAL(cuMemImportFromShareableHandle)(h, os_handle, type); };
+                    CUmemAllocationHandleType type,
+                    decltype(&::cuMemImportFromShareableHandle) drv) {
+  auto real = [&] { return drv(h, os_handle, type); };
   return shielded<CUresult>(Api::cuMemImportFromShareableHandle, real, [&](auto &fwd) {
     Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
     if (!c.tracked() || !h) return fwd();
@@ -295,9 +298,9 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
   });
 }
 
-CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep) {
+CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep, decltype(&::cuMemPoolTrimTo) drv) {
   return trim_pool<CUresult>(api, reinterpret_cast<std::uintptr_t>(pool), keep,
-                             [&] { return CMG_REAL(cuMemPoolTrimTo)(pool, keep); });
+                             [&] { return drv(pool, keep); });
 }
 
 }  // namespace cmg::shim

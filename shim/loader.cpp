@@ -26,6 +26,7 @@
 namespace cmg::shim {
 
 std::atomic<void *> g_real[kApiCount];
+std::atomic<void *> g_given[kApiCount];
 std::atomic<int> g_disabled{-1};
 
 const ApiInfo kApis[kApiCount] = {
@@ -59,6 +60,11 @@ void *const kWrappers[] = {
 };
 #pragma GCC diagnostic pop
 constexpr std::size_t kFirstNccl = sizeof(kWrappers) / sizeof(kWrappers[0]);
+constexpr std::size_t kFirstRuntime = 0
+#define CMG_DRV(n, b, t) +1
+#include "api_driver.def"
+#undef CMG_DRV
+    ;
 
 // Names the dlsym hook answers itself, sorted at compile time for a binary search.
 struct NameEntry {
@@ -306,25 +312,50 @@ void pin_object_of(void *p) {
   (void)dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
-// A driver function that does not live in libcuda means another interposer sits between the shim
-// and the driver (preloaded after it). The chain still works; the user is told once, at the next
-// call, since the driver's answers now reach the program through that other library.
-std::atomic<bool> g_foreign_reported{false};
+// A function that does not live in its own library (libcuda, libcudart, libnccl) means another
+// interposer stands after the shim (preloaded after it). The chain works: the shim calls it for
+// every call that reached the shim by symbol. The user is told once per family, at the next call,
+// what stands there, since the library's answers now reach the program through it.
+// The main program is the first object dl_iterate_phdr() visits.
+bool in_main_program(const void *p) {
+  struct Ctx {
+    std::uintptr_t a;
+    bool in = false;
+  } ctx{reinterpret_cast<std::uintptr_t>(p)};
+  dl_iterate_phdr(
+      [](dl_phdr_info *info, size_t, void *data) -> int {
+        auto *c = static_cast<Ctx *>(data);
+        const auto [lo, hi] = load_range(info);
+        c->in = c->a >= lo && c->a < hi;
+        return 1;  // the first object only
+      },
+      &ctx);
+  return ctx.in;
+}
 
-void check_driver_origin(Api a, void *p) {
-  if (g_foreign_reported.load(std::memory_order_relaxed)) return;
+std::atomic<bool> g_foreign_reported[3];
+std::atomic<const char *> g_origin_note[3];
+
+void check_origin(Api a, void *p) {
+  const auto fam = static_cast<std::size_t>(kApis[static_cast<std::size_t>(a)].family);
+  if (g_foreign_reported[fam].load(std::memory_order_relaxed)) return;
   Dl_info info;
   if (!dladdr(p, &info) || !info.dli_fname) return;
   const char *slash = std::strrchr(info.dli_fname, '/');
   const char *base = slash ? slash + 1 : info.dli_fname;
-  if (std::strncmp(base, "libcuda.so", 10) == 0) return;
-  if (g_foreign_reported.exchange(true)) return;
-  static char msg[768];
-  std::snprintf(msg, sizeof msg,
-                "%s resolves to %s, not libcuda: another interposer sits between the shim and the "
-                "driver, and the driver's answers reach the program through it",
-                api_name(a), info.dli_fname);
-  g_origin_note.store(msg, std::memory_order_release);
+  static const char *const own[] = {"libcuda.so", "libcudart", "libnccl"};
+  static const char *const what[] = {"the driver", "the CUDA runtime", "NCCL"};
+  if (std::strncmp(base, own[fam], std::strlen(own[fam])) == 0) return;
+  // A runtime or NCCL linked into the program itself (static cudart) is no interposer.
+  if (fam != 0 && in_main_program(p)) return;
+  if (g_foreign_reported[fam].exchange(true)) return;
+  static char msg[3][768];
+  std::snprintf(msg[fam], sizeof msg[fam],
+                "%s resolves to %s, not %s: another interposer stands after the shim (preloaded "
+                "after it); the shim calls it, and %s's answers reach the program through it",
+                api_name(a), info.dli_fname, fam == 0 ? "libcuda" : own[fam], what[fam]);
+  g_origin_note[fam].store(msg[fam], std::memory_order_release);
+  g_origin_pending.fetch_add(1, std::memory_order_release);
 }
 
 void *resolve(Api a) {
@@ -453,7 +484,7 @@ void *real_ptr_slow(Api a) {
   void *expected = nullptr;
   if (!slot.compare_exchange_strong(expected, p)) return expected;
   pin_object_of(p);
-  if (kApis[static_cast<std::size_t>(a)].family == Family::Driver) check_driver_origin(a, p);
+  check_origin(a, p);
   return p;
 }
 
@@ -468,11 +499,45 @@ bool adopt_real(Api a, void *p) {
   return expected == p;
 }
 
-std::atomic<const char *> g_origin_note{nullptr};
+bool adopt_given(Api a, void *p) {
+  if (!p || in_self(p)) return false;
+  auto &slot = g_given[static_cast<std::size_t>(a)];
+  void *expected = nullptr;
+  if (slot.compare_exchange_strong(expected, p)) {
+    pin_object_of(p);
+    return true;
+  }
+  return expected == p;
+}
+
+std::atomic<int> g_origin_pending{0};
+
+const char *take_origin_note_slow() {
+  for (auto &n : g_origin_note)
+    if (n.load(std::memory_order_relaxed))
+      if (const char *m = n.exchange(nullptr, std::memory_order_acquire)) {
+        g_origin_pending.fetch_sub(1, std::memory_order_relaxed);
+        return m;
+      }
+  return nullptr;
+}
 
 void *wrapper_ptr(Api a) {
   auto i = static_cast<std::size_t>(a);
   return i < kFirstNccl ? kWrappers[i] : kNcclWrappers[i - kFirstNccl];
+}
+
+void *given_wrapper_ptr(Api a) {
+  auto i = static_cast<std::size_t>(a);
+  switch (kApis[i].family) {
+    case Family::Driver:
+      return kGivenDriverWrappers[i];
+    case Family::Runtime:
+      return kGivenRuntimeWrappers[i - kFirstRuntime];
+    case Family::Nccl:
+      return kGivenNcclWrappers[i - kFirstNccl];
+  }
+  return nullptr;
 }
 
 void *route_proc(void *p, const char *symbol) {
@@ -484,10 +549,12 @@ void *route_proc(void *p, const char *symbol) {
                              [](const RouteEntry &e, std::uintptr_t k) { return e.addr < k; });
   void *out = p;
   Api a;
+  // The wrapper handed out calls what the driver answered (Route::Given): a caller that reaches a
+  // driver function this way would reach exactly that without the shim.
   if (it != end && it->addr == addr) {
-    if (adopt_real(it->api, p)) out = wrapper_ptr(it->api);
-  } else if (symbol && single_variant(symbol, a) && adopt_real(a, p)) {
-    out = wrapper_ptr(a);
+    if (adopt_given(it->api, p)) out = given_wrapper_ptr(it->api);
+  } else if (symbol && single_variant(symbol, a) && adopt_given(a, p)) {
+    out = given_wrapper_ptr(a);
   }
   if (trace_lookups())
     trace_line("debug: lookup %s -> %p in %s%s", symbol ? symbol : "?", p,
@@ -530,14 +597,20 @@ extern "C" __attribute__((visibility("hidden"))) void *cmg_dlsym_answer(void *ha
   using namespace cmg::shim;
   const NameEntry *e = find_name(name);
   void *p = real_dlsym(handle, name);
-  if (p && in_self(p)) p = real_dlsym(RTLD_NEXT, name);  // global scope found our own export
-  if (!p && handle == RTLD_DEFAULT && caller) {
-    // The caller's own local scope (a library dlopen()ed RTLD_LOCAL with libcuda as a
-    // dependency) is part of what RTLD_DEFAULT searches for it.
-    if (void *h = handle_of(caller)) p = real_dlsym(h, name);
-    if (p && in_self(p)) p = nullptr;
+  void *out = p;
+  if (p && in_self(p)) {
+    // The global scope found our own export: the caller gets it, as it would by symbol, and it
+    // calls the next definition in load order (Route::Next).
+  } else {
+    if (!p && handle == RTLD_DEFAULT && caller) {
+      // The caller's own local scope (a library dlopen()ed RTLD_LOCAL with libcuda as a
+      // dependency) is part of what RTLD_DEFAULT searches for it.
+      if (void *h = handle_of(caller)) p = real_dlsym(h, name);
+      if (p && in_self(p)) p = nullptr;
+    }
+    // A library's own definition (a handle's scope): the wrapper calls exactly it.
+    out = (!p || !e) ? p : (adopt_given(e->api, p) ? given_wrapper_ptr(e->api) : p);
   }
-  void *out = (!p || !e || in_self(p)) ? p : (adopt_real(e->api, p) ? wrapper_ptr(e->api) : p);
   if (trace_lookups())
     trace_line("debug: dlsym(%p, %s) from %s -> %p in %s%s", handle, name,
                module_of(caller), p, module_of(p), out != p ? " (wrapped)" : "");

@@ -30,13 +30,43 @@ inline void *real_ptr(Api a) {
 // Remembers p as the real function of a if none is known yet; false when another is known already.
 bool adopt_real(Api a, void *p);
 void *wrapper_ptr(Api a);
-// Once per process: the line saying a driver function resolved outside libcuda (another
-// interposer after the shim), or nullptr. The caller prints it (never from inside a lookup); the
-// check is inline because every tracked call makes it.
-extern std::atomic<const char *> g_origin_note;
+
+// How a call reached the shim's wrapper, which decides what the wrapper calls: the definition the
+// caller would have reached without the shim on the same way (a limiter or profiler preloaded
+// after the shim stays in the chain, and sees what it saw without the shim).
+//  Next:  by symbol (the PLT, dlsym finding the export in the global scope): the next definition
+//         after the shim in load order (RTLD_NEXT from the shim's own position), real_ptr();
+//  Given: by a lookup the shim answered with a wrapper (cuGetProcAddress and
+//         cudaGetDriverEntryPoint* routing, a dlsym with a library's handle): what that lookup
+//         returned, given_ptr().
+enum class Route : std::uint8_t { Next, Given };
+extern std::atomic<void *> g_given[kApiCount];
+// Remembers p as what the lookups return for a; false when another is remembered already (the
+// caller then hands out p itself, unwrapped).
+bool adopt_given(Api a, void *p);
+// The wrapper to hand out for a lookup whose answer adopt_given() remembered.
+void *given_wrapper_ptr(Api a);
+template <Route R>
+inline void *route_real(Api a) {
+  if constexpr (R == Route::Given) {
+    if (void *p = g_given[static_cast<std::size_t>(a)].load(std::memory_order_acquire)) return p;
+  }
+  return real_ptr(a);
+}
+// The Given wrappers, defined where the hooks are (hooks_driver.cpp, hooks_runtime.cpp,
+// hooks_nccl.cpp), in the .def files' order.
+extern void *const kGivenDriverWrappers[];
+extern void *const kGivenRuntimeWrappers[];
+extern void *const kGivenNcclWrappers[];
+// Once per family (driver, runtime, NCCL) and process: the line naming what stands after the shim
+// when a function of it resolved outside its library (another interposer preloaded after the
+// shim), or nullptr. The caller prints it (never from inside a lookup); the check is inline
+// because every tracked call makes it.
+extern std::atomic<int> g_origin_pending;
+const char *take_origin_note_slow();
 inline const char *take_origin_note() {
-  if (!g_origin_note.load(std::memory_order_relaxed)) return nullptr;
-  return g_origin_note.exchange(nullptr, std::memory_order_acquire);
+  if (!g_origin_pending.load(std::memory_order_relaxed)) return nullptr;
+  return take_origin_note_slow();
 }
 // The NCCL wrappers, defined where nccl.h is included (hooks_nccl.cpp), in api_nccl.def order.
 extern void *const kNcclWrappers[];
@@ -81,3 +111,19 @@ inline bool disabled() {
 
 #define CMG_REAL(name) \
   (reinterpret_cast<decltype(&::name)>(::cmg::shim::real_ptr(::cmg::shim::Api::name)))
+
+// Inside a hook (CMG_HOOK): the real function of the route the call came by.
+#define CMG_REAL_R(name) \
+  (reinterpret_cast<decltype(&::name)>(::cmg::shim::route_real<kRoute>(::cmg::shim::Api::name)))
+
+// One hook, two entry points: the export `name` (Route::Next) and hook_name<Route::Given>, the
+// wrapper lookups hand out. The body is written once, with kRoute in scope; always inlined into
+// the export, so __builtin_return_address(0) in it is the program's caller in both.
+#define CMG_HOOK(ret, name, params, args)                       \
+  template <::cmg::shim::Route kRoute>                          \
+  __attribute__((always_inline)) inline ret hook_##name params; \
+  CMG_EXPORT ret name params {                                  \
+    return hook_##name<::cmg::shim::Route::Next> args;          \
+  }                                                             \
+  template <::cmg::shim::Route kRoute>                          \
+  __attribute__((always_inline)) inline ret hook_##name params

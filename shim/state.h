@@ -195,14 +195,14 @@ class Call {
   };
   // Writes the call record when there is an event log (checked inline: without a log this costs
   // three loads).
-  void log(int res, const Args &args, const Extra &x) {
+  __attribute__((always_inline)) void log(int res, const Args &args, const Extra &x) {
     if (!tracked_) return;
     if (res != 0) [[unlikely]] note_cuda_error(api_, res, ev_);
     // Said here, after the forwarded call, never inside the lookup that noticed it.
     if (const char *n = take_origin_note()) note(LogLevel::Warn, n);
     if (state().log.is_open()) write_record(res, args, x);
   }
-  void log(int res, const Args &args) { log(res, args, Extra{}); }
+  __attribute__((always_inline)) void log(int res, const Args &args) { log(res, args, Extra{}); }
 
  private:
   void write_record(int res, const Args &args, const Extra &x);

@@ -3,6 +3,7 @@
 // comparison): double free (P29), address reuse (P30), invalid frees, host and stream-ordered
 // memory, many threads, fork. Prints one "step STATUS" line per call whose result matters.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -221,6 +222,30 @@ int forked_quiet() {
 
 }  // namespace
 
+// The runtime started first (cudart looks the driver up through cuGetProcAddress), then the
+// driver called directly by every way a program has: the PLT, dlsym in the global scope, and
+// dlsym with libcuda's own handle. Another interposer preloaded after the shim must see exactly
+// the calls it sees without the shim (tests/reliability hostile-interposer-routes).
+int routes() {
+  void *p = nullptr;
+  out("malloc", cudaMalloc(&p, 1 << 20));
+  using Alloc = CUresult (*)(CUdeviceptr *, size_t);
+  using Free = CUresult (*)(CUdeviceptr);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  const Alloc global = reinterpret_cast<Alloc>(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+  const Alloc own = lib ? reinterpret_cast<Alloc>(dlsym(lib, "cuMemAlloc_v2")) : nullptr;
+  const Free own_free = lib ? reinterpret_cast<Free>(dlsym(lib, "cuMemFree_v2")) : nullptr;
+  if (!global || !own || !own_free) return 2;
+  CUdeviceptr a = 0, b = 0, c = 0;
+  std::printf("plt_alloc %s\n", cu_name(cuMemAlloc(&a, 1 << 20)));
+  std::printf("global_alloc %s\n", cu_name(global(&b, 1 << 20)));
+  std::printf("handle_alloc %s\n", cu_name(own(&c, 1 << 20)));
+  std::printf("frees %s %s %s\n", cu_name(cuMemFree(a)), cu_name(cuMemFree(b)),
+              cu_name(own_free(c)));
+  out("free", cudaFree(p));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: runtime_cases CASE\n");
@@ -239,6 +264,7 @@ int main(int argc, char **argv) {
   if (c == "threads") return threads();
   if (c == "fork") return forked();
   if (c == "fork-quiet") return forked_quiet();
+  if (c == "routes") return routes();
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;
 }

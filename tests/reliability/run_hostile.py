@@ -444,10 +444,57 @@ def case_interposer(r, before):
         else:
             expect(not [l for l in foreign if "is loaded before cumemguard" in l],
                    f"{label}: an interposer after the shim named as one before it")
-        if not before and api != "cudaMalloc":
-            expect(len(foreign) == 1 and "not libcuda" in foreign[0],
-                   f"{label}: no single line naming the interposer between the shim and the "
-                   f"driver: {stderr_lines(err)}")
+        if not before:
+            # What stands after the shim is named, once: for the runtime's function or the
+            # driver's, whichever the program called.
+            lib = "not libcudart" if api == "cudaMalloc" else "not libcuda:"
+            expect(len(foreign) == 1 and lib in foreign[0] and api in foreign[0],
+                   f"{label}: no single line naming the interposer after the shim: "
+                   f"{stderr_lines(err)}")
+
+
+def case_interposer_routes(r):
+    # A limiter or profiler preloaded after the shim, defining cudaMalloc and cuMemAlloc_v2 by
+    # symbol only (no dlsym hook). The program starts the runtime, then calls the driver by the
+    # PLT, by dlsym in the global scope and by dlsym with libcuda's handle. Without the shim the
+    # other interposer sees the PLT and global calls (2 cuMemAlloc_v2, 1 cudaMalloc) and neither
+    # cudart's own nor the handle-scoped one; with the shim in front it must see exactly as many.
+    # It saw none of the driver calls once the runtime had started: the shim called what
+    # cudart's cuGetProcAddress had answered (the driver) for every way in.
+    b = r.b
+    other = b.prog("tests", "reliability", "libotherhook.so")
+    argv = [b.prog("tests", "integration", "runtime_cases"), "routes"]
+    pat = r"otherhook cudaMalloc (\d+) cuMemAlloc_v2 (\d+) cuMemCreate (\d+)"
+    seen = {}
+    for label, preload in (("without the shim", [other]), ("with the shim", [b.shim, other])):
+        d = tempfile.mkdtemp(dir=r.tmp)
+        rc, out, err = b.run(argv, b.env(log=os.path.join(d, "log.%p"), preload=preload))
+        expect(rc == 0, f"{label}: exit {rc}\n{err[-3000:]}")
+        st = steps(out)
+        expect(all(st.get(k) == v for k, v in (("malloc", "cudaSuccess"), ("plt_alloc", "CUDA_SUCCESS"),
+                                                ("global_alloc", "CUDA_SUCCESS"),
+                                                ("handle_alloc", "CUDA_SUCCESS"),
+                                                ("free", "cudaSuccess"))), f"{label}: {st}")
+        m = re.search(pat, err)
+        expect(m, f"{label}: the other interposer did not report: {err[-1000:]}")
+        seen[label] = tuple(map(int, m.groups()))
+        shim_run = (d, err)
+    expect(seen["without the shim"] == (1, 2, 0),
+           f"without the shim the other interposer saw {seen['without the shim']}")
+    expect(seen["with the shim"] == seen["without the shim"],
+           f"the other interposer saw {seen['with the shim']} (cudaMalloc, cuMemAlloc_v2, "
+           f"cuMemCreate) with the shim, {seen['without the shim']} without")
+    d, err = shim_run
+    (log,) = logs_in(d)
+    recs, _ = read_log(log)
+    allocs = [x for x in recs if x.get("k") == "call" and x.get("api") == "cuMemAlloc_v2"]
+    expect(len(allocs) == 3, f"the shim recorded {len(allocs)} cuMemAlloc_v2, expected 3 (PLT, "
+           "global and handle-scoped)")
+    # What stands after the shim is named once for the runtime and once for the driver.
+    foreign = sorted(l for l in stderr_lines(err) if "libotherhook" in l)
+    expect(len(foreign) == 2 and "cuMemAlloc_v2" in foreign[0] and "not libcuda:" in foreign[0]
+           and "cudaMalloc" in foreign[1] and "not libcudart" in foreign[1],
+           f"the interposer after the shim is not named once per library: {stderr_lines(err)}")
 
 
 def case_module_fifo(r):
@@ -512,6 +559,7 @@ def main():
         "interposer-before": lambda r: case_interposer(r, True),
         "interposer-after": lambda r: case_interposer(r, False),
         "module-fifo": case_module_fifo,
+        "interposer-routes": case_interposer_routes,
     }
     return run_case(a.case, lambda: cases[a.case](Runner(b, tmp)), tmp)
 
