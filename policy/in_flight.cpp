@@ -2,6 +2,7 @@
 // VMM calls in flight: see in_flight.h.
 #include "in_flight.h"
 
+#include <algorithm>
 #include <chrono>
 #include <new>
 #include <vector>
@@ -23,7 +24,10 @@ void InFlightCalls::wake() {
 InFlightCalls::Mark InFlightCalls::mark() const {
   Mark m;
   const std::size_t mine = t_slot ? t_slot - 1 : kSlots;
-  for (std::size_t i = 0; i < kSlots; ++i) {
+  // Only the slots handed out so far: a thread given one later had made no call at this mark, and
+  // the next mark sees its slot (the count of events grows, the window is not quiet).
+  const std::size_t used = std::min(next_slot_.load(std::memory_order_acquire), kSlots);
+  for (std::size_t i = 0; i < used; ++i) {
     const std::uint64_t v = slots_[i].v.load(std::memory_order_seq_cst);
     m.events += v;
     if (i != mine) m.others |= (v & 1) != 0;
