@@ -187,6 +187,34 @@ inline void *lookup(Driver &d, const char *name) {
   return fn;
 }
 
+// The suspected path of a free and of a release (README, "Findings"): a pointer freed
+// once and a handle value released once, freed and released again each time. Under the shim the
+// model holds them as freed, asks the driver (which does not hold them) and answers itself;
+// without it the driver refuses each call.
+inline void double_free(Driver &d) {
+  static const CUdeviceptr p = [&] {
+    CUdeviceptr q = 0;
+    CMGB_CHECK(d.memAlloc(&q, 2 * kMiB));
+    CMGB_CHECK(d.memFree(q));
+    return q;
+  }();
+  (void)d.memFree(p);
+}
+
+inline void double_release(Driver &d) {
+  static const CUmemGenericAllocationHandle h = [&] {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle v = 0;
+    CMGB_CHECK(d.create(&v, 2 * kMiB, &prop, 0));
+    CMGB_CHECK(d.release(v));
+    return v;
+  }();
+  (void)d.release(h);
+}
+
 // A call the driver refuses at once (real-driver.md section 4: about 0.1 us): unmap of a 2 MiB-
 // aligned host address (this program's own data, which no CUDA reservation can cover: D10).
 inline void failing_unmap(Driver &d) {

@@ -144,9 +144,11 @@ int main(int argc, char **argv) {
     else if (a == "--live") o.live = std::atol(next());
     else if (a == "--depth") o.depth = std::max(0, std::atoi(next()));
     else if (a == "-h" || a == "--help") {
-      std::puts("usage: cmg-bench-loop [--iters N] [--batches B] [--size BYTES] [--live N] "
-                "[--depth D] OP[:N]...\n"
-                "OP: alloc runtime vmm vmm-page gpa gpa-passthrough not-intercepted fail identity live");
+      std::puts(
+          "usage: cmg-bench-loop [--iters N] [--batches B] [--size BYTES] [--live N] "
+          "[--depth D] OP[:N]...\n"
+          "OP: alloc runtime vmm vmm-page gpa gpa-passthrough not-intercepted fail double-free "
+          "double-release identity live");
       return 0;
     } else ops.push_back(a);
   }
@@ -177,6 +179,10 @@ static int run(const Opts &all, const std::vector<std::string> &spec) {
       auto sync = reinterpret_cast<PFN_cuCtxSynchronize_v2000>(lookup(d, "cuCtxSynchronize"));
       timed("not-intercepted", o, [&] { CMGB_CHECK(sync()); });
     } else if (op == "fail") timed("fail", o, [&] { failing_unmap(d); });
+    else if (op == "double-free")
+      timed("double-free", o, [&] { double_free(d); });
+    else if (op == "double-release")
+      timed("double-release", o, [&] { double_release(d); });
     else if (op == "identity") identity(d);
     else if (op == "live") live(d, o);
     else die(("unknown operation " + op).c_str(), 2);
