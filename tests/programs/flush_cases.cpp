@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -301,10 +302,12 @@ int nonblocking() {
   step("init", ncclCommInitRankConfig(&comm, 1, id, 0, &cfg));
   cached_block(8 * kMiB);
   step("flush.released", fakecache_empty_cache());
+  // Until the setup is done (NCCL says when; a 60 s bound only guards against a hang).
   ncclResult_t async = ncclInProgress;
-  for (int i = 0; i < 1000 && async == ncclInProgress; ++i) {
+  const auto until = Clock::now() + std::chrono::seconds(60);
+  while (async == ncclInProgress && Clock::now() < until) {
     ncclCommGetAsyncError(comm, &async);
-    if (async == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (async == ncclInProgress) std::this_thread::yield();
   }
   step("async", async);
   step("destroy", ncclCommDestroy(comm));
@@ -322,9 +325,12 @@ int trim() {
   return 0;
 }
 
-// The C API's serialization: a flush runs through cumemguard_maybe_empty_cache on one thread
-// (300 ms); 50 ms into it another thread starts a communicator. The init returns only after the
-// flush has finished, the flush's own frees are not findings, and later requests decline.
+// The C API's serialization: a flush runs through cumemguard_maybe_empty_cache on one thread;
+// another thread starts a communicator while it runs. The init returns only after the flush has
+// finished, the flush's own frees are not findings, and later requests decline. Ordered by events,
+// not by time: the flush runs until it sees the init turn suppression on (the init has entered
+// the shim), keeps running while it watches for the init to return (it must not), then ends; the
+// order of its end and the init's return is read from one counter.
 int capi_race() {
   auto maybe = capi<cumemguard_maybe_empty_cache_fn>("cumemguard_maybe_empty_cache");
   auto suppressed = capi<cumemguard_opportunistic_cleanup_suppressed_fn>(
@@ -339,9 +345,14 @@ int capi_race() {
   cached_block(8 * kMiB);
   struct Ctx {
     Gate started;
-    Clock::time_point end;
+    cumemguard_opportunistic_cleanup_suppressed_fn suppressed;
+    std::atomic<bool> init_returned{false};
+    std::atomic<unsigned> order{0};
+    unsigned end = 0;
+    bool saw_init = false, returned_during = false;
     int released = 0;
   } ctx;
+  ctx.suppressed = suppressed;
   int ran = -1;
   std::thread a([&] {
     CHECK_CUDA(cudaSetDevice(0));
@@ -349,24 +360,28 @@ int capi_race() {
         [](void *arg) {
           auto *c = static_cast<Ctx *>(arg);
           c->started.set(1);
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          while (!c->suppressed()) std::this_thread::yield();
+          c->saw_init = true;
+          // An init that did not wait would return now: give it every chance to.
+          for (int i = 0; i < 20000 && !c->init_returned.load(); ++i) std::this_thread::yield();
+          c->returned_during = c->init_returned.load();
           c->released = fakecache_empty_cache();
-          c->end = Clock::now();
+          c->end = c->order.fetch_add(1) + 1;
         },
         &ctx);
   });
   ctx.started.wait_for(1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const auto enter = Clock::now();
   ncclResult_t r;
   ncclComm_t comm = init_comm(&r);
-  const auto ret = Clock::now();
+  const unsigned ret = ctx.order.fetch_add(1) + 1;
+  ctx.init_returned.store(true);
   a.join();
   step("init", r);
   step("race.ran", ran);
   step("race.released", ctx.released);
-  step("race.init_after_flush", ret >= ctx.end ? 1 : 0);
-  step("race.init_waited_150ms", ret - enter >= std::chrono::milliseconds(150) ? 1 : 0);
+  step("race.saw_init_enter", ctx.saw_init ? 1 : 0);
+  step("race.init_returned_during_flush", ctx.returned_during ? 1 : 0);
+  step("race.init_after_flush", ret > ctx.end ? 1 : 0);
   int calls = 0;
   step("after.ran", maybe([](void *arg) { ++*static_cast<int *>(arg); }, &calls));
   step("after.callback_calls", calls);

@@ -59,6 +59,18 @@ class Build:
         return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
 
+def wait_until(cond, what, timeout=30):
+    """Waits for a condition the test can observe (a log holding what a process wrote), not for
+    an amount of time: `cond` is polled until true; `timeout` (scaled) only guards against a hang,
+    and running into it is a failure naming `what`."""
+    import time
+    deadline = time.monotonic() + timeout * scale()
+    while not cond():
+        if time.monotonic() > deadline:
+            raise Failure(f"{what}: not within {timeout * scale():.0f} s")
+        time.sleep(0.002)
+
+
 def steps(text):
     out = {}
     for line in text.splitlines():

@@ -10,11 +10,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (Build, Failure, expect, logs_in, read_log, run_case, scale, steps,  # noqa: E402
-                     stderr_lines)
+                     stderr_lines, wait_until)
 
 
 def sanitizer_signal_options(env):
@@ -180,17 +179,28 @@ def case_exit_thread(b, tmp):
             complete(p, recs)
 
 
+def log_bytes(d):
+    logs = logs_in(d)
+    return os.path.getsize(logs[0]) if logs else 0
+
+
 def case_kill(b, tmp, sig):
+    # Killed while the writers write: once the log holds a first batch, several batches, many.
     argv = [b.prog("tests", "reliability", "life_cases"), "spin"]
     report = b.prog("tools", "cumemguard")
-    for i, delay in enumerate((0.05, 0.2, 0.5)):
+    for i, size in enumerate((64 << 10, 512 << 10, 4 << 20)):
         d = os.path.join(tmp, str(i))
         os.mkdir(d)
         p = subprocess.Popen(argv, env=b.env(log=os.path.join(d, "log.%p")),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = p.stdout.readline()
         expect(line.strip() == b"spinning", f"the writer did not start: {line!r}")
-        time.sleep(delay)
+        try:
+            wait_until(lambda: log_bytes(d) >= size, f"the log did not reach {size} bytes")
+        except Failure:
+            p.kill()
+            p.wait()
+            raise
         p.send_signal(sig)
         try:
             p.wait(timeout=30 * scale())
@@ -245,7 +255,20 @@ def case_kill_idle_calls(b, tmp, sig):
     expect(out.endswith(b"idle\n"), f"the program did not reach its idle point: {out!r}")
     s = steps(out.decode())
     expect(s.get("failures") == "0", f"calls failed: {s}")
-    time.sleep(2.0)
+    # The flusher writes the quiet buffer out with no later record to push it: wait for the log
+    # to hold every call (the process makes no more), then kill.
+    want = int(s["calls"])
+
+    def call_records():
+        logs = logs_in(tmp)
+        return len([r for r in read_log(logs[0], allow_cut_last=True)[0]
+                    if r.get("k") == "call"]) if logs else 0
+    try:
+        wait_until(lambda: call_records() >= want, f"the log did not get all {want} calls")
+    except Failure:
+        p.kill()
+        p.wait()
+        raise
     p.send_signal(sig)
     p.wait(timeout=30 * scale())
     expect(p.returncode == -sig, f"exit {p.returncode}, expected death by signal {sig}")

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,7 +13,6 @@
 #include "transport.h"
 
 using namespace cmg;
-using namespace std::chrono_literals;
 
 namespace {
 
@@ -152,80 +150,98 @@ TEST_CASE("A flush that itself starts a transport does not wait for itself") {
 }
 
 // The seed's startup race: an init that begins while a flush runs returns only after the flush
-// has finished, and no flush request after the init's entry runs. Timing margins are generous
-// for a loaded two-core machine: the flush runs 300 ms, the init enters 50 ms into it.
+// has finished, and no flush request after the init's entry runs. Ordered by events, not by time:
+// the flush runs until it sees the init turn suppression on (the init has entered), then keeps
+// running while it watches for the init to return (it must not), and only then ends; the order of
+// the end and the init's return is read from one counter.
 TEST_CASE("The transition waits for a flush already running") {
-  using clock = std::chrono::steady_clock;
   Transport t;
-  std::atomic<bool> flush_started{false};
-  clock::time_point flush_end{}, init_return{}, init_enter{};
+  std::atomic<std::uint64_t> order{0};
+  std::atomic<bool> started{false}, init_returned{false};
+  std::uint64_t flush_end = 0, init_return = 0;
+  bool saw_suppression = false, returned_during_flush = false;
   struct Ctx {
-    std::atomic<bool> *started;
-    clock::time_point *end;
-  } ctx{&flush_started, &flush_end};
+    Transport *t;
+    std::atomic<bool> *started, *init_returned;
+    std::atomic<std::uint64_t> *order;
+    std::uint64_t *end;
+    bool *saw, *returned;
+  } ctx{&t, &started, &init_returned, &order, &flush_end, &saw_suppression, &returned_during_flush};
   bool ran = false;  // Catch's assertions are not thread-safe: checked after the join
   std::thread flusher([&] {
     ran = t.run_flush(
         [](void *p) {
           auto *c = static_cast<Ctx *>(p);
           c->started->store(true);
-          std::this_thread::sleep_for(300ms);
-          *c->end = clock::now();
+          while (!c->t->suppressed()) std::this_thread::yield();
+          *c->saw = true;
+          // A transition that did not wait would return now: give it every chance to.
+          for (int i = 0; i < 20000 && !c->init_returned->load(); ++i) std::this_thread::yield();
+          *c->returned = c->init_returned->load();
+          *c->end = c->order->fetch_add(1) + 1;
         },
         &ctx);
   });
-  while (!flush_started.load()) std::this_thread::yield();
-  std::this_thread::sleep_for(50ms);
-  init_enter = clock::now();
+  while (!started.load()) std::this_thread::yield();
   CHECK(t.on_create_enter(ev(1)));
-  init_return = clock::now();
+  init_return = order.fetch_add(1) + 1;
+  init_returned.store(true);
   flusher.join();
   CHECK(ran);
-  CHECK(init_return >= flush_end);
-  CHECK(init_return - init_enter >= 150ms);
+  CHECK(saw_suppression);
+  CHECK_FALSE(returned_during_flush);
+  CHECK(init_return > flush_end);
   int calls = 0;
   CHECK_FALSE(t.run_flush(noop, &calls));  // sticky from here on
   CHECK(calls == 0);
 }
 
 // Many threads request flushes while one starts a communicator: every flush that ran ended before
-// the transition returned, and requests after it declined. Run under TSan for data races.
+// the transition returned, and requests after it declined. The transition comes once every thread
+// has run flushes, and the threads stop once each has been declined. Run under TSan for races.
 TEST_CASE("Concurrent flush requests and a transition") {
   Transport t;
+  constexpr int kThreads = 4;
   std::atomic<std::uint64_t> clock{0};
   std::atomic<std::uint64_t> transition_done{UINT64_MAX};
-  std::atomic<int> late_runs{0}, ran{0}, declined{0};
-  std::atomic<bool> go{false}, stop{false};
+  std::atomic<int> late_runs{0}, ran{0}, declined{0}, running{0}, stopped{0};
+  std::atomic<bool> go{false};
   struct Ctx {
     std::atomic<std::uint64_t> *clock, *done;
     std::atomic<int> *late;
   } ctx{&clock, &transition_done, &late_runs};
   std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kThreads; ++i)
     threads.emplace_back([&] {
       while (!go.load()) std::this_thread::yield();
-      while (!stop.load()) {
+      bool counted = false;
+      for (;;) {
         bool r = t.run_flush(
             [](void *p) {
               auto *c = static_cast<Ctx *>(p);
-              std::this_thread::sleep_for(200us);
+              for (int k = 0; k < 50; ++k) std::this_thread::yield();  // a flush takes a while
               const std::uint64_t end = c->clock->fetch_add(1) + 1;
               if (end > c->done->load()) c->late->fetch_add(1);
             },
             &ctx);
         (r ? ran : declined).fetch_add(1);
+        if (r && !counted) {
+          counted = true;
+          running.fetch_add(1);
+        }
+        if (!r) break;  // declined: suppression is on, and stays on
       }
+      stopped.fetch_add(1);
     });
   go.store(true);
-  std::this_thread::sleep_for(20ms);
+  while (running.load() < kThreads) std::this_thread::yield();  // every thread is flushing
   t.on_create_enter(ev(1));
   transition_done.store(clock.fetch_add(1) + 1);
-  std::this_thread::sleep_for(20ms);
-  stop.store(true);
   for (auto &th : threads) th.join();
+  CHECK(stopped.load() == kThreads);
   CHECK(late_runs.load() == 0);
-  CHECK(ran.load() > 0);
-  CHECK(declined.load() > 0);
+  CHECK(ran.load() >= kThreads);
+  CHECK(declined.load() == kThreads);
   CHECK(t.flushes_run() == static_cast<std::uint64_t>(ran.load()));
   CHECK(t.flushes_declined() == static_cast<std::uint64_t>(declined.load()));
 }
