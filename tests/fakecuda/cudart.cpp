@@ -23,6 +23,11 @@ decltype(cudaFreeAsync) cudaFreeAsync_ptsz;
 decltype(cudaMallocFromPoolAsync) cudaMallocFromPoolAsync_ptsz;
 decltype(cudaGetDriverEntryPoint) cudaGetDriverEntryPoint_ptsz;
 decltype(cudaGetDriverEntryPointByVersion) cudaGetDriverEntryPointByVersion_ptsz;
+decltype(cudaStreamBeginCapture) cudaStreamBeginCapture_ptsz;
+decltype(cudaStreamEndCapture) cudaStreamEndCapture_ptsz;
+decltype(cudaStreamIsCapturing) cudaStreamIsCapturing_ptsz;
+decltype(cudaGraphLaunch) cudaGraphLaunch_ptsz;
+decltype(cudaStreamQuery) cudaStreamQuery_ptsz;
 }
 #pragma GCC diagnostic pop
 
@@ -439,4 +444,114 @@ FCRT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a
 
 FCRT_EXPORT cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
   FCRT_CALL(driver().memGetInfo(free, total));
+}
+
+FCRT_EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream) { FCRT_CALL(driver().streamQuery(stream)); }
+
+FCRT_EXPORT cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream) {
+  FCRT_CALL(driver().streamQuery_ptsz(stream));
+}
+
+// ---- stream capture and graphs: one driver call each, as the real runtime makes them ----------
+// The runtime's capture modes and statuses have the driver's values.
+static_assert(static_cast<int>(cudaStreamCaptureModeRelaxed) == CU_STREAM_CAPTURE_MODE_RELAXED &&
+              static_cast<int>(cudaStreamCaptureStatusInvalidated) ==
+                  CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+
+FCRT_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  FCRT_CALL(driver().streamBeginCapture(stream, static_cast<CUstreamCaptureMode>(mode)));
+}
+
+FCRT_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                    enum cudaStreamCaptureMode mode) {
+  FCRT_CALL(driver().streamBeginCapture_ptsz(stream, static_cast<CUstreamCaptureMode>(mode)));
+}
+
+FCRT_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
+  FCRT_CALL(driver().streamEndCapture(stream, reinterpret_cast<CUgraph *>(pGraph)));
+}
+
+FCRT_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph) {
+  FCRT_CALL(driver().streamEndCapture_ptsz(stream, reinterpret_cast<CUgraph *>(pGraph)));
+}
+
+FCRT_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                              enum cudaStreamCaptureStatus *pCaptureStatus) {
+  FCRT_CALL(driver().streamIsCapturing(stream, reinterpret_cast<CUstreamCaptureStatus *>(pCaptureStatus)));
+}
+
+FCRT_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream,
+                                                   enum cudaStreamCaptureStatus *pCaptureStatus) {
+  FCRT_CALL(driver().streamIsCapturing_ptsz(stream,
+                                            reinterpret_cast<CUstreamCaptureStatus *>(pCaptureStatus)));
+}
+
+FCRT_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  FCRT_CALL(driver().threadExchangeStreamCaptureMode(reinterpret_cast<CUstreamCaptureMode *>(mode)));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *pGraph, unsigned int flags) {
+  FCRT_CALL(driver().graphCreate(reinterpret_cast<CUgraph *>(pGraph), flags));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  FCRT_CALL(driver().graphDestroy(reinterpret_cast<CUgraph>(graph)));
+}
+
+// cudaMemAllocNodeParams and CUDA_MEM_ALLOC_NODE_PARAMS describe the same fields in the same order.
+static_assert(sizeof(cudaMemAllocNodeParams) == sizeof(CUDA_MEM_ALLOC_NODE_PARAMS) &&
+              sizeof(cudaMemPoolProps) == sizeof(CUmemPoolProps) &&
+              sizeof(cudaMemAccessDesc) == sizeof(CUmemAccessDesc));
+
+FCRT_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                                 const cudaGraphNode_t *pDependencies,
+                                                 size_t numDependencies,
+                                                 struct cudaMemAllocNodeParams *nodeParams) {
+  if (!nodeParams) return ret(cudaErrorInvalidValue);
+  if (cudaError_t e = ensure()) return ret(e);
+  CUDA_MEM_ALLOC_NODE_PARAMS p;
+  std::memcpy(&p, nodeParams, sizeof p);
+  CUresult r = driver().graphAddMemAllocNode(reinterpret_cast<CUgraphNode *>(pGraphNode),
+                                             reinterpret_cast<CUgraph>(graph),
+                                             reinterpret_cast<const CUgraphNode *>(pDependencies),
+                                             numDependencies, &p);
+  if (r == CUDA_SUCCESS) nodeParams->dptr = reinterpret_cast<void *>(p.dptr);
+  return ret(r);
+}
+
+FCRT_EXPORT cudaError_t cudaGraphAddMemFreeNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                                const cudaGraphNode_t *pDependencies,
+                                                size_t numDependencies, void *devPtr) {
+  FCRT_CALL(driver().graphAddMemFreeNode(reinterpret_cast<CUgraphNode *>(pGraphNode),
+                                         reinterpret_cast<CUgraph>(graph),
+                                         reinterpret_cast<const CUgraphNode *>(pDependencies),
+                                         numDependencies, fcrt::dptr(devPtr)));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                             unsigned long long flags) {
+  FCRT_CALL(driver().graphInstantiateWithFlags(reinterpret_cast<CUgraphExec *>(pGraphExec),
+                                               reinterpret_cast<CUgraph>(graph), flags));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                      unsigned long long flags) {
+  FCRT_CALL(driver().graphInstantiateWithFlags(reinterpret_cast<CUgraphExec *>(pGraphExec),
+                                               reinterpret_cast<CUgraph>(graph), flags));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  FCRT_CALL(driver().graphLaunch(reinterpret_cast<CUgraphExec>(graphExec), stream));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  FCRT_CALL(driver().graphLaunch_ptsz(reinterpret_cast<CUgraphExec>(graphExec), stream));
+}
+
+FCRT_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  FCRT_CALL(driver().graphExecDestroy(reinterpret_cast<CUgraphExec>(graphExec)));
+}
+
+FCRT_EXPORT cudaError_t cudaDeviceGraphMemTrim(int device) {
+  FCRT_CALL(driver().deviceGraphMemTrim(device));
 }

@@ -313,6 +313,7 @@ CUresult ctx_synchronize(CUcontext c) {
   if (CUresult r = require_init()) return r;
   Context *ctx = c ? as_context(c) : current();
   if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = capture_context_wait(ctx->dev)) return r;
   wait_idle(ctx->dev);
   return CUDA_SUCCESS;
 }
@@ -348,20 +349,25 @@ CUresult stream_destroy(CUstream h) {
   return CUDA_SUCCESS;
 }
 
-CUresult stream_synchronize(CUstream h) {
+// A capturing stream (or the legacy stream while a blocking stream captures) cannot be waited for
+// or queried: its work is not scheduled (driver_capture.cpp).
+CUresult stream_synchronize(CUstream h, bool per_thread) {
   if (CUresult r = require_init()) return r;
-  int dev;
-  if (CUresult r = stream_device(h, &dev)) return r;
-  wait_idle(dev);
+  StreamId id;
+  if (CUresult r = resolve_stream(h, per_thread, &id)) return r;
+  if (CUresult r = capture_stream_wait(id)) return r;
+  wait_idle(id.dev);
   return CUDA_SUCCESS;
 }
 
 // NOT_READY while work queued before the call is still running on the stream's device (the busy
 // model is per device: every stream of a busy device has work), SUCCESS once it is idle.
-CUresult stream_query(CUstream h) {
+CUresult stream_query(CUstream h, bool per_thread) {
   if (CUresult r = require_init()) return r;
-  int dev;
-  if (CUresult r = stream_device(h, &dev)) return r;
+  StreamId id;
+  if (CUresult r = resolve_stream(h, per_thread, &id)) return r;
+  if (CUresult r = capture_stream_wait(id)) return r;
+  const int dev = id.dev;
   if (dev >= 0 && dev < kMaxDevices && g_busy_until[dev].load() > now_ns())
     return CUDA_ERROR_NOT_READY;
   return CUDA_SUCCESS;
@@ -415,6 +421,35 @@ CUresult stream_device(CUstream h, int *dev) {
   std::lock_guard<std::mutex> lk(st.mu);
   if (!st.live.count(s)) return CUDA_ERROR_INVALID_HANDLE;
   *dev = s->dev;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// The legacy stream has one identity per process, the per-thread default stream one per thread.
+const char g_legacy_key = 0;
+thread_local char t_per_thread_key = 0;
+}  // namespace
+
+CUresult resolve_stream(CUstream h, bool per_thread_default, StreamId *out) {
+  StreamId id;
+  if (h == CU_STREAM_LEGACY || (h == nullptr && !per_thread_default)) {
+    id.key = &g_legacy_key;
+    id.legacy = true;
+  } else if (h == CU_STREAM_PER_THREAD || h == nullptr) {
+    id.key = &t_per_thread_key;
+  } else {
+    auto *s = reinterpret_cast<Stream *>(h);
+    Streams &st = streams();
+    std::lock_guard<std::mutex> lk(st.mu);
+    if (!st.live.count(s)) return CUDA_ERROR_INVALID_HANDLE;
+    id.key = s;
+    id.dev = s->dev;
+    id.blocking = !(s->flags & CU_STREAM_NON_BLOCKING);
+    *out = id;
+    return CUDA_SUCCESS;
+  }
+  if (CUresult r = current_device(&id.dev)) return r;
+  *out = id;
   return CUDA_SUCCESS;
 }
 
@@ -582,17 +617,17 @@ FC_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
 }
 
 FC_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
-  return FC_CALL(cuStreamSynchronize, stream_synchronize(hStream));
+  return FC_CALL(cuStreamSynchronize, stream_synchronize(hStream, false));
 }
 
 FC_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
-  return FC_CALL(cuStreamSynchronize_ptsz, stream_synchronize(hStream));
+  return FC_CALL(cuStreamSynchronize_ptsz, stream_synchronize(hStream, true));
 }
 
 FC_EXPORT CUresult cuStreamQuery(CUstream hStream) {
-  return FC_CALL(cuStreamQuery, stream_query(hStream));
+  return FC_CALL(cuStreamQuery, stream_query(hStream, false));
 }
 
 FC_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) {
-  return FC_CALL(cuStreamQuery_ptsz, stream_query(hStream));
+  return FC_CALL(cuStreamQuery_ptsz, stream_query(hStream, true));
 }

@@ -90,6 +90,57 @@ void set_busy(int dev, unsigned long long ns);
 const char *error_name(CUresult r);       // "CUDA_ERROR_INVALID_VALUE", nullptr when unknown
 const char *error_string(CUresult r);     // "invalid argument", nullptr when unknown
 
+// What a stream handle stands for (driver_device.cpp). `per_thread_default`: a null handle means
+// the calling thread's per-thread default stream (the _ptsz/_ptds exports), not the legacy one.
+struct StreamId {
+  const void *key = nullptr;  // one value per stream: the legacy stream, this thread's
+                              // per-thread stream, or the created stream itself
+  int dev = 0;
+  bool legacy = false;
+  bool blocking = true;       // not created with CU_STREAM_NON_BLOCKING (the legacy rule)
+};
+CUresult resolve_stream(CUstream s, bool per_thread_default, StreamId *out);
+
+// ---- stream capture and graphs (driver_capture.cpp) -------------------------------------------
+// The documented rules (cuda.h 13.0 cuThreadExchangeStreamCaptureMode, cuStreamBeginCapture,
+// cuStreamEndCapture, cuGraphAddMemAllocNode, cuGraphLaunch; CUDA programming guide 4.2.2.1.2,
+// "Prohibited and Unhandled Operations" and "Invalidation"), not measured: docs/reference/
+// real-driver.md section 7 lists them, and tests/programs/conformance checks them on the GPU.
+//
+// A potentially unsafe call (an allocation or free that is not stream-ordered): CUDA_SUCCESS, or
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating every capture that prohibits it.
+CUresult capture_unsafe_call();
+// A synchronous copy or set on the legacy stream of `dev`: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+// after invalidating the captures of blocking streams of that device, when there are any.
+CUresult capture_legacy_use(int dev);
+// A synchronisation or query of stream `id`: an error (and the capture invalidated) when it is
+// capturing, or when it is the legacy stream and a blocking stream of its device is capturing.
+CUresult capture_stream_wait(const StreamId &id);
+// A synchronisation of a whole context: an error while any stream of its device is capturing.
+CUresult capture_context_wait(int dev);
+// A stream-ordered operation on stream `id`: kNotCapturing to execute it now; CUDA_SUCCESS when
+// it became a node of the capture; CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when the capture is.
+inline constexpr CUresult kNotCapturing = static_cast<CUresult>(-1);
+CUresult capture_node(const StreamId &id);
+CUresult capture_alloc_node(const StreamId &id, std::size_t size, std::uintptr_t *out);
+CUresult capture_free_node(const StreamId &id, std::uintptr_t p);
+// A free outside any graph (cuMemFree_v2, cuMemFreeAsync on a stream that is not capturing) of a
+// graph allocation: the allocation's lifetime ends (cuda.h, cuGraphAddMemAllocNode).
+CUresult graph_free_outside(std::uintptr_t p);
+struct CaptureCounts {
+  unsigned long long open = 0, graphs = 0, execs = 0, graph_allocs = 0, graph_live = 0,
+                     graph_live_bytes = 0;
+};
+CaptureCounts capture_counts();
+
+// ---- graph allocations' address space (driver_memory.cpp) --------------------------------------
+// Carved from the device's arena segment when the node is made (the address is fixed then) and
+// charged to the device only while the allocation is live (between a launch and its free).
+CUresult graph_va_carve(int dev, std::size_t size, std::uintptr_t *out);
+void graph_va_release(std::uintptr_t p);
+bool graph_va_charge(std::uintptr_t p, bool live);  // false: not enough device memory
+bool is_graph_va(std::uintptr_t p);
+
 // ---- benchmark mode (driver_bench.cpp) ----------------------------------------------------------
 // FAKECUDA_BENCH=1: linear memory without backing pages from a sharded table, so that the fake's
 // own cost per call is small, stable and does not serialize threads (the shim's overhead is

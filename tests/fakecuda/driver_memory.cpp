@@ -233,6 +233,54 @@ void Memory::drop_if_unused(unsigned long long id) {
   allocs.erase(it);
 }
 
+// ---- graph allocations' addresses (driver_internal.h) --------------------------------------------
+
+CUresult graph_va_carve(int dev, std::size_t size, std::uintptr_t *out) {
+  if (size > (std::size_t{1} << 48)) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t rounded = align_up(size, kLinearAlign);
+  Memory &m = mem();
+  std::lock_guard<std::mutex> lk(m.mu);
+  Arena *a = m.arena_for();
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::optional<std::size_t> off = a->carve(dev, rounded);
+  if (!off) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto p = reinterpret_cast<std::uintptr_t>(a->base + *off);
+  m.linear.emplace(p, Linear{size, rounded, dev, LinearKind::Graph, a, *off, m.next_id++});
+  *out = p;
+  return CUDA_SUCCESS;
+}
+
+void graph_va_release(std::uintptr_t p) {
+  Memory &m = mem();
+  std::lock_guard<std::mutex> lk(m.mu);
+  auto it = m.linear.find(p);
+  if (it == m.linear.end() || it->second.kind != LinearKind::Graph) return;
+  it->second.arena->give_back(it->second.dev, it->second.offset, it->second.rounded);
+  m.linear.erase(it);
+}
+
+bool graph_va_charge(std::uintptr_t p, bool live) {
+  Memory &m = mem();
+  std::lock_guard<std::mutex> lk(m.mu);
+  auto it = m.linear.find(p);
+  if (it == m.linear.end() || it->second.kind != LinearKind::Graph) return false;
+  std::size_t &used = m.used[it->second.dev];
+  if (!live) {
+    used -= std::min(used, it->second.rounded);
+    return true;
+  }
+  if (used + it->second.rounded > config().device_memory) return false;
+  used += it->second.rounded;
+  return true;
+}
+
+bool is_graph_va(std::uintptr_t p) {
+  Memory &m = mem();
+  std::lock_guard<std::mutex> lk(m.mu);
+  auto it = m.linear.find(p);
+  return it != m.linear.end() && it->second.kind == LinearKind::Graph;
+}
+
 namespace {
 
 // ---- linear memory ------------------------------------------------------------------------------
@@ -261,12 +309,17 @@ CUresult linear_free(std::uintptr_t p, bool wait) {
   if (config().bench) return bench_linear_free(p);
   Memory &m = mem();
   int dev;
+  bool graph;
   {
     std::lock_guard<std::mutex> lk(m.mu);
     auto it = m.linear.find(p);
     if (it == m.linear.end()) return CUDA_ERROR_INVALID_VALUE;
     dev = it->second.dev;
+    graph = it->second.kind == LinearKind::Graph;
   }
+  // A graph allocation's lifetime is the graph model's (called without this lock: the graph model
+  // calls into this one). cuda.h: cuMemFree of stream-ordered memory does not synchronise.
+  if (graph) return graph_free_outside(p);
   if (wait) wait_idle(dev);
   std::lock_guard<std::mutex> lk(m.mu);
   auto it = m.linear.find(p);
@@ -280,6 +333,7 @@ CUresult linear_free(std::uintptr_t p, bool wait) {
 
 CUresult alloc_v2(CUdeviceptr *dptr, std::size_t size) {
   if (CUresult r = require_init()) return r;
+  if (CUresult r = capture_unsafe_call()) return r;
   int dev;
   if (CUresult r = current_device(&dev)) return r;
   std::uintptr_t p;
@@ -300,6 +354,7 @@ CUresult legacy_32bit() {
 CUresult free_sync(std::uintptr_t p) {
   if (CUresult r = require_init()) return r;
   if (p == 0) return CUDA_SUCCESS;
+  if (CUresult r = capture_unsafe_call()) return r;
   return linear_free(p, true);
 }
 
@@ -308,6 +363,7 @@ CUresult alloc_pitch(CUdeviceptr *dptr, std::size_t *pitch, std::size_t width, s
   if (CUresult r = require_init()) return r;
   if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
     return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = capture_unsafe_call()) return r;
   int dev;
   if (CUresult r = current_device(&dev)) return r;
   const std::size_t p = align_up(width, kLinearAlign);
@@ -324,6 +380,7 @@ CUresult alloc_pitch(CUdeviceptr *dptr, std::size_t *pitch, std::size_t width, s
 CUresult alloc_managed(CUdeviceptr *dptr, std::size_t size, unsigned int flags) {
   if (CUresult r = require_init()) return r;
   if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = capture_unsafe_call()) return r;
   int dev;
   if (CUresult r = current_device(&dev)) return r;
   std::uintptr_t p;
@@ -354,23 +411,29 @@ int pool_device(CUmemoryPool p) {
   return pool->dev;
 }
 
-CUresult alloc_async(CUdeviceptr *dptr, std::size_t size, CUmemoryPool pool, CUstream s) {
+// On a capturing stream the allocation and the free become graph memory nodes
+// (driver_capture.cpp); `per_thread`: the _ptsz export (a null stream is the per-thread one).
+CUresult alloc_async(CUdeviceptr *dptr, std::size_t size, CUmemoryPool pool, CUstream s,
+                     bool per_thread) {
   if (CUresult r = require_init()) return r;
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-  int dev;
-  if (CUresult r = stream_device(s, &dev)) return r;
+  StreamId id;
+  if (CUresult r = resolve_stream(s, per_thread, &id)) return r;
+  int dev = id.dev;
   if (pool && (dev = pool_device(pool)) < 0) return CUDA_ERROR_INVALID_VALUE;
   std::uintptr_t p;
-  CUresult r = linear_alloc(&p, size, LinearKind::Async, dev);
+  CUresult r = capture_alloc_node(id, size, &p);
+  if (r == kNotCapturing) r = linear_alloc(&p, size, LinearKind::Async, dev);
   if (r == CUDA_SUCCESS) *dptr = p;
   return r;
 }
 
-CUresult free_async(CUdeviceptr p, CUstream s) {
+CUresult free_async(CUdeviceptr p, CUstream s, bool per_thread) {
   if (CUresult r = require_init()) return r;
-  int dev;
-  if (CUresult r = stream_device(s, &dev)) return r;
-  return linear_free(p, false);
+  StreamId id;
+  if (CUresult r = resolve_stream(s, per_thread, &id)) return r;
+  CUresult r = capture_free_node(id, p);
+  return r == kNotCapturing ? linear_free(p, false) : r;
 }
 
 CUresult default_pool(CUmemoryPool *pool, CUdevice dev) {
@@ -395,6 +458,7 @@ CUresult host_alloc(void **pp, std::size_t size, unsigned int flags) {
       (flags & ~static_cast<unsigned>(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                                       CU_MEMHOSTALLOC_WRITECOMBINED)))
     return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = capture_unsafe_call()) return r;
   int dev;
   if (CUresult r = current_device(&dev)) return r;
   const std::size_t len = align_up(size, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
@@ -410,6 +474,7 @@ CUresult host_alloc(void **pp, std::size_t size, unsigned int flags) {
 // real-driver.md section 3: cudaFreeHost waited for the kernel like cudaFree.
 CUresult host_free(void *p) {
   if (CUresult r = require_init()) return r;
+  if (CUresult r = capture_unsafe_call()) return r;
   Memory &m = mem();
   {
     std::lock_guard<std::mutex> lk(m.mu);
@@ -457,11 +522,27 @@ Span check_span(std::uintptr_t p, std::size_t n, bool write) {
   return Span::Ok;
 }
 
-CUresult copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n, bool dst_dev, bool src_dev) {
+// How a synchronous copy or set meets open captures: on the legacy stream (the plain exports), on
+// the per-thread default stream (the _ptds exports), or as a stream-ordered call's execution.
+enum class Sync { Legacy, PerThread, None };
+
+CUresult sync_capture_check(Sync how, int dev) {
+  if (how == Sync::Legacy) return capture_legacy_use(dev);
+  if (how == Sync::PerThread) {
+    StreamId id;
+    if (CUresult r = resolve_stream(nullptr, true, &id)) return r;
+    return capture_stream_wait(id);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n, bool dst_dev, bool src_dev,
+              Sync how = Sync::None) {
   if (CUresult r = require_init()) return r;
   if (config().bench) return CUDA_ERROR_NOT_SUPPORTED;  // no backing memory to copy to or from
   int dev;
   if (CUresult r = current_device(&dev)) return r;
+  if (CUresult r = sync_capture_check(how, dev)) return r;
   Span d = check_span(dst, n, true), s = check_span(src, n, false);
   if (d == Span::Bad || s == Span::Bad || (dst_dev && d != Span::Ok) || (src_dev && s != Span::Ok))
     return CUDA_ERROR_INVALID_VALUE;
@@ -469,19 +550,24 @@ CUresult copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n, bool dst_de
   return CUDA_SUCCESS;
 }
 
-CUresult copy_async(std::uintptr_t dst, std::uintptr_t src, std::size_t n, CUstream st) {
+// A copy on a capturing stream becomes a node of the capture and is not made now.
+CUresult copy_async(std::uintptr_t dst, std::uintptr_t src, std::size_t n, CUstream st,
+                    bool per_thread) {
   if (CUresult r = require_init()) return r;
-  int dev;
-  if (CUresult r = stream_device(st, &dev)) return r;
+  StreamId id;
+  if (CUresult r = resolve_stream(st, per_thread, &id)) return r;
+  CUresult r = capture_node(id);
+  if (r != kNotCapturing) return r;
   return copy(dst, src, n, false, false);
 }
 
 template <class T>
-CUresult fill(CUdeviceptr dst, T value, std::size_t count) {
+CUresult fill(CUdeviceptr dst, T value, std::size_t count, Sync how) {
   if (CUresult r = require_init()) return r;
   if (config().bench) return CUDA_ERROR_NOT_SUPPORTED;  // no backing memory to write
   int dev;
   if (CUresult r = current_device(&dev)) return r;
+  if (CUresult r = sync_capture_check(how, dev)) return r;
   if (count > (std::size_t{1} << 48) / sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
   if (check_span(dst, count * sizeof(T), true) != Span::Ok) return CUDA_ERROR_INVALID_VALUE;
   if (dst % alignof(T)) return CUDA_ERROR_INVALID_VALUE;
@@ -679,31 +765,31 @@ FC_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags
 FC_EXPORT CUresult cuMemFreeHost(void *p) { return FC_CALL(cuMemFreeHost, host_free(p)); }
 
 FC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  return FC_CALL(cuMemAllocAsync, alloc_async(dptr, bytesize, nullptr, hStream));
+  return FC_CALL(cuMemAllocAsync, alloc_async(dptr, bytesize, nullptr, hStream, false));
 }
 
 FC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  return FC_CALL(cuMemAllocAsync_ptsz, alloc_async(dptr, bytesize, nullptr, hStream));
+  return FC_CALL(cuMemAllocAsync_ptsz, alloc_async(dptr, bytesize, nullptr, hStream, true));
 }
 
 FC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  return FC_CALL(cuMemFreeAsync, free_async(dptr, hStream));
+  return FC_CALL(cuMemFreeAsync, free_async(dptr, hStream, false));
 }
 
 FC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-  return FC_CALL(cuMemFreeAsync_ptsz, free_async(dptr, hStream));
+  return FC_CALL(cuMemFreeAsync_ptsz, free_async(dptr, hStream, true));
 }
 
 FC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                            CUstream hStream) {
   return FC_CALL(cuMemAllocFromPoolAsync,
-                 pool ? alloc_async(dptr, bytesize, pool, hStream) : CUDA_ERROR_INVALID_VALUE);
+                 pool ? alloc_async(dptr, bytesize, pool, hStream, false) : CUDA_ERROR_INVALID_VALUE);
 }
 
 FC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                                 CUmemoryPool pool, CUstream hStream) {
   return FC_CALL(cuMemAllocFromPoolAsync_ptsz,
-                 pool ? alloc_async(dptr, bytesize, pool, hStream) : CUDA_ERROR_INVALID_VALUE);
+                 pool ? alloc_async(dptr, bytesize, pool, hStream, true) : CUDA_ERROR_INVALID_VALUE);
 }
 
 FC_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
@@ -728,64 +814,65 @@ FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_
 }
 
 FC_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
-  return FC_CALL(cuMemcpy, copy(dst, src, ByteCount, false, false));
+  return FC_CALL(cuMemcpy, copy(dst, src, ByteCount, false, false, Sync::Legacy));
 }
 
 FC_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
-  return FC_CALL(cuMemcpy_ptds, copy(dst, src, ByteCount, false, false));
+  return FC_CALL(cuMemcpy_ptds, copy(dst, src, ByteCount, false, false, Sync::PerThread));
 }
 
 FC_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-  return FC_CALL(cuMemcpyAsync, copy_async(dst, src, ByteCount, hStream));
+  return FC_CALL(cuMemcpyAsync, copy_async(dst, src, ByteCount, hStream, false));
 }
 
 FC_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                       CUstream hStream) {
-  return FC_CALL(cuMemcpyAsync_ptsz, copy_async(dst, src, ByteCount, hStream));
+  return FC_CALL(cuMemcpyAsync_ptsz, copy_async(dst, src, ByteCount, hStream, true));
 }
 
 FC_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-  return FC_CALL(cuMemcpyHtoD_v2,
-                 copy(dstDevice, reinterpret_cast<std::uintptr_t>(srcHost), ByteCount, true, false));
+  return FC_CALL(cuMemcpyHtoD_v2, copy(dstDevice, reinterpret_cast<std::uintptr_t>(srcHost),
+                                       ByteCount, true, false, Sync::Legacy));
 }
 
 FC_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-  return FC_CALL(cuMemcpyHtoD_v2_ptds,
-                 copy(dstDevice, reinterpret_cast<std::uintptr_t>(srcHost), ByteCount, true, false));
+  return FC_CALL(cuMemcpyHtoD_v2_ptds, copy(dstDevice, reinterpret_cast<std::uintptr_t>(srcHost),
+                                            ByteCount, true, false, Sync::PerThread));
 }
 
 FC_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  return FC_CALL(cuMemcpyDtoH_v2,
-                 copy(reinterpret_cast<std::uintptr_t>(dstHost), srcDevice, ByteCount, false, true));
+  return FC_CALL(cuMemcpyDtoH_v2, copy(reinterpret_cast<std::uintptr_t>(dstHost), srcDevice,
+                                       ByteCount, false, true, Sync::Legacy));
 }
 
 FC_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  return FC_CALL(cuMemcpyDtoH_v2_ptds,
-                 copy(reinterpret_cast<std::uintptr_t>(dstHost), srcDevice, ByteCount, false, true));
+  return FC_CALL(cuMemcpyDtoH_v2_ptds, copy(reinterpret_cast<std::uintptr_t>(dstHost), srcDevice,
+                                            ByteCount, false, true, Sync::PerThread));
 }
 
 FC_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  return FC_CALL(cuMemcpyDtoD_v2, copy(dstDevice, srcDevice, ByteCount, true, true));
+  return FC_CALL(cuMemcpyDtoD_v2, copy(dstDevice, srcDevice, ByteCount, true, true, Sync::Legacy));
 }
 
 FC_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  return FC_CALL(cuMemcpyDtoD_v2_ptds, copy(dstDevice, srcDevice, ByteCount, true, true));
+  return FC_CALL(cuMemcpyDtoD_v2_ptds,
+                 copy(dstDevice, srcDevice, ByteCount, true, true, Sync::PerThread));
 }
 
 FC_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  return FC_CALL(cuMemsetD8_v2, fill(dstDevice, uc, N));
+  return FC_CALL(cuMemsetD8_v2, fill(dstDevice, uc, N, Sync::Legacy));
 }
 
 FC_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  return FC_CALL(cuMemsetD8_v2_ptds, fill(dstDevice, uc, N));
+  return FC_CALL(cuMemsetD8_v2_ptds, fill(dstDevice, uc, N, Sync::PerThread));
 }
 
 FC_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-  return FC_CALL(cuMemsetD32_v2, fill(dstDevice, ui, N));
+  return FC_CALL(cuMemsetD32_v2, fill(dstDevice, ui, N, Sync::Legacy));
 }
 
 FC_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-  return FC_CALL(cuMemsetD32_v2_ptds, fill(dstDevice, ui, N));
+  return FC_CALL(cuMemsetD32_v2_ptds, fill(dstDevice, ui, N, Sync::PerThread));
 }
 
 // ---- state API (fakecuda.h) ----------------------------------------------------------------------
@@ -797,6 +884,7 @@ FC_EXPORT int fakecuda_get_state(struct fakecuda_state *st) {
   Memory &m = mem();
   std::lock_guard<std::mutex> lk(m.mu);
   for (auto &[p, l] : m.linear) {
+    if (l.kind == LinearKind::Graph) continue;  // counted by the graph model below
     ++st->linear_allocs;
     st->linear_bytes += l.size;
   }
@@ -823,6 +911,14 @@ FC_EXPORT int fakecuda_get_state(struct fakecuda_state *st) {
     st->ipc_import_refs += imp.refs;
   }
   for (int d = 0; d < kMaxDevices; ++d) st->device_used[d] = m.used[d];
+  return 0;
+}
+
+FC_EXPORT int fakecuda_get_graph_state(struct fakecuda_graph_state *st) {
+  if (!st) return -1;
+  const CaptureCounts n = capture_counts();
+  *st = fakecuda_graph_state{n.open, n.graphs, n.execs, n.graph_allocs, n.graph_live,
+                             n.graph_live_bytes};
   return 0;
 }
 

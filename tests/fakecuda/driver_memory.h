@@ -50,7 +50,8 @@ struct ArenaHeader {
 };
 inline constexpr char kArenaMagic[16] = "fakecuda-arena1";
 
-enum class LinearKind : unsigned char { Device, Managed, Async };
+// Graph: the address of a graph allocation (driver_capture.cpp), charged only while it is live.
+enum class LinearKind : unsigned char { Device, Managed, Async, Graph };
 
 struct Linear {
   std::size_t size;     // as requested

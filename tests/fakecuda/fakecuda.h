@@ -52,6 +52,16 @@ struct fakecuda_state {
   unsigned long long device_used[16]; /* bytes charged to each device (linear + device VMM) */
 };
 
+/* Stream capture and graphs (driver_capture.cpp). */
+struct fakecuda_graph_state {
+  unsigned long long captures;         /* open captures (invalidated ones included) */
+  unsigned long long graphs;           /* live graphs (cuGraphCreate or a successful end of capture) */
+  unsigned long long execs;            /* live executable graphs */
+  unsigned long long graph_allocs;     /* graph allocations whose address is held */
+  unsigned long long graph_live;       /* of those, allocated by a launch and not freed since */
+  unsigned long long graph_live_bytes; /* their requested sizes */
+};
+
 /* One export's most recent call on the calling thread. */
 struct fakecuda_call {
   unsigned long long serial; /* the thread's driver-call count when it was made (see below) */
@@ -68,6 +78,8 @@ void fakecuda_clear_faults(void);
 void fakecuda_set_busy(int dev, unsigned long long ns);
 /* Returns 0 and fills *st. */
 int fakecuda_get_state(struct fakecuda_state *st);
+/* Returns 0 and fills *st. */
+int fakecuda_get_graph_state(struct fakecuda_graph_state *st);
 /* 1 while a handle value is live (issued and not yet released), else 0. */
 int fakecuda_handle_live(unsigned long long value);
 /* The allocation id behind a live handle value, or 0. */
@@ -89,6 +101,7 @@ typedef int (*fakecuda_inject_fn)(const char *, int, int);
 typedef void (*fakecuda_clear_faults_fn)(void);
 typedef void (*fakecuda_set_busy_fn)(int, unsigned long long);
 typedef int (*fakecuda_get_state_fn)(struct fakecuda_state *);
+typedef int (*fakecuda_get_graph_state_fn)(struct fakecuda_graph_state *);
 typedef int (*fakecuda_handle_live_fn)(unsigned long long);
 typedef unsigned long long (*fakecuda_handle_allocation_fn)(unsigned long long);
 typedef unsigned long long (*fakecuda_mapping_handle_fn)(unsigned long long);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Runs the sequences of real-driver.md rows D1-D23 and the one-host IPC rows of section 2 and
-// prints one stable line per row, so that the fake driver and the real one can be compared.
+// Runs the sequences of real-driver.md rows D1-D23, the one-host IPC rows of section 2 and the
+// stream-capture rows C1-C17 of section 7 (conformance_capture.cpp) and prints one stable line per
+// row, so that the fake driver and the real one can be compared.
 //
 // A plain driver-API program: no kernels, no runtime, nothing of the fake's control API. Built
 // against NVIDIA's headers and the stub libcuda.so, it runs on whatever libcuda.so.1 the loader
@@ -20,9 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "conformance.h"
 #include "cuda_check.h"
-
-namespace {
 
 const char *en(CUresult r) {
   const char *s = nullptr;
@@ -34,7 +34,6 @@ const char *en(CUresult r) {
   return s;
 }
 
-void row(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void row(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -43,6 +42,8 @@ void row(const char *fmt, ...) {
   std::putchar('\n');
   std::fflush(stdout);
 }
+
+namespace {
 
 // A call that the rows need to succeed; anything else means the machine cannot run them.
 void must(CUresult r, const char *what) {
@@ -457,5 +458,6 @@ int main() {
     MUST(cuMemAddressFree(v, size));
     MUST(cuMemFree(lin));
   }
+  capture_rows(ctx);
   return 0;
 }
