@@ -23,8 +23,10 @@ struct EventRef {
 };
 
 // What kind of memory an allocation or a call concerns (log field `mem`).
-enum class MemKind : std::uint8_t { Linear, Async, Managed, Host, Vmm, Va, Ipc };
-inline constexpr int kMemKinds = 7;
+// Graph: memory of CUDA graphs (allocations made while a capture was open on the thread, such as
+// PyTorch's graph private pools, and graph allocations while live).
+enum class MemKind : std::uint8_t { Linear, Async, Managed, Host, Vmm, Va, Ipc, Graph };
+inline constexpr int kMemKinds = 8;
 constexpr std::string_view mem_kind_name(MemKind k) {
   switch (k) {
     case MemKind::Linear: return "linear";
@@ -34,6 +36,7 @@ constexpr std::string_view mem_kind_name(MemKind k) {
     case MemKind::Vmm: return "vmm";
     case MemKind::Va: return "va";
     case MemKind::Ipc: return "ipc";
+    case MemKind::Graph: return "graph";
   }
   return "?";
 }

@@ -31,7 +31,12 @@ struct LinearRec {
   std::int32_t dev = -1;
   MemKind kind = MemKind::Linear;
   EventRef alloc;
+  std::uint32_t capture = 0;  // made while this capture was open on the thread (capture_model.h)
+  std::uint64_t stream = 0;   // stream-ordered memory: the stream it was allocated on
 };
+
+// The byte counters' kind of an allocation: memory made for a CUDA graph counts as the graph's.
+inline MemKind counted_kind(const LinearRec &r) { return r.capture ? MemKind::Graph : r.kind; }
 
 enum class FreeClass : std::uint8_t {
   Live,        // a live allocation of an accepted kind: a normal free
