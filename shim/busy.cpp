@@ -5,6 +5,7 @@
 
 #include "clock.h"
 #include "cuda_api.h"
+#include "handlers_capture.h"
 #include "loader.h"
 #include "state.h"
 
@@ -18,6 +19,9 @@ constexpr std::uint64_t kWaitedNs = 100'000;
 BusyResult busy_check(BusyCheck mode, int dev) {
   BusyResult r;
   if (mode == BusyCheck::Off || dev < 0 || current_device() != dev) return r;
+  // Querying the legacy stream, or synchronizing the context, while a stream captures is refused
+  // and invalidates the capture (real-driver.md C9, C10, C17): the check waits for the capture.
+  if (capture_open() && !may_check_busy()) return r;
   if (mode == BusyCheck::Query) {
     static std::atomic<void *> slot{nullptr};
     auto q = driver_fn<PFN_cuStreamQuery_v2000>(slot, "cuStreamQuery");

@@ -12,6 +12,7 @@
 
 #include "cmg_config.h"
 #include "flush.h"
+#include "handlers_capture.h"
 #include "held.h"
 #include "loader.h"
 #include "state.h"
@@ -89,7 +90,10 @@ CMG_EXPORT size_t cumemguard_release_deferred(void) {
   std::uint64_t bytes = 0;
   try {
     const EventRef ev = begin("cumemguard_release_deferred");
-    bytes = held().release_all(HoldReason::Deferred);
+    // Inside an open stream capture the frees would invalidate it: they wait for its end.
+    bytes = capture_open() && !may_release_held("cumemguard_release_deferred")
+                ? 0
+                : held().release_all(HoldReason::Deferred);
     if (ev.seq)
       capi_call_record("cumemguard_release_deferred", ev, 0, now_ns() - ev.ts, "bytes", bytes);
   } catch (abi::__forced_unwind &) {

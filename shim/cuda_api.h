@@ -65,4 +65,8 @@ cudaError_t cudaGetDriverEntryPoint_ptsz(const char *, void **, unsigned long lo
 cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *, void **, unsigned int,
                                                   unsigned long long,
                                                   cudaDriverEntryPointQueryResult *);
+decltype(::cudaStreamBeginCapture) cudaStreamBeginCapture_ptsz;
+decltype(::cudaStreamEndCapture) cudaStreamEndCapture_ptsz;
+decltype(::cudaGraphInstantiateWithParams) cudaGraphInstantiateWithParams_ptsz;
+decltype(::cudaGraphLaunch) cudaGraphLaunch_ptsz;
 }

@@ -11,6 +11,7 @@
 #include "bridge.h"
 #include "driver_view.h"
 #include "flush.h"
+#include "handlers_capture.h"
 #include "held.h"
 #include "loader.h"
 #include "shield.h"
@@ -33,15 +34,19 @@ inline constexpr KindMask kHostFrees = kind_bit(MemKind::Host);
 // Out of memory is 2 in both the driver (CUDA_ERROR_OUT_OF_MEMORY) and the runtime
 // (cudaErrorMemoryAllocation).
 inline constexpr int kOutOfMemory = 2;
-static_assert(CUDA_ERROR_OUT_OF_MEMORY == kOutOfMemory && cudaErrorMemoryAllocation == kOutOfMemory);
+static_assert(CUDA_ERROR_OUT_OF_MEMORY == kOutOfMemory &&
+              cudaErrorMemoryAllocation == kOutOfMemory);
 
 // When an allocation fails for lack of memory and the shim holds frees back, it releases them
-// and retries once: holding memory must never turn a success into an out-of-memory.
+// and retries once: holding memory must never turn a success into an out-of-memory. Not while a
+// stream capture is open: a free inside it would invalidate the capture (PyTorch's allocator does
+// the same: it releases its cached blocks only while no capture is underway); that release waits
+// for the capture's end, and a note says so (may_release_held).
 template <class R, class Real>
-R call_with_oom_retry(Real &&real, bool &retried) {
+R call_with_oom_retry(Real &&real, bool &retried, const char *api = nullptr) {
   R r = real();
   retried = false;
-  if (static_cast<int>(r) == kOutOfMemory && !held().empty()) {
+  if (static_cast<int>(r) == kOutOfMemory && !held().empty() && may_release_held(api)) {
     held().release_all();
     retried = true;
     r = real();
@@ -67,52 +72,81 @@ inline bool sync_free(Api api, MemKind kind) {
   return api_syncs && kind != MemKind::Ipc && kind != MemKind::Async;
 }
 
+// cudaFreeAsync and cuMemFreeAsync (and their _ptsz twins): frees ordered on a stream.
+inline bool api_is_stream_ordered_free(Api api) {
+  return api == Api::cudaFreeAsync || api == Api::cudaFreeAsync_ptsz ||
+         api == Api::cuMemFreeAsync || api == Api::cuMemFreeAsync_ptsz;
+}
+
 // Quarantine applies to synchronous frees of linear, managed and host memory.
 inline bool quarantined(Api api, MemKind kind) {
   return state().opts.quarantine != 0 && sync_free(api, kind);
 }
 
-
 // Linear allocation (cudaMalloc, cuMemAlloc_v2, host, managed, async, pitch). `out` reads the new
 // pointer after success; `size_of` is the size, or a callable giving it after success (pitch).
+// Stream-ordered allocations name their stream (`ptsz`: a _ptsz export, where a null stream is
+// the per-thread one): on a capturing stream the driver makes an allocation node, not memory.
 template <class R, class Size, class Real, class Out>
-R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
-  return shielded<R>(api, real, [&](auto &fwd) __attribute__((always_inline)) -> R {
-    Call c(api, StackWhen::Sampled);
-    if (!c.tracked()) return untracked_alloc<R>(fwd);
-    bool retried = false;
-    R r = call_with_oom_retry<R>(fwd, retried);
-    Args args;
-    if (retried) {
-      args.u("retried_after_release", 1);
-      // The runtime remembers the failed first attempt as its last error; the caller got success.
-      if (r == R(0) && kApis[static_cast<std::size_t>(api)].family == Family::Runtime)
-        clear_runtime_error();
-    }
-    if (r != R(0)) {
-      if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
-      c.log(static_cast<int>(r), args);
-      return r;
-    }
-    std::uint64_t size;
-    if constexpr (std::is_invocable_v<Size>)
-      size = size_of();
-    else
-      size = size_of;
-    args.u("size", size);
-    const std::uint64_t p = out();
-    args.hex("ptr", p);
-    if (p == 0) {
-      c.log(0, args);
-      return r;
-    }
-    const int dev = kind == MemKind::Host ? -1 : current_device();
-    State &s = state();
-    s.linear.on_alloc(LinearRec{p, size, dev, kind, c.ev()});
-    s.counters.add(dev, kind, static_cast<std::int64_t>(size));
-    c.log(0, args, Call::Extra{dev, kind, static_cast<std::int64_t>(size)});
-    return r;
-  });
+R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
+               std::uint64_t stream = 0, bool ptsz = false) {
+  return shielded<R>(
+      api, real, [&](auto &fwd) __attribute__((always_inline))->R {
+        Call c(api, StackWhen::Sampled);
+        if (!c.tracked()) return untracked_alloc<R>(fwd);
+        std::uint64_t asked = 0;
+        if constexpr (!std::is_invocable_v<Size>) asked = size_of;
+        // A synchronous allocation during an open capture that prohibits it (capture-unsafe).
+        UnsafeCall unsafe;
+        if (kind != MemKind::Async && capture_open()) [[unlikely]]
+          unsafe = unsafe_before(c, 0, asked, Args{});
+        bool retried = false;
+        R r = call_with_oom_retry<R>(fwd, retried, api_name(api));
+        Args args;
+        if (retried) {
+          args.u("retried_after_release", 1);
+          // The runtime remembers the failed first attempt as its last error; the caller got
+          // success.
+          if (r == R(0) && kApis[static_cast<std::size_t>(api)].family == Family::Runtime)
+            clear_runtime_error();
+        }
+        if (r != R(0)) {
+          if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
+          if (unsafe.prohibited) unsafe_after(c, unsafe, static_cast<int>(r), 0, asked, args);
+          c.log(static_cast<int>(r), args);
+          return r;
+        }
+        std::uint64_t size;
+        if constexpr (std::is_invocable_v<Size>)
+          size = size_of();
+        else
+          size = size_of;
+        args.u("size", size);
+        const std::uint64_t p = out();
+        args.hex("ptr", p);
+        if (p == 0) {
+          c.log(0, args);
+          return r;
+        }
+        if (kind == MemKind::Async && capture_open() &&
+            captured_alloc(c, stream, ptsz, p, size, args))
+          return r;
+        const int dev = kind == MemKind::Host ? -1 : current_device();
+        State &s = state();
+        LinearRec rec{p, size, dev, kind, c.ev()};
+        rec.stream = stream;
+        if (capture_open()) [[unlikely]] {
+          // Made while a capture is open on this thread: the graph's memory (PyTorch's private
+          // pool).
+          rec.capture = capture_for_alloc(size);
+          if (rec.capture) args.u("capture", rec.capture);
+        }
+        s.linear.on_alloc(rec);
+        const MemKind counted = counted_kind(rec);
+        s.counters.add(dev, counted, static_cast<std::int64_t>(size));
+        c.log(0, args, Call::Extra{dev, counted, static_cast<std::int64_t>(size)});
+        return r;
+      });
 }
 
 // The free of a live allocation: held back (a deferred cache flush, the quarantine) or forwarded,
@@ -120,17 +154,21 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out) {
 // held by the flush policy; a flush that would pass CUMEMGUARD_DEFER_LIMIT goes through.
 template <class R, class Real>
 __attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict &v, Args &args,
-                                                  Real &&real) {
+                                                  Real &&real, std::uint64_t stream) {
   State &s = state();
   const auto delta = -static_cast<std::int64_t>(v.rec.size);
-  const Call::Extra freed{v.rec.dev, v.rec.kind, delta};
+  const MemKind counted = counted_kind(v.rec);
+  const Call::Extra freed{v.rec.dev, counted, delta};
   args.u("size", v.rec.size);
   FlushCheck fc;
   if (sync_free(api, v.rec.kind)) fc = flush_check(c, FlushTarget::Free);
+  // While a capture is open nothing is held: it would have to be given back inside the capture.
+  const bool may_hold = !capture_open() || may_hold_frees();
+  if (fc.opportunistic && fc.action == Action::Defer && !may_hold) fc.action = Action::Forward;
   if (fc.opportunistic && fc.action == Action::Defer) {
     const Held h{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Deferred, c.ev()};
     if (held().hold_within(h, s.opts.defer_limit)) {
-      s.counters.add(v.rec.dev, v.rec.kind, delta);
+      s.counters.add(v.rec.dev, counted, delta);
       flush_report(c, fc, args, 0, v.rec.size, 0);
       Call::Extra x = freed;
       x.deferred = true;
@@ -142,10 +180,10 @@ __attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict 
   }
   if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.rec.size, 0);
   // Answer success now, free later: the address is not re-issued while it is held.
-  if (quarantined(api, v.rec.kind) &&
+  if (may_hold && quarantined(api, v.rec.kind) &&
       held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Quarantine,
                        c.ev()})) {
-    s.counters.add(v.rec.dev, v.rec.kind, delta);
+    s.counters.add(v.rec.dev, counted, delta);
     args.s("held", "quarantine");
     // The older frees the quarantine gives back now are where a flush blocks (each cudaFree
     // waits for the device): their time is this flush's.
@@ -155,82 +193,115 @@ __attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict 
     c.log(0, args, freed);
     return R(0);
   }
+  // A free of the other kind's memory while work may still use it (free-kind-mismatch): asked
+  // before the driver frees.
+  KindMismatch km;
+  if (v.rec.kind == MemKind::Async || api_is_stream_ordered_free(api)) [[unlikely]]
+    km = kind_mismatch_before(c, !api_is_stream_ordered_free(api), v.rec, stream, args);
   const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
   R r = real();
   if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), v.rec.size, now_ns() - t0);
+  kind_mismatch_after(c, km, static_cast<int>(r), args);
   if (r != R(0)) {
     s.linear.rollback(v);
     c.log(static_cast<int>(r), args);
     return r;
   }
-  s.counters.add(v.rec.dev, v.rec.kind, delta);
+  s.counters.add(v.rec.dev, counted, delta);
   c.log(0, args, freed);
   return r;
 }
 
-// Linear free (cudaFree, cuMemFree_v2, host frees, async frees).
+// Linear free (cudaFree, cuMemFree_v2, host frees, async frees; these name their stream).
 template <class R, class Real>
-R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
-  return shielded<R>(api, real, [&](auto &fwd) __attribute__((always_inline)) -> R {
-    Call c(api, StackWhen::Always);
-    if (!c.tracked()) return fwd();
-    State &s = state();
-    FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
-    Args args;
-    args.hex("ptr", ptr);
-    if (v.cls == FreeClass::Live) return free_live<R>(c, api, v, args, fwd);
-    if (v.cls == FreeClass::Null) {
-      R r = fwd();
-      c.log(static_cast<int>(r), args);
-      return r;
-    }
-    bool held_first = false;
-    if (!held().empty()) {
-      // The shim still holds this address (quarantine or a deferred flush): the program freed it
-      // before, whatever the bounded history remembers, and forwarding would free it twice.
-      if (auto h = held().find(ptr)) {
-        held_first = true;
-        if (v.cls != FreeClass::DoubleFree) {
-          v.cls = FreeClass::DoubleFree;
-          v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
-          v.first_free = h->freed;
+R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::uint64_t stream = 0,
+              bool ptsz = false) {
+  return shielded<R>(
+      api, real, [&](auto &fwd) __attribute__((always_inline))->R {
+        Call c(api, StackWhen::Always);
+        if (!c.tracked()) return fwd();
+        State &s = state();
+        Args args;
+        args.hex("ptr", ptr);
+        using FwdFn = std::remove_reference_t<decltype(fwd)>;
+        auto forward = [](void *f) { return static_cast<int>((*static_cast<FwdFn *>(f))()); };
+        int status = 0;
+        // A stream-ordered free on a capturing stream is a free node of the capture, not a free.
+        if (api_is_stream_ordered_free(api) && capture_open() && ptr) [[unlikely]]
+          if (captured_free(c, stream, ptsz, ptr, args, forward, &fwd, status)) return R(status);
+        // A synchronous free during an open capture that prohibits it (capture-unsafe).
+        UnsafeCall unsafe;
+        if (!api_is_stream_ordered_free(api) && capture_open() && ptr) [[unlikely]]
+          unsafe = unsafe_before(c, ptr, 0, args);
+        FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
+        if (v.cls == FreeClass::Live) {
+          R r = free_live<R>(c, api, v, args, fwd, stream);
+          if (unsafe.prohibited)
+            unsafe_after(c, unsafe, static_cast<int>(r), ptr, v.rec.size, args);
+          return r;
         }
-      }
-    }
-    if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
-      if (auto res = s.vmm.reservation_range(ptr)) {
-        v.cls = FreeClass::InVmm;
-        v.vmm_base = res->first;
-        v.vmm_size = res->second;
-      }
-    }
-    Finding f = finding_for_free(v, api_name(api), ptr);
-    Decision d = decide_free(s.opts, v, held_first, s.linear.trusted());
-    // The model held the address as freed; the driver says whether it is live again.
-    DriverView view;
-    if (d.confirm) confirmed(view = driver_view_of_address(ptr), d);
-    if (d.skip) {
-      report_finding(c, std::move(f), d.action, 0, args);
-      Call::Extra x;
-      x.skipped = true;
-      c.log(0, args, x);
-      return R(0);
-    }
-    if (d.abort_first) report_finding(c, f, d.action, -1, args);
-    // Forwarded (report mode) while the first free is still held: that free happens now, so this
-    // one meets the driver exactly as it would have without the shim (an error, not a real free of
-    // memory the quarantine would release again later).
-    if (held_first) held().release(ptr);
-    R r = fwd();
-    if (d.unseen && r == R(0)) {
-      s.linear.refreed(v, c.ev());
-      report_finding(c, unseen_free(v, api_name(api), ptr, view), Action::Forward, 0, args);
-    } else if (d.stands(r == R(0))) {
-      report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
-    }
-    c.log(static_cast<int>(r), args);
-    return r;
-  });
+        if (v.cls == FreeClass::Null) {
+          R r = fwd();
+          c.log(static_cast<int>(r), args);
+          return r;
+        }
+        // A graph's allocation: made again by every launch, without a call the linear model sees.
+        if ((v.cls == FreeClass::DoubleFree || v.cls == FreeClass::Unknown) &&
+            graph_owned_free(c, ptr, args, forward, &fwd, status)) [[unlikely]] {
+          if (unsafe.prohibited) unsafe_after(c, unsafe, status, ptr, 0, args);
+          return R(status);
+        }
+        bool held_first = false;
+        if (!held().empty()) {
+          // The shim still holds this address (quarantine or a deferred flush): the program freed
+          // it before, whatever the bounded history remembers, and forwarding would free it twice.
+          if (auto h = held().find(ptr)) {
+            held_first = true;
+            if (v.cls != FreeClass::DoubleFree) {
+              v.cls = FreeClass::DoubleFree;
+              v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
+              v.first_free = h->freed;
+            }
+          }
+        }
+        if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
+          if (auto res = s.vmm.reservation_range(ptr)) {
+            v.cls = FreeClass::InVmm;
+            v.vmm_base = res->first;
+            v.vmm_size = res->second;
+          }
+        }
+        Finding f = finding_for_free(v, api_name(api), ptr);
+        // A stream-ordered allocation made inside a captured CUDA graph is allocated again by each
+        // launch without an API call the shim sees: decide_free forwards a second cudaFreeAsync of
+        // its address and reports it only if the driver refuses.
+        Decision d = decide_free(s.opts, v, held_first, s.linear.trusted());
+        // The model held the address as freed; the driver says whether it is live again.
+        DriverView view;
+        if (d.confirm) confirmed(view = driver_view_of_address(ptr), d);
+        if (d.skip) {
+          report_finding(c, std::move(f), d.action, 0, args);
+          Call::Extra x;
+          x.skipped = true;
+          c.log(0, args, x);
+          return R(0);
+        }
+        if (d.abort_first) report_finding(c, f, d.action, -1, args);
+        // Forwarded (report mode) while the first free is still held: that free happens now, so
+        // this one meets the driver exactly as it would have without the shim (an error, not a real
+        // free of memory the quarantine would release again later).
+        if (held_first) held().release(ptr);
+        R r = fwd();
+        if (d.unseen && r == R(0)) {
+          s.linear.refreed(v, c.ev());
+          report_finding(c, unseen_free(v, api_name(api), ptr, view), Action::Forward, 0, args);
+        } else if (d.stands(r == R(0))) {
+          report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
+        }
+        if (unsafe.prohibited) unsafe_after(c, unsafe, static_cast<int>(r), ptr, 0, args);
+        c.log(static_cast<int>(r), args);
+        return r;
+      });
 }
 
 // Pool trims (cuMemPoolTrimTo, cudaMemPoolTrimTo). Under a cache flush while transports are
@@ -238,26 +309,27 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real) {
 // pool, which keeps it for its next allocations; it never waits for the device itself).
 template <class R, class Real>
 R trim_pool(Api api, std::uint64_t pool, std::uint64_t keep, Real &&real) {
-  return shielded<R>(api, real, [&](auto &fwd) __attribute__((always_inline)) -> R {
-    Call c(api, StackWhen::Always);
-    if (!c.tracked()) return fwd();
-    Args args;
-    args.hex("pool", pool).u("keep", keep);
-    const FlushCheck fc = flush_check(c, FlushTarget::Trim);
-    if (fc.opportunistic && fc.action == Action::Skip) {
-      flush_report(c, fc, args, 0, 0, 0);
-      Call::Extra x;
-      x.skipped = true;
-      c.log(0, args, x);
-      return R(0);
-    }
-    if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, 0, 0);
-    const std::uint64_t t0 = now_ns();
-    R r = fwd();
-    if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), 0, now_ns() - t0);
-    c.log(static_cast<int>(r), args);
-    return r;
-  });
+  return shielded<R>(
+      api, real, [&](auto &fwd) __attribute__((always_inline))->R {
+        Call c(api, StackWhen::Always);
+        if (!c.tracked()) return fwd();
+        Args args;
+        args.hex("pool", pool).u("keep", keep);
+        const FlushCheck fc = flush_check(c, FlushTarget::Trim);
+        if (fc.opportunistic && fc.action == Action::Skip) {
+          flush_report(c, fc, args, 0, 0, 0);
+          Call::Extra x;
+          x.skipped = true;
+          c.log(0, args, x);
+          return R(0);
+        }
+        if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, 0, 0);
+        const std::uint64_t t0 = now_ns();
+        R r = fwd();
+        if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), 0, now_ns() - t0);
+        c.log(static_cast<int>(r), args);
+        return r;
+      });
 }
 
 // VMM and IPC handlers (driver ABI; the runtime IPC hooks call them with a runtime forwarder).
@@ -296,8 +368,8 @@ struct IpcApi {
   bool runtime;  // cudaIpc*: a missing context is created, as cudart does
 };
 int ipc_get(const IpcApi &k, void *handle, std::uint64_t ptr, FnRef<int()> real);
-int ipc_open(const IpcApi &k, const void *handle, unsigned flags, bool out_ok,
-             FnRef<int()> real, FnRef<std::uint64_t()> out, FnRef<void(std::uint64_t)> set_out);
+int ipc_open(const IpcApi &k, const void *handle, unsigned flags, bool out_ok, FnRef<int()> real,
+             FnRef<std::uint64_t()> out, FnRef<void(std::uint64_t)> set_out);
 int ipc_close(const IpcApi &k, std::uint64_t ptr, FnRef<int()> real);
 
 // cuGetProcAddress / cudaGetDriverEntryPoint*: forward, then hand back our wrapper of exactly the

@@ -86,10 +86,10 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
           asked, device, bridge::device_supports_posix_fd(prop->location.id)));
     use = wide.requestedHandleTypes != prop->requestedHandleTypes ? &wide : prop;
     bool retried = false;
-    CUresult r = call_with_oom_retry<CUresult>(fwd, retried);
+    CUresult r = call_with_oom_retry<CUresult>(fwd, retried, "cuMemCreate");
     if (use != prop && r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
       use = prop;
-      r = call_with_oom_retry<CUresult>(fwd, retried);
+      r = call_with_oom_retry<CUresult>(fwd, retried, "cuMemCreate");
     }
     Args args;
     args.u("size", size).i("loc_type", prop->location.type).i("loc_id", prop->location.id)

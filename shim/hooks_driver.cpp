@@ -7,11 +7,18 @@
 using namespace cmg::shim;
 using cmg::MemKind;
 
+namespace {
+std::uint64_t stream_value(CUstream s) {
+  return reinterpret_cast<std::uintptr_t>(s);
+}
+}  // namespace
+
 CMG_HOOK(CUresult, cuGetProcAddress,
          (const char *symbol, void **pfn, int version, cuuint64_t flags),
          (symbol, pfn, version, flags)) {
   auto real = CMG_REAL_R(cuGetProcAddress);
-  return real ? route_after(real(symbol, pfn, version, flags), symbol, pfn) : CUDA_ERROR_NOT_INITIALIZED;
+  return real ? route_after(real(symbol, pfn, version, flags), symbol, pfn)
+              : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 CMG_HOOK(CUresult, cuGetProcAddress_v2,
@@ -23,21 +30,21 @@ CMG_HOOK(CUresult, cuGetProcAddress_v2,
               : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-CMG_HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n)) {
+CMG_HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr * p, size_t n), (p, n)) {
   return linear_alloc<CUresult>(
       Api::cuMemAlloc_v2, MemKind::Linear, n, [&] { return CMG_REAL_R(cuMemAlloc_v2)(p, n); },
       [&] { return *p; });
 }
 
 CMG_HOOK(CUresult, cuMemAllocPitch_v2,
-         (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int elem),
+         (CUdeviceptr * p, size_t *pitch, size_t w, size_t h, unsigned int elem),
          (p, pitch, w, h, elem)) {
   return linear_alloc<CUresult>(
       Api::cuMemAllocPitch_v2, MemKind::Linear, [&] { return std::uint64_t(*pitch) * h; },
       [&] { return CMG_REAL_R(cuMemAllocPitch_v2)(p, pitch, w, h, elem); }, [&] { return *p; });
 }
 
-CMG_HOOK(CUresult, cuMemAllocManaged, (CUdeviceptr *p, size_t n, unsigned int flags),
+CMG_HOOK(CUresult, cuMemAllocManaged, (CUdeviceptr * p, size_t n, unsigned int flags),
          (p, n, flags)) {
   return linear_alloc<CUresult>(
       Api::cuMemAllocManaged, MemKind::Managed, n,
@@ -67,40 +74,45 @@ CMG_HOOK(CUresult, cuMemFreeHost, (void *p), (p)) {
                                [&] { return CMG_REAL_R(cuMemFreeHost)(p); });
 }
 
-CMG_HOOK(CUresult, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s)) {
+CMG_HOOK(CUresult, cuMemAllocAsync, (CUdeviceptr * p, size_t n, CUstream s), (p, n, s)) {
   return linear_alloc<CUresult>(
       Api::cuMemAllocAsync, MemKind::Async, n, [&] { return CMG_REAL_R(cuMemAllocAsync)(p, n, s); },
-      [&] { return *p; });
+      [&] { return *p; }, stream_value(s));
 }
 
-CMG_HOOK(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s)) {
+CMG_HOOK(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * p, size_t n, CUstream s), (p, n, s)) {
   return linear_alloc<CUresult>(
       Api::cuMemAllocAsync_ptsz, MemKind::Async, n,
-      [&] { return CMG_REAL_R(cuMemAllocAsync_ptsz)(p, n, s); }, [&] { return *p; });
+      [&] { return CMG_REAL_R(cuMemAllocAsync_ptsz)(p, n, s); }, [&] { return *p; },
+      stream_value(s), true);
 }
 
 CMG_HOOK(CUresult, cuMemAllocFromPoolAsync,
-         (CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s), (p, n, pool, s)) {
+         (CUdeviceptr * p, size_t n, CUmemoryPool pool, CUstream s), (p, n, pool, s)) {
   return linear_alloc<CUresult>(
       Api::cuMemAllocFromPoolAsync, MemKind::Async, n,
-      [&] { return CMG_REAL_R(cuMemAllocFromPoolAsync)(p, n, pool, s); }, [&] { return *p; });
+      [&] { return CMG_REAL_R(cuMemAllocFromPoolAsync)(p, n, pool, s); }, [&] { return *p; },
+      stream_value(s));
 }
 
 CMG_HOOK(CUresult, cuMemAllocFromPoolAsync_ptsz,
-         (CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s), (p, n, pool, s)) {
+         (CUdeviceptr * p, size_t n, CUmemoryPool pool, CUstream s), (p, n, pool, s)) {
   return linear_alloc<CUresult>(
       Api::cuMemAllocFromPoolAsync_ptsz, MemKind::Async, n,
-      [&] { return CMG_REAL_R(cuMemAllocFromPoolAsync_ptsz)(p, n, pool, s); }, [&] { return *p; });
+      [&] { return CMG_REAL_R(cuMemAllocFromPoolAsync_ptsz)(p, n, pool, s); }, [&] { return *p; },
+      stream_value(s), true);
 }
 
 CMG_HOOK(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s)) {
-  return linear_free<CUresult>(Api::cuMemFreeAsync, kDeviceFrees, p,
-                               [&] { return CMG_REAL_R(cuMemFreeAsync)(p, s); });
+  return linear_free<CUresult>(
+      Api::cuMemFreeAsync, kDeviceFrees, p, [&] { return CMG_REAL_R(cuMemFreeAsync)(p, s); },
+      stream_value(s));
 }
 
 CMG_HOOK(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr p, CUstream s), (p, s)) {
-  return linear_free<CUresult>(Api::cuMemFreeAsync_ptsz, kDeviceFrees, p,
-                               [&] { return CMG_REAL_R(cuMemFreeAsync_ptsz)(p, s); });
+  return linear_free<CUresult>(
+      Api::cuMemFreeAsync_ptsz, kDeviceFrees, p,
+      [&] { return CMG_REAL_R(cuMemFreeAsync_ptsz)(p, s); }, stream_value(s), true);
 }
 
 CMG_HOOK(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep), (pool, keep)) {
@@ -108,7 +120,7 @@ CMG_HOOK(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep), (pool, kee
 }
 
 CMG_HOOK(CUresult, cuMemCreate,
-         (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+         (CUmemGenericAllocationHandle * h, size_t n, const CUmemAllocationProp *prop,
           unsigned long long flags),
          (h, n, prop, flags)) {
   return vmm_create(h, n, prop, flags, CMG_REAL_R(cuMemCreate));
@@ -119,7 +131,7 @@ CMG_HOOK(CUresult, cuMemRelease, (CUmemGenericAllocationHandle h), (h)) {
 }
 
 CMG_HOOK(CUresult, cuMemAddressReserve,
-         (CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr, unsigned long long flags),
+         (CUdeviceptr * p, size_t n, size_t align, CUdeviceptr addr, unsigned long long flags),
          (p, n, align, addr, flags)) {
   return vmm_reserve(p, n, align, addr, flags, CMG_REAL_R(cuMemAddressReserve));
 }
@@ -145,7 +157,7 @@ CMG_HOOK(CUresult, cuMemSetAccess,
   return vmm_set_access(p, n, desc, count, CMG_REAL_R(cuMemSetAccess));
 }
 
-CMG_HOOK(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *h, void *addr),
+CMG_HOOK(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle * h, void *addr),
          (h, addr)) {
   return vmm_retain(h, addr, CMG_REAL_R(cuMemRetainAllocationHandle));
 }
@@ -158,26 +170,28 @@ CMG_HOOK(CUresult, cuMemExportToShareableHandle,
 }
 
 CMG_HOOK(CUresult, cuMemImportFromShareableHandle,
-         (CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType type),
+         (CUmemGenericAllocationHandle * h, void *os, CUmemAllocationHandleType type),
          (h, os, type)) {
   return vmm_import(h, os, type, CMG_REAL_R(cuMemImportFromShareableHandle));
 }
 
 // Legacy IPC answers in the driver's codes (docs/ipc-bridge.md, "Errors").
 namespace {
-constexpr bridge::Codes kIpcCodes{CUDA_SUCCESS,          CUDA_ERROR_INVALID_VALUE,
-                                  CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_MAP_FAILED,
-                                  CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_OUT_OF_MEMORY};
-IpcApi ipc_api(Api a) { return IpcApi{a, kIpcCodes, false}; }
+constexpr bridge::Codes kIpcCodes{
+    CUDA_SUCCESS,          CUDA_ERROR_INVALID_VALUE,   CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_MAP_FAILED, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_OUT_OF_MEMORY};
+IpcApi ipc_api(Api a) {
+  return IpcApi{a, kIpcCodes, false};
+}
 }  // namespace
 
-CMG_HOOK(CUresult, cuIpcGetMemHandle, (CUipcMemHandle *h, CUdeviceptr p), (h, p)) {
+CMG_HOOK(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * h, CUdeviceptr p), (h, p)) {
   return static_cast<CUresult>(
       ipc_get(ipc_api(Api::cuIpcGetMemHandle), h ? h->reserved : nullptr, p,
               [&] { return static_cast<int>(CMG_REAL_R(cuIpcGetMemHandle)(h, p)); }));
 }
 
-CMG_HOOK(CUresult, cuIpcOpenMemHandle, (CUdeviceptr *p, CUipcMemHandle h, unsigned int flags),
+CMG_HOOK(CUresult, cuIpcOpenMemHandle, (CUdeviceptr * p, CUipcMemHandle h, unsigned int flags),
          (p, h, flags)) {
   return static_cast<CUresult>(ipc_open(
       ipc_api(Api::cuIpcOpenMemHandle), h.reserved, flags, p != nullptr,
@@ -186,7 +200,7 @@ CMG_HOOK(CUresult, cuIpcOpenMemHandle, (CUdeviceptr *p, CUipcMemHandle h, unsign
       [&](std::uint64_t v) { *p = static_cast<CUdeviceptr>(v); }));
 }
 
-CMG_HOOK(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHandle h, unsigned int flags),
+CMG_HOOK(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr * p, CUipcMemHandle h, unsigned int flags),
          (p, h, flags)) {
   return static_cast<CUresult>(ipc_open(
       ipc_api(Api::cuIpcOpenMemHandle_v2), h.reserved, flags, p != nullptr,

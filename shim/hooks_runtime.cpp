@@ -9,7 +9,9 @@ using namespace cmg::shim;
 using cmg::MemKind;
 
 namespace {
-std::uintptr_t addr(void *p) { return reinterpret_cast<std::uintptr_t>(p); }
+std::uintptr_t addr(const void *p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 }  // namespace
 
 CMG_HOOK(cudaError_t, cudaMalloc, (void **p, size_t n), (p, n)) {
@@ -57,20 +59,22 @@ CMG_HOOK(cudaError_t, cudaMallocPitch, (void **p, size_t *pitch, size_t w, size_
 CMG_HOOK(cudaError_t, cudaMallocAsync, (void **p, size_t n, cudaStream_t s), (p, n, s)) {
   return linear_alloc<cudaError_t>(
       Api::cudaMallocAsync, MemKind::Async, n, [&] { return CMG_REAL_R(cudaMallocAsync)(p, n, s); },
-      [&] { return addr(*p); });
+      [&] { return addr(*p); }, addr(s));
 }
 
 CMG_HOOK(cudaError_t, cudaMallocAsync_ptsz, (void **p, size_t n, cudaStream_t s), (p, n, s)) {
   return linear_alloc<cudaError_t>(
       Api::cudaMallocAsync_ptsz, MemKind::Async, n,
-      [&] { return CMG_REAL_R(cudaMallocAsync_ptsz)(p, n, s); }, [&] { return addr(*p); });
+      [&] { return CMG_REAL_R(cudaMallocAsync_ptsz)(p, n, s); }, [&] { return addr(*p); }, addr(s),
+      true);
 }
 
 CMG_HOOK(cudaError_t, cudaMallocFromPoolAsync,
          (void **p, size_t n, cudaMemPool_t pool, cudaStream_t s), (p, n, pool, s)) {
   return linear_alloc<cudaError_t>(
       Api::cudaMallocFromPoolAsync, MemKind::Async, n,
-      [&] { return CMG_REAL_R(cudaMallocFromPoolAsync)(p, n, pool, s); }, [&] { return addr(*p); });
+      [&] { return CMG_REAL_R(cudaMallocFromPoolAsync)(p, n, pool, s); }, [&] { return addr(*p); },
+      addr(s));
 }
 
 CMG_HOOK(cudaError_t, cudaMallocFromPoolAsync_ptsz,
@@ -78,17 +82,19 @@ CMG_HOOK(cudaError_t, cudaMallocFromPoolAsync_ptsz,
   return linear_alloc<cudaError_t>(
       Api::cudaMallocFromPoolAsync_ptsz, MemKind::Async, n,
       [&] { return CMG_REAL_R(cudaMallocFromPoolAsync_ptsz)(p, n, pool, s); },
-      [&] { return addr(*p); });
+      [&] { return addr(*p); }, addr(s), true);
 }
 
 CMG_HOOK(cudaError_t, cudaFreeAsync, (void *p, cudaStream_t s), (p, s)) {
-  return linear_free<cudaError_t>(Api::cudaFreeAsync, kDeviceFrees, addr(p),
-                                  [&] { return CMG_REAL_R(cudaFreeAsync)(p, s); });
+  return linear_free<cudaError_t>(
+      Api::cudaFreeAsync, kDeviceFrees, addr(p), [&] { return CMG_REAL_R(cudaFreeAsync)(p, s); },
+      addr(s));
 }
 
 CMG_HOOK(cudaError_t, cudaFreeAsync_ptsz, (void *p, cudaStream_t s), (p, s)) {
-  return linear_free<cudaError_t>(Api::cudaFreeAsync_ptsz, kDeviceFrees, addr(p),
-                                  [&] { return CMG_REAL_R(cudaFreeAsync_ptsz)(p, s); });
+  return linear_free<cudaError_t>(
+      Api::cudaFreeAsync_ptsz, kDeviceFrees, addr(p),
+      [&] { return CMG_REAL_R(cudaFreeAsync_ptsz)(p, s); }, addr(s), true);
 }
 
 CMG_HOOK(cudaError_t, cudaMemPoolTrimTo, (cudaMemPool_t pool, size_t keep), (pool, keep)) {
@@ -98,16 +104,19 @@ CMG_HOOK(cudaError_t, cudaMemPoolTrimTo, (cudaMemPool_t pool, size_t keep), (poo
 
 // Legacy IPC answers in the runtime's codes (docs/ipc-bridge.md, "Errors").
 namespace {
-constexpr bridge::Codes kIpcCodes{cudaSuccess,
-                                  cudaErrorInvalidValue,
-                                  cudaErrorInvalidResourceHandle,
-                                  cudaErrorMapBufferObjectFailed,
-                                  cudaErrorDeviceUninitialized,  // CUDA_ERROR_INVALID_CONTEXT in cudart
-                                  cudaErrorMemoryAllocation};
-IpcApi ipc_api(Api a) { return IpcApi{a, kIpcCodes, true}; }
+constexpr bridge::Codes kIpcCodes{
+    cudaSuccess,
+    cudaErrorInvalidValue,
+    cudaErrorInvalidResourceHandle,
+    cudaErrorMapBufferObjectFailed,
+    cudaErrorDeviceUninitialized,  // CUDA_ERROR_INVALID_CONTEXT in cudart
+    cudaErrorMemoryAllocation};
+IpcApi ipc_api(Api a) {
+  return IpcApi{a, kIpcCodes, true};
+}
 }  // namespace
 
-CMG_HOOK(cudaError_t, cudaIpcGetMemHandle, (cudaIpcMemHandle_t *h, void *p), (h, p)) {
+CMG_HOOK(cudaError_t, cudaIpcGetMemHandle, (cudaIpcMemHandle_t * h, void *p), (h, p)) {
   return static_cast<cudaError_t>(
       ipc_get(ipc_api(Api::cudaIpcGetMemHandle), h ? h->reserved : nullptr, addr(p),
               [&] { return static_cast<int>(CMG_REAL_R(cudaIpcGetMemHandle)(h, p)); }));

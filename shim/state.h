@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "capture_model.h"
 #include "cuda_api.h"
 #include "errors.h"
 #include "event.h"
@@ -69,6 +70,7 @@ struct State {
   ByteCounters counters;
   LinearModel linear;
   VmmModel vmm{counters};
+  CaptureModel capture;
   Transport transport;
   EventLog log;
   std::atomic<std::uint64_t> seq{0};

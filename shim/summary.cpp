@@ -60,10 +60,31 @@ Live read_live_and_write_leaks(State &s, bool log) {
         j.str("k", "leak").str("what", mem_kind_name(r.kind))
             .str("api", r.alloc.api ? r.alloc.api : "").hex("ptr", r.ptr).unum("size", r.size)
             .num("dev", r.dev).unum("seq", r.alloc.seq);
+        if (r.capture) j.unum("capture", r.capture);  // made for a CUDA graph (its private pool)
         if (r.alloc.stack) j.unum("stack", r.alloc.stack);
         emit(j);
       },
       kExitPatienceNs);
+  // Graph allocations a launch made and nothing freed (capture_model.h).
+  const bool graphs_read = s.capture.for_each_live_within(
+      [&](const GraphAlloc &a) {
+        auto &e = live.linear["graph"];
+        ++e.first;
+        e.second += a.size;
+        if (!log) return;
+        JsonLine j(buf, sizeof buf);
+        j.str("k", "leak").str("what", "graph").str("api", a.node.api ? a.node.api : "")
+            .hex("ptr", a.ptr).unum("size", a.size).num("dev", a.dev).unum("seq", a.node.seq)
+            .hex("graph", a.graph);
+        if (a.capture) j.unum("capture", a.capture);
+        if (a.node.stack) j.unum("stack", a.node.stack);
+        emit(j);
+      },
+      kExitPatienceNs);
+  if (!graphs_read)
+    note(LogLevel::Warn, "exit: the graph model stayed locked by a thread that did not come back "
+                         "(a signal handler that called exit() interrupted it); its live graph "
+                         "allocations are not in the leak report");
   live.vmm_skipped = !s.vmm.visit_within(
       kExitPatienceNs,
       [&](const PhysAlloc &a) {

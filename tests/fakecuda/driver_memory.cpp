@@ -316,6 +316,8 @@ CUresult linear_free(std::uintptr_t p, bool wait) {
     if (it == m.linear.end()) return CUDA_ERROR_INVALID_VALUE;
     dev = it->second.dev;
     graph = it->second.kind == LinearKind::Graph;
+    // cuda.h, cuMemFree: no implicit synchronization for cuMemAllocAsync memory.
+    if (it->second.kind == LinearKind::Async) wait = false;
   }
   // A graph allocation's lifetime is the graph model's (called without this lock: the graph model
   // calls into this one). cuda.h: cuMemFree of stream-ordered memory does not synchronise.

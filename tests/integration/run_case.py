@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 
+import capture_checks
+
 S, IV, OOM = "CUDA_SUCCESS", "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_OUT_OF_MEMORY"
 RS, RIV = "cudaSuccess", "cudaErrorInvalidValue"
 
@@ -517,6 +519,9 @@ CASES = {
                                  findings=[("unseen-reissue", "forward"),
                                            ("double-release", "forward")]),
 }
+
+
+CASES.update(capture_checks.CASES)
 
 
 def parse_steps(text):
@@ -1054,7 +1059,8 @@ def main():
     else:
         prog_name = c.get("real_prog", c["prog"]) if a.real else c["prog"]
         cmd = [os.path.join(build, "tests", "integration", prog_name)]
-    shim = os.path.join(build, "shim", "libcumemguard.so")
+    # CMG_TEST_SHIM runs the case against another build of the shim (to see a regression fail).
+    shim = os.environ.get("CMG_TEST_SHIM") or os.path.join(build, "shim", "libcumemguard.so")
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env["MALLOC_PERTURB_"] = "0"
@@ -1142,6 +1148,8 @@ def main():
         case_specific(a.case, recs, steps)
         if a.case in FLUSH_CASES:
             check_flushes(a.case, recs, steps, parse_steps(out2), a.real, build, top[0])
+        if a.case in capture_checks.CASE_NAMES:
+            capture_checks.check(a.case, recs, parse_steps(out2), expect, a.real, build, top[0])
         shutil.rmtree(tmp, ignore_errors=True)
     except Failure as e:
         print(f"FAIL {a.case}: {e}")
