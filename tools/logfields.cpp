@@ -436,6 +436,7 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
       case pack("name"): f.name = str_of(v); return true;
       case pack("sticky"): f.sticky = bool_of(v); return true;
       case pack("ret_seq"): f.ret_seq = u64_of(v); return true;
+      case pack("capture"): f.capture = u64_of(v); return true;
       default: return true;  // a field this reader does not know
     }
   }

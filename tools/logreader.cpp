@@ -468,6 +468,7 @@ struct LogReader::Impl {
       l.dev = f.dev.value_or(-1);
       l.seq = f.seq;
       l.stack = f.stack;
+      l.capture = f.capture;
       if (on_leak) on_leak(std::move(l));
     } else if (k == "config"sv) {
       ConfigRecord c;

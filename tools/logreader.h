@@ -170,6 +170,7 @@ struct Leak {
   std::int64_t dev = -1;
   std::optional<std::uint64_t> seq;
   std::optional<std::uint64_t> stack;
+  std::optional<std::uint64_t> capture;  // allocated for this stream capture: the graph's memory
 };
 
 // The fatal signal, from the shim's signal handler (`crash` record).

@@ -23,10 +23,11 @@ std::pair<int, std::string> class_rank(const std::string &cls) {
 
 // Memory kinds in the order docs/log-format.md lists them; unknown ones after, by name.
 std::pair<int, std::string> mem_rank(const std::string &mem) {
-  static const char *const kinds[] = {"linear", "async", "managed", "host", "vmm", "va", "ipc"};
-  for (int i = 0; i < 7; ++i)
+  static const char *const kinds[] = {"linear", "async", "managed", "host", "vmm", "va", "ipc",
+                                      "graph"};
+  for (int i = 0; i < 8; ++i)
     if (mem == kinds[i]) return {i, mem};
-  return {7, mem};
+  return {8, mem};
 }
 
 // "r0" by rank, "p4242" without one; "r0/p4242" when two logs share a rank (two jobs, or a
@@ -277,7 +278,8 @@ class Builder {
     ++leak_index_[li];
     ++g.count;
     g.bytes = sat_add(g.bytes, l.size);
-    ++g.what[l.what];
+    // Memory made for a CUDA graph (PyTorch's private pools, graph allocations) says whose it is.
+    ++g.what[l.capture ? fmt::format("{} (capture {}: the graph's)", l.what, *l.capture) : l.what];
     g.logs.insert(li);
     ++m_.leak_count;
     m_.leak_bytes = sat_add(m_.leak_bytes, l.size);

@@ -278,9 +278,11 @@ void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
                          bytes_text(g.bytes), where(m, g.logs), join(what, ", "));
       const Leak &l = g.example;
       std::string seq = l.seq ? fmt::format(", allocated at seq {}", *l.seq) : "";
-      out << fmt::format("      e.g. {} {} {} of {} bytes on dev {}{}\n", l.what,
+      const std::string graph =
+          l.capture ? fmt::format(", made for capture {} (the graph's)", *l.capture) : "";
+      out << fmt::format("      e.g. {} {} {} of {} bytes on dev {}{}{}\n", l.what,
                          l.object_field.empty() ? "object" : l.object_field,
-                         l.object.empty() ? "?" : l.object, l.size, dev_text(l.dev), seq);
+                         l.object.empty() ? "?" : l.object, l.size, dev_text(l.dev), seq, graph);
       out << "      allocated at\n";
       print_stack(out, m.stack(g.stack), "        ");
     }

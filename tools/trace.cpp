@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Chrome trace-event JSON for Perfetto / chrome://tracing: one process track per log, byte counters
-// per device and memory kind, instants for findings, deferred frees and NCCL, slow calls as slices.
+// per device and memory kind, instants for findings, deferred frees and NCCL, slow calls and stream
+// captures (begin to end, on the thread that began them) as slices.
 // Written as the merged events arrive (the trace of a 1 GB log once held 11 GB of JSON objects);
 // thread names and the end-of-log instants follow the events, which the format allows.
+#include <algorithm>
 #include <charconv>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -29,6 +32,17 @@ std::string us(std::int64_t ns) {
       ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
   if (a % 1000 == 0) return fmt::format("{}{}", sign, a / 1000);
   return fmt::format("{}{}.{:03}", sign, a / 1000, a % 1000);
+}
+
+// The capture number of a capture begin or end call ("stream=0x1000, mode=global, capture=1").
+std::optional<std::uint64_t> capture_of(const Call &c) {
+  if (c.api.find("Capture") == std::string::npos) return std::nullopt;
+  const auto at = c.args.find("capture=");
+  if (at == std::string::npos) return std::nullopt;
+  std::uint64_t id = 0;
+  const char *b = c.args.data() + at + 8, *e = c.args.data() + c.args.size();
+  if (std::from_chars(b, e, id).ec != std::errc() || id == 0) return std::nullopt;
+  return id;
 }
 
 std::string counter_name(std::int64_t dev, const std::string &mem) {
@@ -111,6 +125,7 @@ class TraceWriter final : public EventSink {
         last_->bytes = sat_add(last_->bytes, c->delta);
         counter(last_->name, t, pid, e.tid, last_->bytes);
       }
+      if (const auto id = capture_of(*c)) capture_span(li, *id, *c, t, pid, e);
       if (c->deferred)
         instant(json_string("deferred " + c->api), "deferred", t, pid, e.tid, 't',
                 fmt::format("\"call\":{},\"seq\":{}", json_string(call_text(c->api, c->args)),
@@ -153,6 +168,12 @@ class TraceWriter final : public EventSink {
   }
 
   void finish(const Model &m) override {
+    // Captures still open when their log ends reach its end.
+    for (const auto &[key, open] : captures_) {
+      const std::size_t li = key.first;
+      const std::int64_t end = m.time(li, m.logs[li].last_ts());
+      span(key.second, open, end, pids_[li], "\"open at the end of the log\"");
+    }
     for (std::size_t i = 0; i < m.logs.size() && i < tids_.size(); ++i) {
       const Log &l = m.logs[i];
       for (auto tid : tids_[i])
@@ -244,6 +265,36 @@ class TraceWriter final : public EventSink {
     end_event();
   }
 
+  // A capture's begin is remembered until its end comes (or the log ends).
+  struct OpenCapture {
+    std::int64_t t = 0, tid = 0;
+    std::string begin;  // the begin call as text
+  };
+  void capture_span(std::size_t li, std::uint64_t id, const Call &c, std::int64_t t,
+                    std::int64_t pid, const Event &e) {
+    const bool begin = c.api.find("Begin") != std::string::npos;
+    if (begin) {
+      if (c.res == 0) captures_[{li, id}] = OpenCapture{t, e.tid, call_text(c.api, c.args)};
+      return;
+    }
+    auto it = captures_.find({li, id});
+    if (it == captures_.end()) return;
+    span(id, it->second, t + c.dur, pid,
+         fmt::format("{},\"res\":{}", json_string(call_text(c.api, c.args)), c.res));
+    captures_.erase(it);
+  }
+  void span(std::uint64_t id, const OpenCapture &o, std::int64_t end, std::int64_t pid,
+            const std::string &end_json) {
+    begin_event();
+    buf_ += fmt::format(
+        "{{\"name\":\"capture {}\",\"cat\":\"capture\",\"ph\":\"X\",\"ts\":{},\"dur\":{},"
+        "\"pid\":{},\"tid\":{},\"args\":{{\"begin\":{},\"end\":{}}}}}",
+        id, us(o.t), us(std::max<std::int64_t>(end - o.t, 1)), pid, o.tid, json_string(o.begin),
+        end_json);
+    end_event();
+  }
+
+  std::map<std::pair<std::size_t, std::uint64_t>, OpenCapture> captures_;
   const ReportOptions &opt_;
   std::function<void(std::string_view)> write_;
   std::vector<const Log *> logs_;
