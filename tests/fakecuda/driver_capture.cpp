@@ -31,10 +31,10 @@ struct Graph {
 
 struct Exec {
   unsigned magic = kExecMagic;
-  Graph *from = nullptr;               // nullptr once that graph is destroyed
-  std::vector<std::uintptr_t> kept;    // allocated by the graph and not freed in it
-  std::vector<std::uintptr_t> frees;   // allocations of other graphs that this one frees
-  bool auto_free = false;              // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+  Graph *from = nullptr;              // nullptr once that graph is destroyed
+  std::vector<std::uintptr_t> kept;   // allocated by the graph and not freed in it
+  std::vector<std::uintptr_t> frees;  // allocations of other graphs that this one frees
+  bool auto_free = false;             // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
 };
 
 // A graph allocation. Its address is fixed when the node is made; its lifetime begins at a launch
@@ -43,11 +43,11 @@ struct Exec {
 struct GraphAlloc {
   std::size_t size = 0;
   int dev = 0;
-  Graph *owner = nullptr;       // nullptr once the owning graph is destroyed
-  bool freed_in_owner = false;  // the owning graph frees it (then nothing else may)
-  bool freed_elsewhere = false; // another graph has a free node for it
+  Graph *owner = nullptr;        // nullptr once the owning graph is destroyed
+  bool freed_in_owner = false;   // the owning graph frees it (then nothing else may)
+  bool freed_elsewhere = false;  // another graph has a free node for it
   bool live = false;
-  unsigned refs = 0;            // the owning graph and each executable graph that keeps it
+  unsigned refs = 0;  // the owning graph and each executable graph that keeps it
 };
 
 struct Capture {
@@ -58,7 +58,7 @@ struct Capture {
   bool blocking = true;
   int dev = 0;
   bool invalidated = false;
-  Graph *graph = nullptr;     // being built; handed out by a successful end
+  Graph *graph = nullptr;  // being built; handed out by a successful end
 };
 
 struct Registry {
@@ -156,7 +156,9 @@ bool invalidate(Registry &r, Pred &&hit) {
 
 // cuda.h, cuGraphAddMemFreeNode: INVALID_VALUE for an address no allocation node returned, one
 // already freed in this graph, or one another graph frees already.
-bool may_free_in(const GraphAlloc &a) { return !a.freed_in_owner && !a.freed_elsewhere; }
+bool may_free_in(const GraphAlloc &a) {
+  return !a.freed_in_owner && !a.freed_elsewhere;
+}
 
 void mark_freed(GraphAlloc &a, Graph *g, std::uintptr_t p) {
   (a.owner == g ? a.freed_in_owner : a.freed_elsewhere) = true;
@@ -247,7 +249,7 @@ CUresult is_capturing(CUstream s, bool per_thread, CUstreamCaptureStatus *status
     return CUDA_SUCCESS;
   }
   const Capture *c = find(r, id.key);
-  *status = !c                ? CU_STREAM_CAPTURE_STATUS_NONE
+  *status = !c               ? CU_STREAM_CAPTURE_STATUS_NONE
             : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                              : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   if (id_out) *id_out = c ? c->id : 0;
@@ -541,7 +543,8 @@ using namespace fc;
 
 FC_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) {
   // The CUDA 10.0 entry point has no mode: it begins a global-mode capture.
-  return FC_CALL(cuStreamBeginCapture, begin_capture(hStream, false, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  return FC_CALL(cuStreamBeginCapture,
+                 begin_capture(hStream, false, CU_STREAM_CAPTURE_MODE_GLOBAL));
 }
 
 FC_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
@@ -569,11 +572,13 @@ FC_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *
   return FC_CALL(cuStreamIsCapturing, is_capturing(hStream, false, captureStatus, nullptr));
 }
 
-FC_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+FC_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream,
+                                            CUstreamCaptureStatus *captureStatus) {
   return FC_CALL(cuStreamIsCapturing_ptsz, is_capturing(hStream, true, captureStatus, nullptr));
 }
 
-FC_EXPORT CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+FC_EXPORT CUresult cuStreamGetCaptureInfo(CUstream hStream,
+                                          CUstreamCaptureStatus *captureStatus_out,
                                           cuuint64_t *id_out) {
   return FC_CALL(cuStreamGetCaptureInfo, is_capturing(hStream, false, captureStatus_out, id_out));
 }
@@ -581,7 +586,8 @@ FC_EXPORT CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatu
 FC_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream,
                                                CUstreamCaptureStatus *captureStatus_out,
                                                cuuint64_t *id_out) {
-  return FC_CALL(cuStreamGetCaptureInfo_ptsz, is_capturing(hStream, true, captureStatus_out, id_out));
+  return FC_CALL(cuStreamGetCaptureInfo_ptsz,
+                 is_capturing(hStream, true, captureStatus_out, id_out));
 }
 
 FC_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
@@ -625,14 +631,16 @@ FC_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph
 
 FC_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                 CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
-  return FC_CALL(cuGraphInstantiateWithParams,
-                 params ? instantiate(phGraphExec, hGraph, params->flags) : CUDA_ERROR_INVALID_VALUE);
+  return FC_CALL(cuGraphInstantiateWithParams, params
+                                                   ? instantiate(phGraphExec, hGraph, params->flags)
+                                                   : CUDA_ERROR_INVALID_VALUE);
 }
 
 FC_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
-  return FC_CALL(cuGraphInstantiateWithParams_ptsz,
-                 params ? instantiate(phGraphExec, hGraph, params->flags) : CUDA_ERROR_INVALID_VALUE);
+  return FC_CALL(
+      cuGraphInstantiateWithParams_ptsz,
+      params ? instantiate(phGraphExec, hGraph, params->flags) : CUDA_ERROR_INVALID_VALUE);
 }
 
 FC_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The stream-capture rows C1-C17 of real-driver.md section 7: which calls a capture refuses in which
-// mode, when it is invalidated, what cuStreamEndCapture answers, and graph memory nodes. Their
-// expected results come from NVIDIA's documentation (cuda.h 13.0 and the CUDA programming guide,
-// cited per row there), not from a measurement; the gpu suite compares them with the real driver.
-// Every row begins on a stream that is not capturing and leaves none capturing.
+// The stream-capture rows C1-C17 of real-driver.md section 7: which calls a capture refuses in
+// which mode, when it is invalidated, what cuStreamEndCapture answers, and graph memory nodes.
+// Their expected results come from NVIDIA's documentation (cuda.h 13.0 and the CUDA programming
+// guide, cited per row there), not from a measurement; the gpu suite compares them with the real
+// driver. Every row begins on a stream that is not capturing and leaves none capturing.
 #include <cuda.h>
 
 #include <thread>
@@ -14,10 +14,14 @@ namespace {
 
 const char *status_name(CUstreamCaptureStatus s) {
   switch (s) {
-    case CU_STREAM_CAPTURE_STATUS_NONE: return "none";
-    case CU_STREAM_CAPTURE_STATUS_ACTIVE: return "active";
-    case CU_STREAM_CAPTURE_STATUS_INVALIDATED: return "invalidated";
-    default: return "unknown";
+    case CU_STREAM_CAPTURE_STATUS_NONE:
+      return "none";
+    case CU_STREAM_CAPTURE_STATUS_ACTIVE:
+      return "active";
+    case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
+      return "invalidated";
+    default:
+      return "unknown";
   }
 }
 
@@ -29,10 +33,14 @@ const char *status_of(CUstream s) {
 
 const char *mode_name(CUstreamCaptureMode m) {
   switch (m) {
-    case CU_STREAM_CAPTURE_MODE_GLOBAL: return "global";
-    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return "thread-local";
-    case CU_STREAM_CAPTURE_MODE_RELAXED: return "relaxed";
-    default: return "unknown";
+    case CU_STREAM_CAPTURE_MODE_GLOBAL:
+      return "global";
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL:
+      return "thread-local";
+    case CU_STREAM_CAPTURE_MODE_RELAXED:
+      return "relaxed";
+    default:
+      return "unknown";
   }
 }
 
@@ -113,8 +121,8 @@ void capture_rows(CUcontext ctx) {
     CUresult f = a == CUDA_SUCCESS ? cuMemFree(p) : a;
     cuThreadExchangeStreamCaptureMode(&m);
     CUresult e = end(ns);
-    row("C4 global relaxed-thread exchange %s previous %s cuMemAlloc %s cuMemFree %s end %s",
-        en(x), mode_name(previous), en(a), en(f), en(e));
+    row("C4 global relaxed-thread exchange %s previous %s cuMemAlloc %s cuMemFree %s end %s", en(x),
+        mode_name(previous), en(a), en(f), en(e));
   }
   {  // C5: a thread-local capture prohibits its own thread only.
     cuStreamBeginCapture(ns, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);

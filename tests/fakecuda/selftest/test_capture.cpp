@@ -62,7 +62,7 @@ TEST_CASE("graph allocations: device memory while live, forgotten with their gra
   CHECK(state().device_used[0] == 0);
   CHECK(graphs().graph_allocs == 1);  // the executable graph allocates it again at each launch
   REQUIRE(cuGraphLaunch(x, s) == CUDA_SUCCESS);
-  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);  // cuMemFree of a graph allocation does not wait
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);            // cuMemFree of a graph allocation does not wait
   CHECK(cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);  // not live any more
   REQUIRE(cuGraphExecDestroy(x) == CUDA_SUCCESS);
   CHECK(graphs().graph_allocs == 0);
