@@ -96,10 +96,11 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
         if (!c.tracked()) return untracked_alloc<R>(fwd);
         std::uint64_t asked = 0;
         if constexpr (!std::is_invocable_v<Size>) asked = size_of;
+        // Read once: a capture this thread could be making the allocation for cannot begin
+        // meanwhile.
+        const bool capturing = capture_open();
         // A synchronous allocation during an open capture that prohibits it (capture-unsafe).
-        UnsafeCall unsafe;
-        if (kind != MemKind::Async && capture_open()) [[unlikely]]
-          unsafe = unsafe_before(c, 0, asked, Args{});
+        const bool unsafe = capturing && kind != MemKind::Async && unsafe_before(c);
         bool retried = false;
         R r = call_with_oom_retry<R>(fwd, retried, api_name(api));
         Args args;
@@ -112,7 +113,8 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
         }
         if (r != R(0)) {
           if constexpr (!std::is_invocable_v<Size>) args.u("size", size_of);
-          if (unsafe.prohibited) unsafe_after(c, unsafe, static_cast<int>(r), 0, asked, args);
+          if (unsafe) [[unlikely]]
+            unsafe_after(c, static_cast<int>(r), 0, asked, args);
           c.log(static_cast<int>(r), args);
           return r;
         }
@@ -128,14 +130,13 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
           c.log(0, args);
           return r;
         }
-        if (kind == MemKind::Async && capture_open() &&
-            captured_alloc(c, stream, ptsz, p, size, args))
+        if (capturing && kind == MemKind::Async && captured_alloc(c, stream, ptsz, p, size, args))
           return r;
         const int dev = kind == MemKind::Host ? -1 : current_device();
         State &s = state();
         LinearRec rec{p, size, dev, kind, c.ev()};
         rec.stream = stream;
-        if (capture_open()) [[unlikely]] {
+        if (capturing) [[unlikely]] {
           // Made while a capture is open on this thread: the graph's memory (PyTorch's private
           // pool).
           rec.capture = capture_for_alloc(size);
@@ -195,13 +196,14 @@ __attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict 
   }
   // A free of the other kind's memory while work may still use it (free-kind-mismatch): asked
   // before the driver frees.
-  KindMismatch km;
-  if (v.rec.kind == MemKind::Async || api_is_stream_ordered_free(api)) [[unlikely]]
-    km = kind_mismatch_before(c, !api_is_stream_ordered_free(api), v.rec, stream, args);
+  const bool sync_api = !api_is_stream_ordered_free(api);
+  const bool mismatch = (v.rec.kind == MemKind::Async || !sync_api) &&
+                        kind_mismatch_before(c, sync_api, v.rec, stream, args);
   const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
   R r = real();
   if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), v.rec.size, now_ns() - t0);
-  kind_mismatch_after(c, km, static_cast<int>(r), args);
+  if (mismatch) [[unlikely]]
+    kind_mismatch_after(c, sync_api, v.rec, stream, static_cast<int>(r), args);
   if (r != R(0)) {
     s.linear.rollback(v);
     c.log(static_cast<int>(r), args);
@@ -226,18 +228,21 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         using FwdFn = std::remove_reference_t<decltype(fwd)>;
         auto forward = [](void *f) { return static_cast<int>((*static_cast<FwdFn *>(f))()); };
         int status = 0;
-        // A stream-ordered free on a capturing stream is a free node of the capture, not a free.
-        if (api_is_stream_ordered_free(api) && capture_open() && ptr) [[unlikely]]
-          if (captured_free(c, stream, ptsz, ptr, args, forward, &fwd, status)) return R(status);
-        // A synchronous free during an open capture that prohibits it (capture-unsafe).
-        UnsafeCall unsafe;
-        if (!api_is_stream_ordered_free(api) && capture_open() && ptr) [[unlikely]]
-          unsafe = unsafe_before(c, ptr, 0, args);
+        bool unsafe = false;
+        if (ptr && capture_open()) [[unlikely]] {
+          // A stream-ordered free on a capturing stream is a free node of the capture, not a free.
+          if (api_is_stream_ordered_free(api)) {
+            if (captured_free(c, stream, ptsz, ptr, args, forward, &fwd, status)) return R(status);
+          } else {
+            // A synchronous free during an open capture that prohibits it (capture-unsafe).
+            unsafe = unsafe_before(c);
+          }
+        }
         FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
         if (v.cls == FreeClass::Live) {
           R r = free_live<R>(c, api, v, args, fwd, stream);
-          if (unsafe.prohibited)
-            unsafe_after(c, unsafe, static_cast<int>(r), ptr, v.rec.size, args);
+          if (unsafe) [[unlikely]]
+            unsafe_after(c, static_cast<int>(r), ptr, v.rec.size, args);
           return r;
         }
         if (v.cls == FreeClass::Null) {
@@ -248,7 +253,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         // A graph's allocation: made again by every launch, without a call the linear model sees.
         if ((v.cls == FreeClass::DoubleFree || v.cls == FreeClass::Unknown) &&
             graph_owned_free(c, ptr, args, forward, &fwd, status)) [[unlikely]] {
-          if (unsafe.prohibited) unsafe_after(c, unsafe, status, ptr, 0, args);
+          if (unsafe) unsafe_after(c, status, ptr, 0, args);
           return R(status);
         }
         bool held_first = false;
@@ -298,7 +303,8 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         } else if (d.stands(r == R(0))) {
           report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
         }
-        if (unsafe.prohibited) unsafe_after(c, unsafe, static_cast<int>(r), ptr, 0, args);
+        if (unsafe) [[unlikely]]
+          unsafe_after(c, static_cast<int>(r), ptr, 0, args);
         c.log(static_cast<int>(r), args);
         return r;
       });

@@ -107,29 +107,27 @@ StreamKey stream_key(std::uint64_t stream, bool per_thread_variant) {
 
 // ---- the memory handlers' questions ---------------------------------------------------------
 
-UnsafeCall unsafe_before(const Call &c, std::uint64_t, std::uint64_t, const Args &) {
-  UnsafeCall u;
-  if (!c.tracked() || !capture_open()) return u;
-  u.v = state().capture.check_unsafe(thread_id(), t_capture_mode);
-  if (!u.v.prohibited) return u;
-  u.prohibited = true;
-  u.d = decide(state().opts, FindingClass::CaptureUnsafe, false);
-  return u;
+bool unsafe_before(const Call &c) {
+  if (!c.tracked() || !capture_open()) return false;
+  // capture-unsafe stands only when the driver refuses: nothing is decided before the call.
+  return state().capture.check_unsafe(thread_id(), t_capture_mode).prohibited;
 }
 
-void unsafe_after(const Call &c, const UnsafeCall &u, int res, std::uint64_t ptr,
-                  std::uint64_t size, const Args &args) {
+void unsafe_after(const Call &c, int res, std::uint64_t ptr, std::uint64_t size,
+                  const Args &args) {
   // The finding stands only when the driver refused the call as the rule says it does: any other
   // answer means the model missed something (a capture that ended by a route the shim does not
   // see), and it keeps quiet.
-  if (!u.prohibited || res != kCaptureUnsupported) return;
-  CaptureModel &m = state().capture;
-  m.note_invalidated(thread_id(), t_capture_mode, c.ev());
+  if (res != kCaptureUnsupported) return;
+  State &s = state();
+  const UnsafeVerdict v = s.capture.check_unsafe(thread_id(), t_capture_mode);
+  if (!v.prohibited) return;
+  s.capture.note_invalidated(thread_id(), t_capture_mode, c.ev());
+  const Decision d = decide(s.opts, FindingClass::CaptureUnsafe, false);
   const char *what = is_free_api(c.api()) ? "a synchronous free" : "a synchronous allocation";
   report_finding(
-      c,
-      capture_unsafe_finding(u.v, api_name(c.api()), what, thread_id(), t_capture_mode, ptr, size),
-      u.d.action, res, args);
+      c, capture_unsafe_finding(v, api_name(c.api()), what, thread_id(), t_capture_mode, ptr, size),
+      d.action, res, args);
 }
 
 std::uint32_t capture_for_alloc(std::uint64_t size) {
@@ -202,31 +200,32 @@ bool graph_owned_free(Call &c, std::uint64_t ptr, Args &args, int (*forward)(voi
   return true;
 }
 
-KindMismatch kind_mismatch_before(const Call &c, bool sync_api, const LinearRec &rec,
-                                  std::uint64_t free_stream, const Args &args) {
-  KindMismatch k;
+bool kind_mismatch_before(const Call &c, bool sync_api, const LinearRec &rec,
+                          std::uint64_t free_stream, const Args &args) {
   const bool mismatch = sync_api ? rec.kind == MemKind::Async
                                  : rec.kind == MemKind::Linear || rec.kind == MemKind::Managed;
-  if (!mismatch || !may_check_busy()) return k;
+  if (!mismatch || !may_check_busy()) return false;
   static std::atomic<void *> slot{nullptr};
   auto query = driver_fn<PFN_cuStreamQuery_v2000>(slot, "cuStreamQuery");
-  if (!query) return k;
+  if (!query) return false;
   // A synchronous free of stream-ordered memory: is its stream still working? A stream-ordered
   // free of other memory: is the legacy default stream still working (the stream of programs
   // that name none; work on other streams is not seen, as in the busy check: busy.h)? One query
   // that never waits, only on this path.
   const CUstream which = sync_api ? stream_of(rec.stream, false) : CU_STREAM_LEGACY;
-  if (query(which) != CUDA_ERROR_NOT_READY) return k;
-  State &s = state();
-  k.found = true;
-  k.f = free_kind_mismatch_finding(rec, api_name(c.api()), sync_api, free_stream);
-  k.d = decide(s.opts, FindingClass::FreeKindMismatch, false);
-  if (k.d.abort_first) report_finding(c, k.f, k.d.action, -1, args);
-  return k;
+  if (query(which) != CUDA_ERROR_NOT_READY) return false;
+  const Decision d = decide(state().opts, FindingClass::FreeKindMismatch, false);
+  if (d.abort_first)
+    report_finding(c, free_kind_mismatch_finding(rec, api_name(c.api()), sync_api, free_stream),
+                   d.action, -1, args);
+  return true;
 }
 
-void kind_mismatch_after(const Call &c, KindMismatch &k, int res, const Args &args) {
-  if (k.found) report_finding(c, std::move(k.f), k.d.action, res, args);
+void kind_mismatch_after(const Call &c, bool sync_api, const LinearRec &rec,
+                         std::uint64_t free_stream, int res, const Args &args) {
+  const Decision d = decide(state().opts, FindingClass::FreeKindMismatch, false);
+  report_finding(c, free_kind_mismatch_finding(rec, api_name(c.api()), sync_api, free_stream),
+                 d.action, res, args);
 }
 
 bool may_hold_frees() {

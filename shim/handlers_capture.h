@@ -30,17 +30,13 @@ StreamKey stream_key(std::uint64_t stream, bool per_thread_variant);
 // --------------------------------------------------------------
 
 // A synchronous allocation or free the driver is about to be asked for while a capture is open:
-// whether an open capture prohibits it (capture-unsafe). Strict mode aborts here, before the call.
-struct UnsafeCall {
-  bool prohibited = false;
-  UnsafeVerdict v;
-  Decision d;
-};
-UnsafeCall unsafe_before(const Call &c, std::uint64_t ptr, std::uint64_t size, const Args &args);
-// After the driver answered `res`: reports the finding when it stands (the driver refused) and
-// notes the captures the call invalidated.
-void unsafe_after(const Call &c, const UnsafeCall &u, int res, std::uint64_t ptr,
-                  std::uint64_t size, const Args &args);
+// whether an open capture prohibits it (capture-unsafe). The hooks keep only the answer (a bool:
+// this is on every synchronous allocation and free while a capture is open).
+bool unsafe_before(const Call &c);
+// After the driver answered `res`: reports the finding when it stands (the driver refused as the
+// rule says) and notes the captures the call invalidated. The verdict is asked again: the refused
+// call changed nothing the rule reads.
+void unsafe_after(const Call &c, int res, std::uint64_t ptr, std::uint64_t size, const Args &args);
 
 // An allocation the driver made on the calling thread while a capture is open there: the capture
 // it was made for (0: none), counted for it.
@@ -62,15 +58,12 @@ bool graph_owned_free(Call &c, std::uint64_t ptr, Args &args, int (*forward)(voi
 
 // free-kind-mismatch: a synchronous free (`sync_api`) of stream-ordered memory whose stream still
 // has work queued, or a stream-ordered free of synchronously allocated memory while the legacy
-// default stream has work queued. Asked before the driver frees (afterwards it means nothing).
-struct KindMismatch {
-  bool found = false;
-  Finding f;
-  Decision d;
-};
-KindMismatch kind_mismatch_before(const Call &c, bool sync_api, const LinearRec &rec,
-                                  std::uint64_t free_stream, const Args &args);
-void kind_mismatch_after(const Call &c, KindMismatch &k, int res, const Args &args);
+// default stream has work queued. Asked before the driver frees (afterwards it means nothing);
+// strict mode aborts there. The finding is reported after the driver answered (kind_mismatch_after).
+bool kind_mismatch_before(const Call &c, bool sync_api, const LinearRec &rec,
+                          std::uint64_t free_stream, const Args &args);
+void kind_mismatch_after(const Call &c, bool sync_api, const LinearRec &rec,
+                         std::uint64_t free_stream, int res, const Args &args);
 
 // The shim's own work against open captures (CaptureModel::own_work): whether frees may be held
 // now (while a capture is open they are forwarded, so nothing is held that would have to be
