@@ -4,6 +4,8 @@
 // PLT and dlsym, the driver's through the PLT, dlsym and cuGetProcAddress routing (the runtime gets
 // every driver function that way: real-driver.md section 5). A runtime call reaches the driver
 // underneath; the re-entry guard records it once, under the runtime's name.
+#include <cstring>
+
 #include "handlers_capture.h"
 
 using namespace cmg::shim;
@@ -13,6 +15,15 @@ std::uint64_t h(const void *p) {
   return reinterpret_cast<std::uintptr_t>(p);
 }
 constexpr int kGlobal = CU_STREAM_CAPTURE_MODE_GLOBAL;
+// A mode the program passes (or the driver writes back) read as the number it is: a program may
+// pass any value, which is then no enumerator, and loading it as the enum type is undefined.
+static_assert(sizeof(CUstreamCaptureMode) == sizeof(int) &&
+              sizeof(cudaStreamCaptureMode) == sizeof(int));
+int mode_at(const void *mode) {
+  int v = -1;
+  if (mode) std::memcpy(&v, mode, sizeof v);
+  return v;
+}
 }  // namespace
 
 // ---- driver ------------------------------------------------------------------------------------
@@ -51,11 +62,11 @@ CMG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
 }
 
 CMG_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
-  const int asked = mode ? static_cast<int>(*mode) : -1;
+  const int asked = mode_at(mode);
   return graph_call<CUresult>(
       Api::cuThreadExchangeStreamCaptureMode, StackWhen::Never,
       [&] { return CMG_REAL(cuThreadExchangeStreamCaptureMode)(mode); },
-      [&](Call &c, int r) { capture_after_exchange(c, asked, mode ? *mode : -1, r); });
+      [&](Call &c, int r) { capture_after_exchange(c, asked, mode_at(mode), r); });
 }
 
 CMG_EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
@@ -174,11 +185,11 @@ CMG_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g)
 }
 
 CMG_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
-  const int asked = mode ? static_cast<int>(*mode) : -1;
+  const int asked = mode_at(mode);
   return graph_call<cudaError_t>(
       Api::cudaThreadExchangeStreamCaptureMode, StackWhen::Never,
       [&] { return CMG_REAL(cudaThreadExchangeStreamCaptureMode)(mode); },
-      [&](Call &c, int r) { capture_after_exchange(c, asked, mode ? *mode : -1, r); });
+      [&](Call &c, int r) { capture_after_exchange(c, asked, mode_at(mode), r); });
 }
 
 CMG_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -258,8 +259,13 @@ CUresult is_capturing(CUstream s, bool per_thread, CUstreamCaptureStatus *status
 
 CUresult exchange_mode(CUstreamCaptureMode *mode) {
   if (CUresult e = require_init()) return e;
-  if (!mode || !valid_mode(*mode)) return CUDA_ERROR_INVALID_VALUE;
-  std::swap(*mode, t_mode);
+  if (!mode) return CUDA_ERROR_INVALID_VALUE;
+  // Read as a number: a caller may pass any value, which is no valid enumerator.
+  int asked;
+  std::memcpy(&asked, mode, sizeof asked);
+  if (!valid_mode(asked)) return CUDA_ERROR_INVALID_VALUE;
+  *mode = t_mode;
+  t_mode = static_cast<CUstreamCaptureMode>(asked);
   return CUDA_SUCCESS;
 }
 

@@ -93,6 +93,15 @@ CASES = {
                             base={"unmap_in_capture": S, "end": RS, "graph": "graph",
                                   "release": S, "address_free": S},
                             shim={}, findings=[]),
+    # A mode that is no enumerator: refused by both exchanges and changes nothing (fake only: the
+    # real driver's status for it is not documented).
+    "exchange-invalid": dict(prog="capture_cases", args=["exchange-invalid"],
+                             base={"exchange_invalid": "cudaErrorInvalidValue",
+                                   "cu_exchange_invalid": "CUDA_ERROR_INVALID_VALUE",
+                                   "value_after": "7", "exchange_relaxed": RS, "previous": "0",
+                                   "relaxed_malloc": RS, "end": RS, "graph": "graph",
+                                   "free_after": RS},
+                             shim={}, findings=[]),
 }
 
 CASE_NAMES = tuple(CASES)
@@ -223,6 +232,17 @@ def check(name, recs, steps, expect, real, build, log_path):
         released = [c for c in calls if c.get("released_from") == "quarantine"]
         expect(len(released) == 1 and released[0]["ts"] <= b["ts"] + b["dur"],
                f"{name}: {released}")
+    if name == "exchange-invalid":
+        ex = [c for c in calls if "ThreadExchangeStreamCaptureMode" in c["api"]]
+        expect([(c["api"], c["res"], c["args"].get("mode"), c["args"].get("previous"))
+                for c in ex] ==
+               [("cudaThreadExchangeStreamCaptureMode", 1, None, None),
+                ("cuThreadExchangeStreamCaptureMode", 1, None, None),
+                ("cudaThreadExchangeStreamCaptureMode", 0, "relaxed", "global"),
+                ("cudaThreadExchangeStreamCaptureMode", 0, "global", "relaxed")],
+               f"{name}: exchange records {ex}")
+        m = next(c for c in calls if c["api"] == "cudaMalloc")
+        expect(m["res"] == 0 and m["args"].get("capture") == 1, f"{name}: {m}")
     if name == "busy-in-capture":
         expect(any("busy check is skipped while stream capture 1" in n for n in notes),
                f"{name}: notes {notes}")

@@ -297,6 +297,31 @@ int driver_unsafe() {
   return 0;
 }
 
+// A mode that is no enumerator (7), passed to the runtime's and the driver's exchange: refused,
+// and the thread's mode stays what it was (global), so a relaxed exchange afterwards returns global
+// and the relaxed thread's cudaMalloc inside a global-mode capture is allowed, with no finding.
+int exchange_invalid() {
+  init_primary();
+  int bad = 7;
+  out("exchange_invalid",
+      cudaThreadExchangeStreamCaptureMode(reinterpret_cast<cudaStreamCaptureMode *>(&bad)));
+  out_cu("cu_exchange_invalid",
+         cuThreadExchangeStreamCaptureMode(reinterpret_cast<CUstreamCaptureMode *>(&bad)));
+  std::printf("value_after %d\n", bad);
+  cudaStream_t s = nonblocking();
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  out("exchange_relaxed", cudaThreadExchangeStreamCaptureMode(&m));
+  std::printf("previous %d\n", static_cast<int>(m));
+  void *p = nullptr;
+  out("relaxed_malloc", cudaMalloc(&p, kMiB));
+  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&m));
+  end(s);
+  out("free_after", cudaFree(p));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -321,6 +346,7 @@ int main(int argc, char **argv) {
   if (c == "quarantine-capture") return quarantine_capture();
   if (c == "busy-in-capture") return busy_in_capture();
   if (c == "driver-unsafe") return driver_unsafe();
+  if (c == "exchange-invalid") return exchange_invalid();
   std::fprintf(stderr, "capture_cases: unknown case %s\n", c.c_str());
   return 64;
 }
