@@ -288,15 +288,6 @@ std::optional<GraphAlloc> CaptureModel::on_free_outside(std::uint64_t ptr) {
   return before;
 }
 
-bool CaptureModel::for_each_live_within(const std::function<void(const GraphAlloc &)> &fn,
-                                        std::uint64_t patience_ns) const {
-  if (!lock_within(mu_, patience_ns)) return false;
-  std::lock_guard lk(mu_, std::adopt_lock);
-  for (const auto &[p, a] : allocs_)
-    if (a.live) fn(a);
-  return true;
-}
-
 void CaptureModel::fork_child() {
   // The child owns none of the parent's captures or graphs; the lock was held across fork.
   mu_.unlock();

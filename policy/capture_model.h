@@ -18,7 +18,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "event.h"
+#include "lock_within.h"
 
 namespace cmg {
 
@@ -131,9 +131,18 @@ class CaptureModel {
   // A free outside any graph (cudaFree, cudaFreeAsync on a stream not capturing): the allocation
   // as it was before (live: the free ended its lifetime), or nullopt when no graph owns ptr.
   std::optional<GraphAlloc> on_free_outside(std::uint64_t ptr);
-  // Live graph allocations for exit paths (lock_within.h); false when the lock stayed taken.
-  bool for_each_live_within(const std::function<void(const GraphAlloc &)> &fn,
-                            std::uint64_t patience_ns) const;
+  // Live graph allocations for exit paths (lock_within.h); false when the lock stayed taken. A
+  // template, not a std::function: a lambda of more than two references would be copied to the
+  // heap, and nothing may allocate once exit has begun (another thread, interrupted by the signal
+  // whose handler called exit(), can hold the allocator's lock).
+  template <class Fn>
+  bool for_each_live_within(Fn &&fn, std::uint64_t patience_ns) const {
+    if (!lock_within(mu_, patience_ns)) return false;
+    std::lock_guard lk(mu_, std::adopt_lock);
+    for (const auto &[p, a] : allocs_)
+      if (a.live) fn(a);
+    return true;
+  }
 
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
