@@ -3,8 +3,10 @@
 // (programs linked with -lcuda), through the dlsym hook and through cuGetProcAddress routing
 // (cudart, PyTorch's DriverAPI and NCCL get every driver function that way: real-driver.md s.5).
 #include "handlers.h"
+#include "hooks_capture.h"
 
 using namespace cmg::shim;
+using namespace cmg::shim::capture_hooks;
 using cmg::MemKind;
 
 namespace {
@@ -213,6 +215,131 @@ CMG_HOOK(CUresult, cuIpcCloseMemHandle, (CUdeviceptr p), (p)) {
   return static_cast<CUresult>(ipc_close(ipc_api(Api::cuIpcCloseMemHandle), p, [&] {
     return static_cast<int>(CMG_REAL_R(cuIpcCloseMemHandle)(p));
   }));
+}
+
+// Stream capture and graphs (hooks_capture.h).
+// The CUDA 10.0 entry points take no mode: they begin a global-mode capture.
+CMG_HOOK(CUresult, cuStreamBeginCapture, (CUstream s), (s)) {
+  return capture_begin<CUresult>(Api::cuStreamBeginCapture, h(s), false, kGlobal,
+                                 [&] { return CMG_REAL_R(cuStreamBeginCapture)(s); });
+}
+
+CMG_HOOK(CUresult, cuStreamBeginCapture_ptsz, (CUstream s), (s)) {
+  return capture_begin<CUresult>(Api::cuStreamBeginCapture_ptsz, h(s), true, kGlobal,
+                                 [&] { return CMG_REAL_R(cuStreamBeginCapture_ptsz)(s); });
+}
+
+CMG_HOOK(CUresult, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode mode), (s, mode)) {
+  return capture_begin<CUresult>(Api::cuStreamBeginCapture_v2, h(s), false, mode,
+                                 [&] { return CMG_REAL_R(cuStreamBeginCapture_v2)(s, mode); });
+}
+
+CMG_HOOK(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode mode), (s, mode)) {
+  return capture_begin<CUresult>(Api::cuStreamBeginCapture_v2_ptsz, h(s), true, mode,
+                                 [&] { return CMG_REAL_R(cuStreamBeginCapture_v2_ptsz)(s, mode); });
+}
+
+CMG_HOOK(CUresult, cuStreamEndCapture, (CUstream s, CUgraph *g), (s, g)) {
+  return capture_end<CUresult>(
+      Api::cuStreamEndCapture, h(s), false, [&] { return CMG_REAL_R(cuStreamEndCapture)(s, g); },
+      [&] { return g ? h(*g) : 0; });
+}
+
+CMG_HOOK(CUresult, cuStreamEndCapture_ptsz, (CUstream s, CUgraph *g), (s, g)) {
+  return capture_end<CUresult>(
+      Api::cuStreamEndCapture_ptsz, h(s), true,
+      [&] { return CMG_REAL_R(cuStreamEndCapture_ptsz)(s, g); }, [&] { return g ? h(*g) : 0; });
+}
+
+CMG_HOOK(CUresult, cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode), (mode)) {
+  const int asked = mode_at(mode);
+  return graph_call<CUresult>(
+      Api::cuThreadExchangeStreamCaptureMode, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuThreadExchangeStreamCaptureMode)(mode); },
+      [&](Call &c, int r) { capture_after_exchange(c, asked, mode_at(mode), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphInstantiate, (CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n), (e, g, err, log, n)) {
+  return graph_call<CUresult>(
+      Api::cuGraphInstantiate, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuGraphInstantiate)(e, g, err, log, n); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphInstantiate_v2, (CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n), (e, g, err, log, n)) {
+  return graph_call<CUresult>(
+      Api::cuGraphInstantiate_v2, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuGraphInstantiate_v2)(e, g, err, log, n); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *e, CUgraph g, unsigned long long flags), (e, g, flags)) {
+  return graph_call<CUresult>(
+      Api::cuGraphInstantiateWithFlags, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuGraphInstantiateWithFlags)(e, g, flags); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphInstantiateWithParams, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) {
+  return graph_call<CUresult>(
+      Api::cuGraphInstantiateWithParams, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuGraphInstantiateWithParams)(e, g, p); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphInstantiateWithParams_ptsz, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) {
+  return graph_call<CUresult>(
+      Api::cuGraphInstantiateWithParams_ptsz, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuGraphInstantiateWithParams_ptsz)(e, g, p); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphLaunch, (CUgraphExec e, CUstream s), (e, s)) {
+  return graph_call<CUresult>(
+      Api::cuGraphLaunch, StackWhen::Never, [&] { return CMG_REAL_R(cuGraphLaunch)(e, s); },
+      [&](Call &c, int r) { graph_after_launch(c, h(e), h(s), false, r); });
+}
+
+CMG_HOOK(CUresult, cuGraphLaunch_ptsz, (CUgraphExec e, CUstream s), (e, s)) {
+  return graph_call<CUresult>(
+      Api::cuGraphLaunch_ptsz, StackWhen::Never, [&] { return CMG_REAL_R(cuGraphLaunch_ptsz)(e, s); },
+      [&](Call &c, int r) { graph_after_launch(c, h(e), h(s), true, r); });
+}
+
+CMG_HOOK(CUresult, cuGraphExecDestroy, (CUgraphExec e), (e)) {
+  return graph_call<CUresult>(
+      Api::cuGraphExecDestroy, StackWhen::Never, [&] { return CMG_REAL_R(cuGraphExecDestroy)(e); },
+      [&](Call &c, int r) { graph_after_exec_destroy(c, h(e), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphDestroy, (CUgraph g), (g)) {
+  return graph_call<CUresult>(
+      Api::cuGraphDestroy, StackWhen::Never, [&] { return CMG_REAL_R(cuGraphDestroy)(g); },
+      [&](Call &c, int r) { graph_after_destroy(c, h(g), r); });
+}
+
+CMG_HOOK(CUresult, cuGraphAddMemAllocNode, (CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *p), (node, g, deps, n, p)) {
+  return graph_call<CUresult>(
+      Api::cuGraphAddMemAllocNode, StackWhen::Sampled,
+      [&] { return CMG_REAL_R(cuGraphAddMemAllocNode)(node, g, deps, n, p); },
+      [&](Call &c, int r) {
+        graph_after_alloc_node(c, h(g), p ? p->dptr : 0, p ? p->bytesize : 0,
+                               p ? p->poolProps.location.id : -1, r);
+      });
+}
+
+CMG_HOOK(CUresult, cuGraphAddMemFreeNode, (CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n, CUdeviceptr p), (node, g, deps, n, p)) {
+  return graph_call<CUresult>(
+      Api::cuGraphAddMemFreeNode, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuGraphAddMemFreeNode)(node, g, deps, n, p); },
+      [&](Call &c, int r) { graph_after_free_node(c, h(g), p, r); });
+}
+
+CMG_HOOK(CUresult, cuDeviceGraphMemTrim, (CUdevice dev), (dev)) {
+  return graph_call<CUresult>(
+      Api::cuDeviceGraphMemTrim, StackWhen::Never,
+      [&] { return CMG_REAL_R(cuDeviceGraphMemTrim)(dev); },
+      [&](Call &c, int r) { graph_after_mem_trim(c, dev, r); });
 }
 
 // The wrappers cuGetProcAddress routing and handle-scoped dlsym answers hand out (Route::Given).

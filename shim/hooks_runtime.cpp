@@ -3,9 +3,11 @@
 // dynamic cudart, interposers.md 9.1). The driver calls cudart makes underneath are not recorded
 // again: the re-entry guard is held for the whole runtime call.
 #include "handlers.h"
+#include "hooks_capture.h"
 #include "torch_host.h"
 
 using namespace cmg::shim;
+using namespace cmg::shim::capture_hooks;
 using cmg::MemKind;
 
 namespace {
@@ -170,6 +172,115 @@ CMG_HOOK(cudaError_t, cudaGetDriverEntryPointByVersion_ptsz,
   return route_after(
       CMG_REAL_R(cudaGetDriverEntryPointByVersion_ptsz)(symbol, fn, version, flags, status), symbol,
       fn);
+}
+
+// Stream capture and graphs (hooks_capture.h).
+CMG_HOOK(cudaError_t, cudaStreamBeginCapture, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) {
+  return capture_begin<cudaError_t>(Api::cudaStreamBeginCapture, h(s), false, mode,
+                                    [&] { return CMG_REAL_R(cudaStreamBeginCapture)(s, mode); });
+}
+
+CMG_HOOK(cudaError_t, cudaStreamBeginCapture_ptsz, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) {
+  return capture_begin<cudaError_t>(Api::cudaStreamBeginCapture_ptsz, h(s), true, mode,
+                                    [&] { return CMG_REAL_R(cudaStreamBeginCapture_ptsz)(s, mode); });
+}
+
+CMG_HOOK(cudaError_t, cudaStreamEndCapture, (cudaStream_t s, cudaGraph_t *g), (s, g)) {
+  return capture_end<cudaError_t>(
+      Api::cudaStreamEndCapture, h(s), false, [&] { return CMG_REAL_R(cudaStreamEndCapture)(s, g); },
+      [&] { return g ? h(*g) : 0; });
+}
+
+CMG_HOOK(cudaError_t, cudaStreamEndCapture_ptsz, (cudaStream_t s, cudaGraph_t *g), (s, g)) {
+  return capture_end<cudaError_t>(
+      Api::cudaStreamEndCapture_ptsz, h(s), true,
+      [&] { return CMG_REAL_R(cudaStreamEndCapture_ptsz)(s, g); }, [&] { return g ? h(*g) : 0; });
+}
+
+CMG_HOOK(cudaError_t, cudaThreadExchangeStreamCaptureMode, (enum cudaStreamCaptureMode *mode), (mode)) {
+  const int asked = mode_at(mode);
+  return graph_call<cudaError_t>(
+      Api::cudaThreadExchangeStreamCaptureMode, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaThreadExchangeStreamCaptureMode)(mode); },
+      [&](Call &c, int r) { capture_after_exchange(c, asked, mode_at(mode), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphInstantiate, (cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags), (e, g, flags)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphInstantiate, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphInstantiate)(e, g, flags); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphInstantiateWithFlags, (cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags), (e, g, flags)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphInstantiateWithFlags, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphInstantiateWithFlags)(e, g, flags); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphInstantiateWithParams, (cudaGraphExec_t *e, cudaGraph_t g, cudaGraphInstantiateParams *p), (e, g, p)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphInstantiateWithParams, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphInstantiateWithParams)(e, g, p); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphInstantiateWithParams_ptsz, (cudaGraphExec_t *e, cudaGraph_t g, cudaGraphInstantiateParams *p), (e, g, p)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphInstantiateWithParams_ptsz, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphInstantiateWithParams_ptsz)(e, g, p); },
+      [&](Call &c, int r) { graph_after_instantiate(c, e ? h(*e) : 0, h(g), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphLaunch, (cudaGraphExec_t e, cudaStream_t s), (e, s)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphLaunch, StackWhen::Never, [&] { return CMG_REAL_R(cudaGraphLaunch)(e, s); },
+      [&](Call &c, int r) { graph_after_launch(c, h(e), h(s), false, r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphLaunch_ptsz, (cudaGraphExec_t e, cudaStream_t s), (e, s)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphLaunch_ptsz, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphLaunch_ptsz)(e, s); },
+      [&](Call &c, int r) { graph_after_launch(c, h(e), h(s), true, r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphExecDestroy, (cudaGraphExec_t e), (e)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphExecDestroy, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphExecDestroy)(e); },
+      [&](Call &c, int r) { graph_after_exec_destroy(c, h(e), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphDestroy, (cudaGraph_t g), (g)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphDestroy, StackWhen::Never, [&] { return CMG_REAL_R(cudaGraphDestroy)(g); },
+      [&](Call &c, int r) { graph_after_destroy(c, h(g), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphAddMemAllocNode, (cudaGraphNode_t *node, cudaGraph_t g, const cudaGraphNode_t *deps, size_t n, struct cudaMemAllocNodeParams *p), (node, g, deps, n, p)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphAddMemAllocNode, StackWhen::Sampled,
+      [&] { return CMG_REAL_R(cudaGraphAddMemAllocNode)(node, g, deps, n, p); },
+      [&](Call &c, int r) {
+        graph_after_alloc_node(c, h(g), p ? h(p->dptr) : 0, p ? p->bytesize : 0,
+                               p ? p->poolProps.location.id : -1, r);
+      });
+}
+
+CMG_HOOK(cudaError_t, cudaGraphAddMemFreeNode, (cudaGraphNode_t *node, cudaGraph_t g, const cudaGraphNode_t *deps, size_t n, void *p), (node, g, deps, n, p)) {
+  return graph_call<cudaError_t>(
+      Api::cudaGraphAddMemFreeNode, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaGraphAddMemFreeNode)(node, g, deps, n, p); },
+      [&](Call &c, int r) { graph_after_free_node(c, h(g), h(p), r); });
+}
+
+CMG_HOOK(cudaError_t, cudaDeviceGraphMemTrim, (int dev), (dev)) {
+  return graph_call<cudaError_t>(
+      Api::cudaDeviceGraphMemTrim, StackWhen::Never,
+      [&] { return CMG_REAL_R(cudaDeviceGraphMemTrim)(dev); },
+      [&](Call &c, int r) { graph_after_mem_trim(c, dev, r); });
 }
 
 // The wrappers handle-scoped dlsym answers hand out (Route::Given).

@@ -24,8 +24,8 @@ namespace cmg::shim {
 namespace {
 
 // The kinds of the linear model in the order of their names, as the summary lists them.
-constexpr MemKind kLinearKinds[] = {MemKind::Async, MemKind::Host, MemKind::Ipc, MemKind::Linear,
-                                    MemKind::Managed};
+constexpr MemKind kLinearKinds[] = {MemKind::Async, MemKind::Graph,  MemKind::Host,
+                                    MemKind::Ipc,   MemKind::Linear, MemKind::Managed};
 
 // What the model holds at exit, read once for the leak records, the summary record and the
 // stderr summary. A part whose lock a thread kept (a signal handler interrupted it there and
@@ -57,9 +57,13 @@ Live read_live_and_write_leaks(State &s, bool log) {
         live.bytes[static_cast<std::size_t>(r.kind)] += r.size;
         if (!log) return;
         JsonLine j(buf, sizeof buf);
-        j.str("k", "leak").str("what", mem_kind_name(r.kind))
-            .str("api", r.alloc.api ? r.alloc.api : "").hex("ptr", r.ptr).unum("size", r.size)
-            .num("dev", r.dev).unum("seq", r.alloc.seq);
+        j.str("k", "leak")
+            .str("what", mem_kind_name(r.kind))
+            .str("api", r.alloc.api ? r.alloc.api : "")
+            .hex("ptr", r.ptr)
+            .unum("size", r.size)
+            .num("dev", r.dev)
+            .unum("seq", r.alloc.seq);
         if (r.capture) j.unum("capture", r.capture);  // made for a CUDA graph (its private pool)
         if (r.alloc.stack) j.unum("stack", r.alloc.stack);
         emit(j);
@@ -68,13 +72,17 @@ Live read_live_and_write_leaks(State &s, bool log) {
   // Graph allocations a launch made and nothing freed (capture_model.h).
   const bool graphs_read = s.capture.for_each_live_within(
       [&](const GraphAlloc &a) {
-        auto &e = live.linear["graph"];
-        ++e.first;
-        e.second += a.size;
+        ++live.n[static_cast<std::size_t>(MemKind::Graph)];
+        live.bytes[static_cast<std::size_t>(MemKind::Graph)] += a.size;
         if (!log) return;
         JsonLine j(buf, sizeof buf);
-        j.str("k", "leak").str("what", "graph").str("api", a.node.api ? a.node.api : "")
-            .hex("ptr", a.ptr).unum("size", a.size).num("dev", a.dev).unum("seq", a.node.seq)
+        j.str("k", "leak")
+            .str("what", "graph")
+            .str("api", a.node.api ? a.node.api : "")
+            .hex("ptr", a.ptr)
+            .unum("size", a.size)
+            .num("dev", a.dev)
+            .unum("seq", a.node.seq)
             .hex("graph", a.graph);
         if (a.capture) j.unum("capture", a.capture);
         if (a.node.stack) j.unum("stack", a.node.stack);
@@ -82,25 +90,36 @@ Live read_live_and_write_leaks(State &s, bool log) {
       },
       kExitPatienceNs);
   if (!graphs_read)
-    note(LogLevel::Warn, "exit: the graph model stayed locked by a thread that did not come back "
-                         "(a signal handler that called exit() interrupted it); its live graph "
-                         "allocations are not in the leak report");
+    note(LogLevel::Warn,
+         "exit: the graph model stayed locked by a thread that did not come back "
+         "(a signal handler that called exit() interrupted it); its live graph "
+         "allocations are not in the leak report");
   live.vmm_skipped = !s.vmm.visit_within(
       kExitPatienceNs,
       [&](const PhysAlloc &a) {
         if (!log) return;
         JsonLine j(buf, sizeof buf);
-        j.str("k", "leak").str("what", "vmm").str("api", a.created.api ? a.created.api : "")
-            .unum("size", a.size).num("dev", a.dev()).unum("seq", a.created.seq)
-            .unum("handle_refs", a.handle_refs).unum("mappings", a.map_count);
+        j.str("k", "leak")
+            .str("what", "vmm")
+            .str("api", a.created.api ? a.created.api : "")
+            .unum("size", a.size)
+            .num("dev", a.dev())
+            .unum("seq", a.created.seq)
+            .unum("handle_refs", a.handle_refs)
+            .unum("mappings", a.map_count);
         if (a.created.stack) j.unum("stack", a.created.stack);
         emit(j);
       },
       [&](const Reservation &r) {
         if (!log) return;
         JsonLine j(buf, sizeof buf);
-        j.str("k", "leak").str("what", "va").str("api", r.reserved.api ? r.reserved.api : "")
-            .hex("ptr", r.base).unum("size", r.size).num("dev", -1).unum("seq", r.reserved.seq);
+        j.str("k", "leak")
+            .str("what", "va")
+            .str("api", r.reserved.api ? r.reserved.api : "")
+            .hex("ptr", r.base)
+            .unum("size", r.size)
+            .num("dev", -1)
+            .unum("seq", r.reserved.seq);
         if (r.reserved.stack) j.unum("stack", r.reserved.stack);
         emit(j);
       },
@@ -144,8 +163,13 @@ void write_summary_record(State &s, const Live &live, const HeldFrees::AtExit &h
     if (auto n = s.calls.get(i)) j.unum(kApis[i].name, n);
   j.end_object().begin_array("bytes");
   s.counters.visit([&](const ByteCounters::Row &r) {
-    j.elem_object().num("dev", r.dev).str("mem", mem_kind_name(r.kind)).num("current", r.current)
-        .num("peak", r.peak).num("total", r.total).end_object();
+    j.elem_object()
+        .num("dev", r.dev)
+        .str("mem", mem_kind_name(r.kind))
+        .num("current", r.current)
+        .num("peak", r.peak)
+        .num("total", r.total)
+        .end_object();
   });
   j.end_array();
   j.begin_object("live");
@@ -165,8 +189,10 @@ void write_summary_record(State &s, const Live &live, const HeldFrees::AtExit &h
     j.begin_object("held_at_exit");
     for (HoldReason why : {HoldReason::Quarantine, HoldReason::Deferred})
       if (const std::uint64_t n = held_now.count[static_cast<int>(why)])
-        j.begin_object(reason_name(why)).unum("frees", n)
-            .unum("bytes", held_now.bytes[static_cast<int>(why)]).end_object();
+        j.begin_object(reason_name(why))
+            .unum("frees", n)
+            .unum("bytes", held_now.bytes[static_cast<int>(why)])
+            .end_object();
     j.end_object();
   }
   if (failed.calls) {
@@ -212,7 +238,9 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
   }
   TextBuf t(g_text, sizeof g_text, [](std::string_view v) { stderr_write(v); });
   char b1[kHumanMax], b2[kHumanMax], b3[kHumanMax];
-  t.s("cumemguard: summary for pid ").i(getpid()).s(" (mode ")
+  t.s("cumemguard: summary for pid ")
+      .i(getpid())
+      .s(" (mode ")
       .s(s.opts.mode == Mode::Guard    ? "guard"
          : s.opts.mode == Mode::Report ? "report"
                                        : "strict")
@@ -236,8 +264,11 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
   t.s("\n");
   if (failed.calls) {
     // Nothing below describes a device: none ever answered.
-    t.s("  cuda: every call failed (").u(failed.calls).s(failed.calls == 1 ? " call" : " calls")
-        .s(") with ").i(failed.res);
+    t.s("  cuda: every call failed (")
+        .u(failed.calls)
+        .s(failed.calls == 1 ? " call" : " calls")
+        .s(") with ")
+        .i(failed.res);
     if (failed.name) t.s(" (").s(failed.name).s(")");
     if (failed.cause) t.s(": ").s(failed.cause);
     if (failed.fake)
@@ -249,8 +280,17 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
   bool header = false;
   s.counters.visit([&](const ByteCounters::Row &r) {
     if (!header) {
-      t.s("  ").left("device", 6).c(' ').left("memory", 8).c(' ').right("current", 12).c(' ')
-          .right("peak", 12).c(' ').right("total", 12).s("\n");
+      t.s("  ")
+          .left("device", 6)
+          .c(' ')
+          .left("memory", 8)
+          .c(' ')
+          .right("current", 12)
+          .c(' ')
+          .right("peak", 12)
+          .c(' ')
+          .right("total", 12)
+          .s("\n");
       header = true;
     }
     char dev[24];
@@ -259,19 +299,37 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
               : r.dev < 0           ? std::string_view("host")
                                     : TextBuf::digits(static_cast<std::uint64_t>(r.dev), dev),
               6)
-        .c(' ').left(mem_kind_name(r.kind), 8).c(' ')
-        .right(std::string_view(b1, human_bytes_to(b1, sizeof b1, r.current)), 12).c(' ')
-        .right(std::string_view(b2, human_bytes_to(b2, sizeof b2, r.peak)), 12).c(' ')
-        .right(std::string_view(b3, human_bytes_to(b3, sizeof b3, r.total)), 12).s("\n");
+        .c(' ')
+        .left(mem_kind_name(r.kind), 8)
+        .c(' ')
+        .right(std::string_view(b1, human_bytes_to(b1, sizeof b1, r.current)), 12)
+        .c(' ')
+        .right(std::string_view(b2, human_bytes_to(b2, sizeof b2, r.peak)), 12)
+        .c(' ')
+        .right(std::string_view(b3, human_bytes_to(b3, sizeof b3, r.total)), 12)
+        .s("\n");
   });
   const VmmCounts &vc = live.vmm;
   t.s("  live at exit:");
   for (MemKind k : kLinearKinds)
     if (const std::size_t n = live.n[static_cast<std::size_t>(k)])
-      t.c(' ').s(mem_kind_name(k)).c(' ').u(n).s(" (")
-          .s(human(b1, live.bytes[static_cast<std::size_t>(k)])).s("),");
-  t.s(" vmm ").u(vc.phys).s(" (").s(human(b1, vc.phys_bytes)).s("), reservations ")
-      .u(vc.reservations).s(" (").s(human(b2, vc.va_bytes)).s("), handles ").u(vc.handles)
+      t.c(' ')
+          .s(mem_kind_name(k))
+          .c(' ')
+          .u(n)
+          .s(" (")
+          .s(human(b1, live.bytes[static_cast<std::size_t>(k)]))
+          .s("),");
+  t.s(" vmm ")
+      .u(vc.phys)
+      .s(" (")
+      .s(human(b1, vc.phys_bytes))
+      .s("), reservations ")
+      .u(vc.reservations)
+      .s(" (")
+      .s(human(b2, vc.va_bytes))
+      .s("), handles ")
+      .u(vc.handles)
       .s("\n");
   if (live.shards_skipped || live.vmm_skipped)
     t.s("  (incomplete: parts of the model stayed locked at exit; see the note above)\n");
@@ -303,17 +361,22 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
         t.s(" (auto: 1/256 of the device's memory, 64 MiB to 1 GiB)");
       if (q.how == QuarantineSize::How::AutoDeviceUnknown)
         t.s(" (auto: the device's memory could not be read, so the smallest size)");
-      t.s(", ").s(human(b2, held().released_bytes(HoldReason::Quarantine)))
+      t.s(", ")
+          .s(human(b2, held().released_bytes(HoldReason::Quarantine)))
           .s(" of frees released from it");
     }
     if (const std::uint64_t n = held_now.count[static_cast<int>(HoldReason::Quarantine)])
-      t.s("; ").u(n).s(n == 1 ? " free (" : " frees (")
+      t.s("; ")
+          .u(n)
+          .s(n == 1 ? " free (" : " frees (")
           .s(human(b3, held_now.bytes[static_cast<int>(HoldReason::Quarantine)]))
           .s(") held at exit, returned to the driver with the process");
     t.s("\n");
   }
   if (const std::uint64_t n = held_now.count[static_cast<int>(HoldReason::Deferred)])
-    t.s("  deferred frees: ").u(n).s(" (")
+    t.s("  deferred frees: ")
+        .u(n)
+        .s(" (")
         .s(human(b1, held_now.bytes[static_cast<int>(HoldReason::Deferred)]))
         .s(") held at exit, returned to the driver with the process\n");
   suppressed_text(t);
