@@ -80,10 +80,12 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
   if (s.frames.empty()) out << indent << "(empty stack)\n";
   // Frames below main (__libc_start_call_main, __libc_start_main, _start) are the same in every
   // stack of a program: not printed, as valgrind's --show-below-main=no does (JSON, the trace and
-  // the HTML page keep them). A thread's stack has no main and is printed whole.
+  // the HTML page keep them). A thread's stack has no main and is printed whole. Only the native
+  // main ends it: a Python function named main is a frame of the program's, above <module>.
   std::size_t end = s.frames.size();
   for (std::size_t i = 0; i < s.frames.size(); ++i)
-    if (s.frames[i].function == "main" && !s.frames[i].inlined) {
+    if (s.frames[i].kind == Frame::Kind::Native && s.frames[i].function == "main" &&
+        !s.frames[i].inlined) {
       end = i + 1;
       break;
     }

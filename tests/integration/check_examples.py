@@ -52,6 +52,16 @@ def main():
               f"double_free.py finding: {p.stderr[-500:]!r}")
         logs = [f for f in os.listdir(d) if f.startswith("cumemguard.python")]
         check(len(logs) == 1, f"double_free.py logs: {logs}")
+        # The text report stops a stack at the native main only: the Python function main is the
+        # program's, and <module> below it is printed (as --json has it).
+        r = run([cg, "report"] + logs)
+        stack = [l.strip() for l in r.stdout.splitlines() if l.strip().startswith("#")]
+        at_main = [i for i, l in enumerate(stack) if l.split(" ", 2)[1:2] == ["main"] and
+                   "double_free.py:25)" in l]
+        check(r.returncode == 1 and at_main and
+              all(i + 1 < len(stack) and stack[i + 1].split(" ", 2)[1] == "<module>" and
+                  "double_free.py:31)" in stack[i + 1] for i in at_main),
+              f"double_free.py report below the Python main: {r.returncode} {r.stdout[-1500:]!r}")
         # The IPC pair: refused without the bridge (with the finding), shared with it.
         h = os.path.join(d, "h.json")
         p = run([cg, "run", "--no-log", "--", py, os.path.join(ex, "exporter.py"), h])
