@@ -174,12 +174,32 @@ std::string log_target_problem(const std::string &pattern) {
   if (!fixed) return {};
   if (::faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0)
     return "directory " + dir + " is not writable (" + std::strerror(errno) + ")";
-  if (base.find('%') != std::string::npos) return {};
-  if (::lstat(pattern.c_str(), &st) != 0) return {};  // a new file
+  // The permission bits are not the last word: root passes every access(2) check, yet /proc and
+  // /sys create no file, and a read-only mount or an immutable file refuses the write. So the
+  // launcher finds out the way the shim will, by creating and opening; what it made is removed.
+  if (base.find('%') != std::string::npos) {
+    std::string probe = dir + "/.cumemguard-probe.XXXXXX";
+    const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
+    if (fd < 0)
+      return "directory " + dir + ": cannot create a file there (" + std::strerror(errno) + ")";
+    ::close(fd);
+    (void)::unlink(probe.c_str());
+    return {};
+  }
+  constexpr int kFlags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  if (::lstat(pattern.c_str(), &st) != 0) {  // a new file: created as the shim would, then removed
+    const int fd = ::open(pattern.c_str(), kFlags | O_CREAT | O_EXCL, 0666);
+    if (fd < 0) return std::string("cannot create it (") + std::strerror(errno) + ")";
+    ::close(fd);
+    (void)::unlink(pattern.c_str());
+    return {};
+  }
   std::string why = log_file_refusal(st.st_mode, st.st_uid, st.st_nlink, geteuid());
-  if (why.empty() && S_ISREG(st.st_mode) &&
-      ::faccessat(AT_FDCWD, pattern.c_str(), W_OK, AT_EACCESS) != 0)
-    why = std::string("not writable (") + std::strerror(errno) + ")";
+  if (why.empty() && S_ISREG(st.st_mode)) {  // opened for writing, not truncated
+    const int fd = ::open(pattern.c_str(), kFlags);
+    if (fd < 0) return std::string("not writable (") + std::strerror(errno) + ")";
+    ::close(fd);
+  }
   return why;
 }
 

@@ -318,6 +318,37 @@ def option_rule(e):
           f"CUMEMGUARD_SHIM_PATH: rc {p.returncode} {p.stderr!r}")
 
 
+def log_target(e):
+    # A log the user named that cannot be written stops the run with 73 before the program starts.
+    # The launcher finds out by creating the file as the shim would: as root every permission
+    # check passes, yet /proc and /sys create no file (the program used to start, logless).
+    d = e.logdir()
+    marker = os.path.join(d, "ran")
+    os.mkdir(os.path.join(d, "adir"))
+    os.mkfifo(os.path.join(d, "fifo.log"))
+    os.symlink(os.path.join(d, "elsewhere.log"), os.path.join(d, "link.log"))
+    for log in (os.path.join(d, "none", "x.log"), os.path.join(d, "adir"),
+                os.path.join(d, "fifo.log"), os.path.join(d, "link.log"), "/proc/x.log",
+                "/sys/x.log", "/proc/x.%p.log"):
+        p = e.run(["run", "--log", log, "--error-exitcode", "9", "--", "sh", "-c",
+                   f"touch {marker}"], cwd=d)
+        lines = p.stderr.splitlines()
+        check(p.returncode == 73 and len(lines) == 1 and
+              lines[0].startswith("cumemguard run: cannot write the event log ") and
+              "the program was not started" in lines[0] and not os.path.exists(marker),
+              f"--log {log}: rc {p.returncode} {p.stderr!r}")
+        check(not os.path.lexists(os.path.join(d, "elsewhere.log")) and
+              sorted(os.listdir(d)) == ["adir", "fifo.log", "link.log"],
+              f"--log {log} left a file behind: {sorted(os.listdir(d))}")
+    # A writable place: the check leaves nothing of its own there; the log is the shim's alone.
+    for name in ("w.log", "w.%p.log"):
+        sub = tempfile.mkdtemp(dir=d)
+        p = e.run(["run", "--no-summary", "--log", os.path.join(sub, name), "--", e.rt, "basic"])
+        left = os.listdir(sub)
+        check(p.returncode == 0 and len(left) == 1 and left[0].startswith("w.") and
+              left[0].endswith(".log"), f"--log {name}: rc {p.returncode} {left} {p.stderr!r}")
+
+
 def frames_of(lines, start):
     """The stacks printed under lines[start]: (heading or None for the call's own, [functions])."""
     stacks = []
@@ -467,7 +498,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, option_rule, live_stacks, sanitized, interpreter_fifo):
+                 suppressions, option_rule, log_target, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed")
