@@ -678,7 +678,24 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
                                    rejected[row] && (source[row] == OptionSource::Default ||
                                                      source[row] == OptionSource::Profile)});
   r.fatal = r.options.strict_config && !r.problems.empty();
+  // Strict config aborts at these lines: none of them may say what the run would have done.
+  if (r.fatal)
+    for (std::string &msg : r.problems) msg = problem_without_fallback(msg);
   return r;
+}
+
+std::string problem_without_fallback(std::string_view problem) {
+  std::string s(problem);
+  // A bad value: the kept value is the last part (rfind: the refused value comes before it).
+  if (const std::size_t at = s.rfind("; keeping "); at != std::string::npos) return s.substr(0, at);
+  for (std::string_view tail :
+       {"; ignored", "; defaults kept", "; the first entry of each is used"})
+    if (s.ends_with(tail)) return s.substr(0, s.size() - tail.size());
+  // A repeated name: the used entry's value follows (find: the name comes before it).
+  constexpr std::string_view used = " in the environment; the first ('";
+  if (const std::size_t at = s.find(used); at != std::string::npos)
+    return s.substr(0, at + std::string_view(" in the environment").size());
+  return s;
 }
 
 ParsedOptions parse_options(char *const *envp) {

@@ -89,6 +89,11 @@ struct ParsedOptions {
   std::string options_variable;        // its value
 };
 
+// A problem line without what the shim does about it when it runs on ("; ignored", "; keeping
+// '0'", "; defaults kept", which entry of a repeated name is used): the words when nothing runs on,
+// under CUMEMGUARD_STRICT_CONFIG (the process aborts) or in `cumemguard run` (not started).
+std::string problem_without_fallback(std::string_view problem);
+
 // Each kind of problem (unknown name, bad value, repeated name, malformed CUMEMGUARD_OPTIONS entry)
 // is reported this many times, then counted in one more line: 20,000 bad entries are 9 lines.
 inline constexpr std::size_t kMaxProblemsPerKind = 8;

@@ -156,10 +156,7 @@ bool take_value(int argc, char **argv, int &i, std::string_view what, std::strin
 // A problem line of the options parser as the launcher says it: the shim's fallback ("; ignored",
 // "; keeping '0'", "; defaults kept") is not what happens here, since the program is not started.
 std::string refusal(const std::string &why) {
-  std::string s = why.substr(0, why.rfind("; keeping"));
-  for (std::string_view tail : {"; ignored", "; defaults kept"})
-    if (s.ends_with(tail)) s.resize(s.size() - tail.size());
-  return s + "; the program was not started";
+  return problem_without_fallback(why) + "; the program was not started";
 }
 
 // What the shim would make of these CUMEMGUARD_* settings, checked here so that one that cannot

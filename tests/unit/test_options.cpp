@@ -100,6 +100,21 @@ TEST_CASE("Strict config makes problems fatal") {
   CHECK(p.fatal);
   auto q = parse({{"CUMEMGUARD_STRICT_CONFIG", "1"}});
   CHECK_FALSE(q.fatal);
+  // The process aborts at these lines: none says what a run that went on would have done.
+  auto r = parse({{"CUMEMGUARD_STRICT_CONFIG", "1"},
+                  {"CUMEMGUARD_STAKS", "1"},
+                  {"CUMEMGUARD_QUARANTINE", "lots"},
+                  {"CUMEMGUARD_MODE", "guard"},
+                  {"CUMEMGUARD_MODE", "report"},
+                  {"CUMEMGUARD_OPTIONS", "verbose:frob=1"}});
+  CHECK(r.fatal);
+  CHECK(r.problems == std::vector<std::string>{
+                          "unknown option CUMEMGUARD_STAKS (did you mean CUMEMGUARD_STACKS?)",
+                          "CUMEMGUARD_MODE is set 2 times in the environment",
+                          "CUMEMGUARD_OPTIONS: 'verbose' is not NAME=VALUE",
+                          "CUMEMGUARD_OPTIONS: unknown option frob",
+                          "CUMEMGUARD_QUARANTINE: 'lots' is not valid: not a size (a number of "
+                          "bytes, optionally with K, M, G or T) nor auto"});
 }
 
 TEST_CASE("Sizes and booleans") {
