@@ -190,10 +190,21 @@ int report_main(int argc, char **argv) {
       write_status = kExitCantCreate;
     };
 
+    // Every output file asked for is opened before anything is printed: one that cannot be
+    // written is said, with status 73, and no report goes to stdout in its place.
+    std::ofstream html, file;
+    if (!opt.output_path.empty()) {
+      file.open(opt.output_path, std::ios::binary | std::ios::trunc);
+      if (!file) cannot_write(opt.output_path, "report");
+    }
+    if (!opt.html_path.empty()) {
+      html.open(opt.html_path, std::ios::binary | std::ios::trunc);
+      if (!html) cannot_write(opt.html_path, "HTML page");
+    }
     std::unique_ptr<EventSink> trace;
     std::FILE *trace_file = nullptr;
     bool trace_failed = false;
-    if (!opt.trace_path.empty()) {
+    if (!opt.trace_path.empty() && !write_status) {
       trace_file = std::fopen(opt.trace_path.c_str(), "we");
       if (!trace_file) {
         cannot_write(opt.trace_path, "trace");
@@ -204,6 +215,7 @@ int report_main(int argc, char **argv) {
         });
       }
     }
+    if (write_status) return write_status;
 
     Model m = read_model(std::move(readers), std::move(errors), opt, trace.get());
     m.duplicates = std::move(duplicates);
@@ -223,20 +235,14 @@ int report_main(int argc, char **argv) {
       }
     }
     if (!opt.html_path.empty()) {
-      std::ofstream html(opt.html_path, std::ios::binary | std::ios::trunc);
-      if (html) write_html(m, opt, html);
-      if (html) html.close();
+      write_html(m, opt, html);
+      html.close();
       if (!html)
         cannot_write(opt.html_path, "HTML page");
       else
         std::cerr << "cumemguard report: HTML page written to " << clean(opt.html_path) << "\n";
     }
 
-    std::ofstream file;
-    if (!opt.output_path.empty()) {
-      file.open(opt.output_path, std::ios::binary | std::ios::trunc);
-      if (!file) cannot_write(opt.output_path, "report");
-    }
     std::ostream &out = opt.output_path.empty() ? std::cout : file;
     if (opt.output_path.empty() || file) {
       if (opt.gen_suppressions)

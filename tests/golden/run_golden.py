@@ -51,6 +51,9 @@ CASES = {
     # The page and the trace are the outputs asked for: stdout gets the report's first line only
     # (it got the whole text report).
     'html-trace': (['--html', '/dev/null', '--trace', '/dev/null', 'logs/double-free.log'], 1),
+    # A page that cannot be written: said before anything is printed, status 73, stdout empty
+    # (the headline had been printed first).
+    'html-unwritable': (['--html', '/nonexistent/r.html', 'logs/double-free.log'], 73),
 }
 
 
