@@ -114,7 +114,8 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
                                                 ? std::nullopt
                                                 : std::optional<std::string>(v.substr(eq + 1)));
     } else {
-      err = "unknown argument '" + std::string(arg) + "'";
+      err = (arg.starts_with('-') ? "unknown option '" : "unexpected argument '") + shown(arg) +
+            "'";
       return false;
     }
   }
@@ -466,7 +467,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   Args args;
   std::string why;
   if (!parse_args(argc, argv, args, why)) {
-    err << "cumemguard config: " << why << " (try --help)\n";
+    err << "cumemguard config: " << why << " (see cumemguard config --help)\n";
     return kExitUsage;
   }
   if (args.help) {

@@ -114,7 +114,7 @@ int report_main(int argc, char **argv) {
         return usage_error("--slow-us needs a number of microseconds");
       opt.slow_ns = n * 1000;
     } else {
-      return usage_error("unknown option " + std::string(a));
+      return usage_error("unknown option '" + std::string(a) + "'");
     }
   }
   if (files.empty()) return usage_error("no log given");

@@ -160,6 +160,13 @@ def main():
                 check("unknown option" not in p.stderr,
                       f"{cmd} {opt}: --help lists it, the parser does not know it: {p.stderr!r}")
 
+    # One wording for an option a command does not know: run's, with its --help named.
+    for cmd in ("run", "report", "config"):
+        p = run([a.cg, cmd, "--bogus", "x"], stdin=subprocess.DEVNULL, cwd=a.build)
+        want = f"cumemguard {cmd}: unknown option '--bogus' (see cumemguard {cmd} --help)\n"
+        check(p.returncode == 64 and p.stderr == want and not p.stdout,
+              f"{cmd} --bogus: rc {p.returncode} {p.stderr!r} {p.stdout[:200]!r}")
+
     # Exit status 73 is in the tables of the commands that use it.
     for cmd in ("", "run", "report"):
         h = run([a.cg] + ([cmd] if cmd else []) + ["--help"]).stdout

@@ -214,7 +214,8 @@ TEST_CASE("config: no torch found, and bad arguments", "[config_torch]") {
   CHECK(bad.status == 64);
   CHECK(
       bad.err ==
-      "cumemguard config: --torch-version: 'latest' is not a release such as 2.9.1 (try --help)\n");
+      "cumemguard config: --torch-version: 'latest' is not a release such as 2.9.1 (see cumemguard "
+      "config --help)\n");
   CHECK(run({"--torch-version"}).status == 64);
   CHECK(run({"--python"}).status == 64);
   CHECK(run({"--python="}).status == 64);
