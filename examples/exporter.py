@@ -3,7 +3,7 @@
 # Shares a buffer of VMM memory (PyTorch's expandable segments) with another process through
 # legacy IPC, as vLLM's and SGLang's custom all-reduce do: cudaIpcGetMemHandle(RANGE_START_ADDR of
 # the buffer). The driver refuses that for VMM memory; under cumemguard with CUMEMGUARD_IPC=bridge
-# it works (README, "Legacy IPC on VMM memory").
+# it works (docs/ipc-bridge.md, "The bridge").
 #
 #   cumemguard run -e CUMEMGUARD_IPC=bridge -- python3 examples/exporter.py HANDLE_FILE [--torch]
 #   cumemguard run -e CUMEMGUARD_IPC=bridge -- python3 examples/importer.py HANDLE_FILE
