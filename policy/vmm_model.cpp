@@ -531,9 +531,14 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   }
   t.finding = vmm_findings::released_again(handle, h, replaced, replaced_by);
   t.decision = decide(o, t.finding->cls, trusted());
-  // Proven from what the shim saw; the driver is asked before it is answered without it, or
-  // its answer tells when it is forwarded anyway.
-  rests_on_freed(t.decision);
+  // A skip is proven from what the shim saw (handle values carry a generation); the driver is not
+  // asked: cuMemGetAllocationPropertiesFromHandle answers a released value with SUCCESS as it
+  // answers a live one (real-driver.md D23, measured on the H200), so its answer proves nothing,
+  // and taking it for "live" forwarded every double release (the program got INVALID_VALUE, as
+  // without the shim). A release forwarded anyway (report mode, ACTION=forward) is judged by the
+  // driver's answer to it: accepted, the value had been issued again unseen. A handle issued again
+  // through a path the shim does not see is otherwise not told apart (docs/limitations.md).
+  if (!t.decision.skip && !t.decision.abort_first) rests_on_freed(t.decision);
   return t;
 }
 

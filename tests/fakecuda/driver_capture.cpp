@@ -59,6 +59,7 @@ struct Capture {
   bool blocking = true;
   int dev = 0;
   bool invalidated = false;
+  bool wrong_thread_end = false;  // an end from another thread was refused (C16)
   Graph *graph = nullptr;  // being built; handed out by a successful end
 };
 
@@ -217,11 +218,21 @@ CUresult end_capture(CUstream s, bool per_thread, CUgraph *out) {
   Capture *c = find(r, id.key);
   if (!c) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
   // cuda.h: a capture not begun in relaxed mode must be ended by the thread that began it.
-  if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->thread != self())
+  // On the H200 the begin thread's own end after such a refusal fails with ILLEGAL_STATE
+  // (real-driver.md C16, measured): the refused end broke the capture. It is ended then, with no
+  // graph (what happens to the stream after that was not measured).
+  if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->thread != self()) {
+    c->wrong_thread_end = true;
     return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
   Capture done = *c;
   r.open.erase(r.open.begin() + (c - r.open.data()));
   g_open.fetch_sub(1, std::memory_order_release);
+  if (done.wrong_thread_end) {
+    destroy_graph(r, done.graph);
+    *out = nullptr;
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
   if (done.invalidated) {
     // "will also return an error value and a NULL graph": what the capture allocated is gone.
     destroy_graph(r, done.graph);
@@ -490,8 +501,9 @@ CUresult capture_alloc_node(const StreamId &id, std::size_t size, std::uintptr_t
 }
 
 // cuda.h, cuMemFreeAsync: "During stream capture, this function results in the creation of a free
-// node and must therefore be passed the address of a graph allocation." Anything else is an
-// invalid operation, which invalidates the capture.
+// node and must therefore be passed the address of a graph allocation." Anything else is refused
+// with INVALID_VALUE, and the capture goes on: its end succeeds (real-driver.md C14, measured on the
+// H200; the header's wording had suggested an invalidating operation).
 CUresult capture_free_node(const StreamId &id, std::uintptr_t p) {
   if (g_open.load(std::memory_order_acquire) == 0) return kNotCapturing;
   if (id.legacy) {
@@ -504,10 +516,7 @@ CUresult capture_free_node(const StreamId &id, std::uintptr_t p) {
   if (!c) return kNotCapturing;
   if (c->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   auto it = r.allocs.find(p);
-  if (it == r.allocs.end() || !may_free_in(it->second)) {
-    c->invalidated = true;
-    return CUDA_ERROR_INVALID_VALUE;
-  }
+  if (it == r.allocs.end() || !may_free_in(it->second)) return CUDA_ERROR_INVALID_VALUE;
   mark_freed(it->second, c->graph, p);
   (void)new_node(r, c->graph);
   return CUDA_SUCCESS;

@@ -140,6 +140,9 @@ struct Memory {
   std::unordered_map<unsigned long long, PhysAlloc> allocs;
   unsigned long long next_id = 1;  // allocation ids (linear, host and physical share the counter)
   std::unordered_map<unsigned long long, HandleRef> handles;
+  // The properties a released value last had: the real driver still answers
+  // cuMemGetAllocationPropertiesFromHandle for it with SUCCESS (real-driver.md D23, measured).
+  std::unordered_map<unsigned long long, CUmemAllocationProp> released_props;
   std::vector<unsigned long long> free_values;  // released handle values, last released at back
   unsigned long long next_value = 0x55d0c0a3b000ULL;
   std::map<std::uintptr_t, Reservation> reservations;

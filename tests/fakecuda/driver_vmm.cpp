@@ -92,6 +92,7 @@ CUresult create(CUmemGenericAllocationHandle *handle, std::size_t size,
   if (on_device) m.used[dev] += size;
   const unsigned long long v = m.issue_value();
   m.handles[v] = HandleRef{id, 1};
+  m.released_props.erase(v);  // the value names this allocation now
   *handle = v;
   return CUDA_SUCCESS;
 }
@@ -105,6 +106,7 @@ CUresult release(CUmemGenericAllocationHandle v) {
   if (it == m.handles.end()) return CUDA_ERROR_INVALID_VALUE;
   const unsigned long long id = it->second.alloc;
   if (--it->second.refs == 0) {
+    m.released_props[v] = m.allocs.at(id).prop;
     m.handles.erase(it);
     m.retire_value(v);
   }
@@ -335,6 +337,7 @@ CUresult retain(CUmemGenericAllocationHandle *handle, void *addr) {
   }
   const unsigned long long v = m.issue_value();
   m.handles[v] = HandleRef{id, 1};
+  m.released_props.erase(v);  // the value names this allocation now
   ++a.handle_refs;
   *handle = v;
   return CUDA_SUCCESS;
@@ -346,7 +349,14 @@ CUresult properties(CUmemAllocationProp *prop, CUmemGenericAllocationHandle v) {
   Memory &m = mem();
   std::lock_guard<std::mutex> lk(m.mu);
   auto h = m.handles.find(v);
-  if (h == m.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (h == m.handles.end()) {
+    // A released value is still answered, with what it last was (D23 on the H200): this query
+    // cannot tell a released handle from a live one.
+    auto r = m.released_props.find(v);
+    if (r == m.released_props.end()) return CUDA_ERROR_INVALID_VALUE;
+    *prop = r->second;
+    return CUDA_SUCCESS;
+  }
   *prop = m.allocs.at(h->second.alloc).prop;
   return CUDA_SUCCESS;
 }
@@ -411,6 +421,7 @@ CUresult import_handle(CUmemGenericAllocationHandle *handle, void *os_handle,
   a.handle_refs = 1;
   const unsigned long long v = m.issue_value();
   m.handles[v] = HandleRef{id, 1};
+  m.released_props.erase(v);  // the value names this allocation now
   *handle = v;
   return CUDA_SUCCESS;
 }

@@ -507,8 +507,12 @@ CASES = {
                           base={"live_before": "0", "first_release": S, "unseen_create": S,
                                 "reused": "1", "live_unseen": "1", "reissued_release": S,
                                 "live_after": "0", "double_release": IV},
-                          shim={"double_release": S},
-                          findings=[("unseen-reissue", "forward"), ("double-release", "skip")]),
+                          # The driver cannot tell a released handle value from a live one
+                          # (real-driver.md D23): the release of the value issued again unseen
+                          # is skipped as a double release, and its memory stays live (a leak,
+                          # docs/limitations.md); the linear twin forwards it (unseen-linear).
+                          shim={"reissued_release": S, "live_after": "1", "double_release": S},
+                          findings=[("double-release", "skip"), ("double-release", "skip")]),
     # Strict mode aborts at findings, not at an unseen re-issue: the program's call is legitimate.
     "unseen-handle-strict": dict(prog="unseen_cases", args=["handle"], real=True,
                                  shim_env={"CUMEMGUARD_MODE": "strict",
@@ -817,9 +821,11 @@ def case_specific(name, recs, steps):
             expect(200_000_000 <= waited <= 3_000_000_000, f"{name}: waited {waited} ns")
         else:
             expect(waited == 0, f"{name}: waited {waited} ns")
-    if name.startswith("unseen-") and steps.get("reused") == "1":
+    if (name.startswith("unseen-") and steps.get("reused") == "1" and
+            any(f["class"] == "unseen-reissue" for f in findings)):
         # The free the driver performed is named with the earlier free the model knew of, and
-        # nothing the program allocated through the shim is left.
+        # nothing the program allocated through the shim is left. (The findings themselves are
+        # compared exactly above: unseen-handle has none of this class.)
         f = next(f for f in findings if f["class"] == "unseen-reissue")
         earlier = [r for r in f["related"] if r["what"] in ("earlier free", "first release")]
         expect(earlier and by_seq[earlier[0]["seq"]]["res"] == 0 and
