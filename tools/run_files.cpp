@@ -176,8 +176,11 @@ std::string log_target_problem(const std::string &pattern) {
     return "directory " + dir + " is not writable (" + std::strerror(errno) + ")";
   // The permission bits are not the last word: root passes every access(2) check, yet /proc and
   // /sys create no file, and a read-only mount or an immutable file refuses the write. So the
-  // launcher finds out the way the shim will, by creating and opening; what it made is removed.
-  if (base.find('%') != std::string::npos) {
+  // launcher finds out the way the shim will, by creating a file there, but a probe file of its
+  // own beside the log, never the log's path: another process on the same name (a second run at
+  // once) may be creating that path at this moment, and removing what it made would take its log
+  // away (launcher-log-shared-concurrent: 6 of 25 runs lost a process that way).
+  auto probe_dir = [&]() -> std::string {
     std::string probe = dir + "/.cumemguard-probe.XXXXXX";
     const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
     if (fd < 0)
@@ -185,18 +188,14 @@ std::string log_target_problem(const std::string &pattern) {
     ::close(fd);
     (void)::unlink(probe.c_str());
     return {};
-  }
+  };
+  if (base.find('%') != std::string::npos) return probe_dir();
   constexpr int kFlags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
-  if (::lstat(pattern.c_str(), &st) != 0) {  // a new file: created as the shim would, then removed
-    const int fd = ::open(pattern.c_str(), kFlags | O_CREAT | O_EXCL, 0666);
-    if (fd < 0) return std::string("cannot create it (") + std::strerror(errno) + ")";
-    ::close(fd);
-    (void)::unlink(pattern.c_str());
-    return {};
-  }
+  if (::lstat(pattern.c_str(), &st) != 0) return probe_dir();  // a new file
   std::string why = log_file_refusal(st.st_mode, st.st_uid, st.st_nlink, geteuid());
   if (why.empty() && S_ISREG(st.st_mode)) {  // opened for writing, not truncated
     const int fd = ::open(pattern.c_str(), kFlags);
+    if (fd < 0 && errno == ENOENT) return probe_dir();  // removed meanwhile: a new file again
     if (fd < 0) return std::string("not writable (") + std::strerror(errno) + ")";
     ::close(fd);
   }
