@@ -107,8 +107,11 @@ void fork_child() {
   s.log.fork_child();
   diag_fork_child();
   s.linear.fork_child();
-  s.vmm.fork_child();
+  // In the reverse order of fork_prepare: a model's fork_child takes its own lock again (clear),
+  // which must not happen while a lock taken after it in fork_prepare is still held (ThreadSanitizer
+  // saw the vmm-then-capture order inverted in every forked child).
   s.capture.fork_child();
+  s.vmm.fork_child();
   stacks_fork_child();
   flush_fork_child();
   held().fork_child();

@@ -36,8 +36,10 @@ struct Holder {
   std::thread t;
   explicit Holder(Mutex &mm) : m(mm) {
     t = std::thread([this] {
-      std::unique_lock lk(mu);
+      // m before mu, always: the wait below takes mu again while m is held, and the opposite
+      // order first is a lock-order inversion to ThreadSanitizer.
       m.lock();
+      std::unique_lock lk(mu);
       holding = true;
       cv.notify_all();
       cv.wait(lk, [this] { return release; });
