@@ -162,7 +162,7 @@ class CaptureModel {
   void drop_holder(std::uint64_t ptr);
   CaptureRec *find_open(std::uint32_t id);
 
-  mutable std::mutex mu_;
+  mutable MarkedMutex mu_;  // its holder is known (exit paths, lock_within.h)
   std::atomic<int> open_{0};
   std::atomic<std::size_t> known_allocs_{0};
   std::vector<CaptureRec> open_list_;

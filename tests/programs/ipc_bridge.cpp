@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -1002,9 +1003,13 @@ int fork_stall() {
     r = open_handle(j, j.handle, q);
     done = 1;
   });
-  // Until the opener waits in the driver-free part of the open: blocked in poll on the socket.
+  // Until the opener waits in the driver-free part of the open: blocked in poll on the socket. A
+  // condition, not a count of pauses: on a loaded machine under ThreadSanitizer the thread took
+  // longer than 5,000 one-millisecond pauses to get there. The bound only ends a run whose open
+  // never waits (the open itself waits 30 s for the stopped exporter; the case's limit is 90 s).
   bool waiting = false;
-  for (int i = 0; i < 5000 && !waiting && !done; ++i) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (!waiting && !done && std::chrono::steady_clock::now() < give_up) {
     usleep(1000);
     waiting = blocked_in_poll(opener.load());
   }

@@ -272,3 +272,19 @@ TEST_CASE("the new classes: capture-unsafe and capture-failed stand only when th
   CHECK_FALSE(d.if_refused);
   CHECK(d.action == Action::Forward);
 }
+
+TEST_CASE("the exit visit of graph allocations gives up at once on a lock this thread holds") {
+  // A SIGTERM handler that calls exit() can interrupt this thread inside the capture model; the
+  // summary's visit must return at once, not wait out its patience and make every later exit
+  // path try only once (lock_within.h).
+  exit_wait_reset();
+  CaptureModel m;
+  m.fork_prepare();  // takes the model's lock on this thread, as an interrupted hook would hold it
+  int visited = 0;
+  CHECK_FALSE(m.for_each_live_within([&](const GraphAlloc &) { ++visited; }, 1'000'000));
+  CHECK(visited == 0);
+  CHECK_FALSE(exit_wait_gave_up());
+  m.fork_parent();
+  CHECK(m.for_each_live_within([&](const GraphAlloc &) { ++visited; }, 1'000'000));
+  exit_wait_reset();
+}
