@@ -11,6 +11,9 @@
 //                    the shim's C API when it is there
 //   exit-two [armed] two threads call exit() at the same moment while two others make calls
 //                    (armed: with the test allocator armed on both)
+//   armed-calls      the check itself: the main thread arms the test allocator (no exit) and makes
+//                    CUDA calls; under the shim its model allocates (abort, "exit-alloc:" naming
+//                    the shim), without it the fake's own allocations pass and are counted
 //   closed-stdio before|after
 //                    closes 0, 1 and 2 (before or after its first CUDA call) and opens its own
 //                    files, which get those numbers; then a finding and a warning; its own line
@@ -184,6 +187,22 @@ int exit_two(bool armed) {
   for (;;) pause();
 }
 
+// The test allocator's own check, without an exit: an armed thread's calls through the shim
+// allocate in its model (a map node for each new allocation), and the first one aborts.
+int armed_calls() {
+  cudaFree(nullptr);
+  std::vector<void *> ps(256, nullptr);
+  exit_alloc_arm();
+  int ok = 0;
+  for (void *&p : ps) ok += cudaMalloc(&p, 4096) == cudaSuccess;
+  for (void *p : ps) ok += cudaFree(p) == cudaSuccess;
+  exit_alloc_disarm();
+  out("calls_ok", ok);
+  out("others", exit_alloc::g_foreign.load() > 0);
+  std::fflush(stdout);
+  return 0;
+}
+
 // The host's own descriptors at 0, 1 and 2: files it opened after closing the standard ones.
 bool reopen_stdio(const char *dir) {
   close(0);
@@ -227,6 +246,7 @@ int main(int argc, char **argv) {
   if (c == "sigterm-exit") return sigterm_exit();
   if (c == "sigterm-churn") return sigterm_churn();
   if (c == "exit-two") return exit_two(argc > 2 && std::strcmp(argv[2], "armed") == 0);
+  if (c == "armed-calls") return armed_calls();
   if (c == "closed-stdio" && argc == 4) return closed_stdio(argv[2], argv[3]);
   std::fprintf(stderr, "unknown case %s\n", argv[1]);
   return 64;

@@ -183,6 +183,30 @@ def exit_runs(b, tmp, case, runs, launcher=False, shim=True, extra=None, timeout
     return bad, logs
 
 
+def case_exit_alloc_check(b, tmp):
+    # The exit cases' check counts the shim's allocations only (exit_alloc.h: the innermost frame
+    # outside the program, the loader and the shim's own libraries decides; on the H200 libcudart's
+    # destructors free after exit began with or without the shim). An armed thread's CUDA calls
+    # through the shim allocate in its model: the first allocation aborts, named as the shim's,
+    # with the shim's frames on the stack. Without the shim the same calls allocate in the fake's
+    # libraries only: they pass, all 512 succeed, and were counted as another library's.
+    argv = [b.prog("tests", "reliability", "exit_cases"), "armed-calls"]
+    rc, out, err = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")))
+    at = err.find("exit-alloc:")
+    expect(rc == -signal.SIGABRT and at >= 0, f"with the shim: exit {rc}, stderr\n{err[-2000:]}")
+    head = err[at:].splitlines()
+    expect(head[0].startswith("exit-alloc: ") and head[0].endswith(
+        "by the shim on a thread that began exit; called from:"), f"first line {head[0]!r}")
+    expect(any("libcumemguard.so" in line for line in head[1:]),
+           "no frame of the shim in the stack:\n" + "\n".join(head[:30]))
+    expect("calls_ok" not in out, f"the calls went on after the shim allocated: {out!r}")
+    rc, out, err = b.run(argv, b.env(shim=False))
+    got = steps(out)
+    expect(rc == 0 and "exit-alloc:" not in err and got.get("calls_ok") == "512"
+           and got.get("others") == "1",
+           f"without the shim: exit {rc}, {got}, stderr\n{err[-2000:]}")
+
+
 def case_exit_signal(b, tmp):
     # A SIGTERM handler that calls exit() on a thread interrupted inside the shim (its log's lock
     # is held much of the time: every round writes a finding through). The handler arms the test
@@ -430,6 +454,7 @@ def main():
         "fork-stall": case_fork_stall,
         "flood": case_flood,
         "uid-change": case_uid_change,
+        "exit-alloc-check": case_exit_alloc_check,
         "exit-signal": case_exit_signal,
         "exit-signal-churn": case_exit_signal_churn,
         "exit-two-threads": case_exit_two_threads,
