@@ -514,6 +514,11 @@ CASES = {
                           shim={"reissued_release": S, "live_after": "1", "double_release": S},
                           findings=[("double-release", "skip"), ("double-release", "skip")]),
     # Strict mode aborts at findings, not at an unseen re-issue: the program's call is legitimate.
+    # Whether the value was issued again is read from the shim's own log (strict_reuse()): the
+    # run without the shim may differ from the run with it on the real driver (docs/gpu/run-6.txt:
+    # reused without the shim, not with it). Not re-issued, strict mode aborts at the second
+    # release of the fresh value (release-unknown: the shim never saw it created):
+    # unseen-handle-strict-fresh on the fake, told not to reuse values.
     "unseen-handle-strict": dict(prog="unseen_cases", args=["handle"], real=True,
                                  shim_env={"CUMEMGUARD_MODE": "strict",
                                            "CUMEMGUARD_ACTION_DOUBLE_RELEASE": "forward"},
@@ -521,7 +526,16 @@ CASES = {
                                        "double_release": IV},
                                  shim={},
                                  findings=[("unseen-reissue", "forward"),
-                                           ("double-release", "forward")]),
+                                           ("double-release", "forward")],
+                                 strict_reuse=True),
+    "unseen-handle-strict-fresh": dict(prog="unseen_cases", args=["handle"],
+                                       env={"FAKECUDA_HANDLE_REUSE": "0"},
+                                       shim_env={"CUMEMGUARD_MODE": "strict",
+                                                 "CUMEMGUARD_ACTION_DOUBLE_RELEASE": "forward"},
+                                       base={"reused": "0", "reissued_release": S,
+                                             "live_after": "0", "double_release": IV},
+                                       shim={}, findings=[("release-unknown", "abort")],
+                                       strict_reuse=False),
 }
 
 
@@ -943,6 +957,55 @@ def variants(name, c, steps, real):
     return base, shim, findings
 
 
+def strict_reuse(name, c, tmp, real):
+    """The strict unseen-handle cases: whether the handle value released first was issued again in
+    the run with the shim, read from its log (the release after the first names the value the
+    unseen create returned). On the fake the case says which it must be (the fake re-issues the
+    last value released unless told not to): a run that did not do what the case tests fails."""
+    logs = sorted(glob.glob(os.path.join(tmp, "log.*")))
+    expect(len(logs) == 1, f"{name}: with shim: logs {logs}")
+    recs = read_log(logs[0])
+    calls = [r for r in recs if r.get("k") == "call"]
+    create = [r for r in calls if r["api"] == "cuMemCreate"]
+    rels = [r for r in calls if r["api"] == "cuMemRelease"]
+    expect(len(create) == 1 and create[0]["res"] == 0 and len(rels) >= 2 and
+           rels[0]["args"]["handle"] == create[0]["args"]["handle"] and rels[0]["res"] == 0,
+           f"{name}: with shim: the create and the first release are not logged: {calls}")
+    reused = rels[1]["args"]["handle"] == create[0]["args"]["handle"]
+    if not real:
+        want = c["strict_reuse"]
+        expect(reused == want, f"{name}: the fake {'re-issued' if reused else 'did not re-issue'}"
+               f" the released value {create[0]['args']['handle']} (the case needs it "
+               f"{'re-issued' if want else 'fresh'}): it tested nothing")
+    return reused, recs
+
+
+def check_strict_fresh(name, rc, out, err, recs):
+    """Strict mode, the value not issued again: the program's release of the fresh value goes to
+    the driver (it succeeds, no finding: the driver holds it live); its second release of it is a
+    release of a handle the shim never saw created (release-unknown), and strict mode aborts there
+    with the finding logged and the log ended."""
+    calls = [r for r in recs if r.get("k") == "call"]
+    rels = [r for r in calls if r["api"] == "cuMemRelease"]
+    fresh = rels[1]["args"]["handle"]
+    expect(rc == -6, f"{name}: with shim: exit {rc}, expected -6 (strict mode's abort)\n{err}")
+    expect("strict mode: aborting at the first finding" in err and
+           f"release-unknown in cuMemRelease: cuMemRelease of handle {fresh}," in err,
+           f"{name}: with shim: stderr\n{err}")
+    expect(len(rels) == 2 and rels[1]["res"] == 0 and not rels[1].get("skipped"),
+           f"{name}: with shim: the release of the fresh value {rels[1:]}")
+    findings = [(f["class"], f["action"], f["args"]["handle"]) for f in recs
+                if f.get("k") == "finding"]
+    expect(findings == [("release-unknown", "abort", fresh)],
+           f"{name}: with shim: findings {findings}, expected release-unknown of {fresh}, abort")
+    f = next(f for f in recs if f.get("k") == "finding")
+    expect(f["call_seq"] > rels[1]["seq"], f"{name}: the abort is not at the second release: {f}")
+    expect(recs[-1].get("k") == "end" and recs[-1].get("aborted") is True,
+           f"{name}: with shim: the log ends {recs[-1]}")
+    # Nothing the program printed was lost but what its buffered stdout held at the abort.
+    expect("double_release" not in out, f"{name}: with shim: the program went on: {out!r}")
+
+
 def ipc_checks(name, recs, children):
     """The IPC cases: what the findings say, and how the bridge's calls are logged."""
     if not (name.startswith("P1") or name.startswith("ipc-")) or name in ("P10",):
@@ -1112,9 +1175,21 @@ def main():
             senv["CUMEMGUARD_IPC"] = "bridge"
         senv.update(c.get("shim_env", {}))
         rc2, out2, err2 = run(cmd + c["args"], senv)
+        shim_base = steps
+        if "strict_reuse" in c:
+            reused, srecs = strict_reuse(a.case, c, tmp, a.real)
+            if not reused:
+                check_strict_fresh(a.case, rc2, out2, err2, srecs)
+                shutil.rmtree(tmp, ignore_errors=True)
+                print(f"ok {a.case} (value not re-issued: strict mode aborted at release-unknown)")
+                return 0
+            if steps.get("reused") != "1":
+                # Re-issued with the shim, not without it: the re-issue's expectations.
+                shim_base = dict(steps, **c["base"])
+                _, shim_want, findings = variants(a.case, c, {"reused": "1"}, a.real)
         expect(rc2 == 0, f"with shim: exit {rc2}\n{err2}")
         # The same program's own results, but for what the shim is declared to change.
-        want = dict(steps)
+        want = dict(shim_base)
         want.update(shim_want)
         compare_steps(parse_steps(out2), want, "with shim", a.real, exact=True,
                       varies=c.get("varies", ()))
