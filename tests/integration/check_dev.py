@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# tools/dev as a command: help, -h and --help print the usage on stdout and exit 0; an unknown
+# command, a sanitizer it does not know and a stress run without its seed range exit 64 with one
+# line on stderr, before building anything. The demo (tests/demo/run-demo) removes its directory
+# of logs when it ends, and with --keep keeps it and names it with the log's path.
+#   check_dev.py --source SOURCE_ROOT --build BUILD
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, msg):
+    if not cond:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+    return cond
+
+
+def run(argv, env=None):
+    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=120, env=env)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--build", required=True)
+    a = ap.parse_args()
+    dev = os.path.join(a.source, "tools", "dev")
+    text = open(dev).read()
+    # The commands the dispatch knows (the case labels of its last `case "$cmd"`).
+    dispatch = text[text.rindex('case "$cmd" in'):]
+    commands = re.findall(r"^  ([a-z][a-z |-]*)\)", dispatch, re.M)
+    commands = [c.strip() for label in commands for c in label.split("|")]
+    check({"build", "test", "sanitize", "fuzz", "stress", "ci", "demo", "help"} <= set(commands),
+          f"commands found in tools/dev: {commands}")
+    for arg in ("help", "-h", "--help"):
+        p = run([dev, arg])
+        check(p.returncode == 0 and p.stderr == "" and p.stdout.startswith("Usage: tools/dev "),
+              f"tools/dev {arg}: exit {p.returncode}, stdout {p.stdout[:200]!r}, "
+              f"stderr {p.stderr!r}")
+        for c in commands:
+            if c.startswith("-"):
+                continue
+            check(f"tools/dev {c}" in p.stdout, f"tools/dev {arg} does not list '{c}'")
+    for argv, says in ((["no-such-command"], "unknown command 'no-such-command'"),
+                       (["sanitize", "msan"], "sanitize needs asan or tsan, not 'msan'"),
+                       (["stress"], "stress needs a seed range FIRST:LAST"),
+                       (["stress", "1-5"], "stress needs a seed range FIRST:LAST, not '1-5'")):
+        p = run([dev] + argv)
+        lines = p.stderr.splitlines()
+        check(p.returncode == 64 and p.stdout == "" and len(lines) == 1 and
+              lines[0].startswith("tools/dev: ") and says in lines[0],
+              f"tools/dev {' '.join(argv)}: exit {p.returncode}, stdout {p.stdout[:200]!r}, "
+              f"stderr {p.stderr!r}")
+
+    demo = os.path.join(a.source, "tests", "demo", "run-demo")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TMPDIR=tmp)
+        env.pop("LD_PRELOAD", None)
+        p = run([demo, a.build], env)
+        left = glob.glob(os.path.join(tmp, "cumemguard-demo.*"))
+        last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+        check(p.returncode == 0 and "under cumemguard wake_ok=1, b_intact=1" in p.stdout,
+              f"demo: exit {p.returncode}\n{p.stdout[-1500:]}{p.stderr[-500:]}")
+        check(not left and last.startswith("The logs were removed with " + tmp) and
+              "--keep" in last, f"demo: left {left}, last line {last!r}")
+        p = run([demo, a.build, "--keep"], env)
+        kept = glob.glob(os.path.join(tmp, "cumemguard-demo.*"))
+        last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+        logs = glob.glob(os.path.join(kept[0], "demo.*.log")) if len(kept) == 1 else []
+        check(p.returncode == 0 and len(kept) == 1 and len(logs) == 1 and
+              last == f"Logs kept in {kept[0]} (read one with: "
+                      f"{os.path.join(a.build, 'tools', 'cumemguard')} report {logs[0]})",
+              f"demo --keep: exit {p.returncode}, kept {kept}, logs {logs}, last line {last!r}")
+        p = run([demo, a.build, "--kep"], env)
+        check(p.returncode == 64 and len(p.stderr.splitlines()) == 1 and
+              len(glob.glob(os.path.join(tmp, "cumemguard-demo.*"))) == 1,
+              f"demo --kep: exit {p.returncode}, stderr {p.stderr!r}")
+    if FAILURES:
+        print(f"{len(FAILURES)} failures")
+        return 1
+    print("ok tools/dev")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
