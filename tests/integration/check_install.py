@@ -7,6 +7,7 @@
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,25 @@ def main():
                                                           "log-format.md")]
         for f in want:
             check(os.path.isfile(f), f"installed file missing: {f}")
+
+        # The installed commands' --help names the installed documentation directory, never a
+        # path of the build or source tree, and every document it names is in the install.
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        for sub in ([], ["run"], ["report"], ["config"]):
+            h = subprocess.run([cg] + sub + ["--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+            label = " ".join(["cumemguard"] + sub)
+            text = " ".join(h.stdout.split())  # the help wraps its lines
+            check(h.returncode == 0 and build not in text and src not in text and
+                  "docs/" not in text, f"installed {label} --help: {h.returncode} {text[:300]!r}")
+            for doc in re.findall(r"([\w-]+\.md) in the documentation directory, (\S+?)\)", text):
+                check(doc[1] == docdir and os.path.isfile(dest + os.path.join(docdir, doc[0])),
+                      f"installed {label} --help names {doc[0]} in {doc[1]}: not installed there "
+                      f"(docdir {docdir})")
+        helps = [subprocess.run([cg, c, "--help"], stdout=subprocess.PIPE, text=True).stdout
+                 for c in ("report", "config")]
+        check(all(docdir in " ".join(t.split()) for t in helps),
+              f"installed report/config --help do not name {docdir}")
 
         # pkg-config names the installed shim and header.
         env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(lib, "pkgconfig"))
