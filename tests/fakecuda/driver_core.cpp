@@ -92,6 +92,7 @@ Config read_config() {
       warn("FAKECUDA_FABRIC", v, "expected accept or deny");
   }
   c.bench = parse_bool("FAKECUDA_BENCH", std::getenv("FAKECUDA_BENCH"), false);
+  c.multicast = parse_bool("FAKECUDA_MULTICAST", std::getenv("FAKECUDA_MULTICAST"), false);
   return c;
 }
 

@@ -136,7 +136,7 @@ CUresult device_attribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = config().multicast ? 1 : 0; break;
     // The rest describe an H200 (compute capability 9.0, 132 SMs).
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;

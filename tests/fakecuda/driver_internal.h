@@ -47,6 +47,7 @@ struct Config {
   bool handle_reuse = true;                     // FAKECUDA_HANDLE_REUSE
   bool retain_same = true;                      // FAKECUDA_RETAIN_SAME
   bool fabric_accept = false;                   // FAKECUDA_FABRIC=accept
+  bool multicast = false;                       // FAKECUDA_MULTICAST=1: an NVLink-switch system
   bool bench = false;                           // FAKECUDA_BENCH=1: see driver_bench.cpp
 };
 const Config &config();

@@ -224,10 +224,12 @@ unsigned long long Memory::issue_value() {
 
 void Memory::retire_value(unsigned long long v) { free_values.push_back(v); }
 
-// real-driver.md D13: the memory lives until the last handle and the last mapping are gone.
+// real-driver.md D13: the memory lives until the last handle and the last mapping are gone (and,
+// in this fake, its last multicast binding: README.md, "Not measured").
 void Memory::drop_if_unused(unsigned long long id) {
   auto it = allocs.find(id);
-  if (it == allocs.end() || it->second.handle_refs || it->second.mappings) return;
+  if (it == allocs.end() || it->second.handle_refs || it->second.mappings || it->second.bindings)
+    return;
   if (it->second.charged_dev >= 0) used[it->second.charged_dev] -= it->second.size;
   if (it->second.fd >= 0) close(it->second.fd);
   allocs.erase(it);

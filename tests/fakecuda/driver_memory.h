@@ -77,6 +77,7 @@ struct PhysAlloc {
   bool imported = false;
   unsigned handle_refs = 0;
   unsigned mappings = 0;
+  unsigned bindings = 0;  // multicast bindings of (part of) it: they keep it alive (driver_multicast)
 };
 
 struct Mapping {
@@ -85,6 +86,21 @@ struct Mapping {
   std::size_t offset;
   unsigned char dev_access[kMaxDevices];  // CUmemAccess_flags per device
   unsigned char host_access;
+};
+
+// A multicast object (cuMulticastCreate): its team and what each device bound to it.
+struct Multicast {
+  std::size_t size = 0;
+  unsigned num_devices = 0;
+  unsigned long long handle_types = 0;
+  std::vector<int> devices;  // added so far, in order
+  struct Binding {
+    int dev;
+    std::size_t mc_offset, size;
+    unsigned long long alloc;
+    std::size_t mem_offset;
+  };
+  std::vector<Binding> bindings;
 };
 
 struct Reservation {
@@ -149,6 +165,8 @@ struct Memory {
   std::vector<std::pair<std::uintptr_t, std::size_t>> freed_va;  // oldest first
   std::map<std::uintptr_t, Import> imports;
   std::map<IpcKey, std::uintptr_t> import_by_key;
+  // Multicast objects by handle value (values come from the same issue as allocation handles).
+  std::unordered_map<unsigned long long, Multicast> multicasts;
   std::size_t used[kMaxDevices] = {};
 
   // All with mu held.
@@ -159,6 +177,8 @@ struct Memory {
   unsigned long long issue_value();
   void retire_value(unsigned long long v);
   void drop_if_unused(unsigned long long alloc);
+  // cuMemRelease of a multicast handle: the object and its bindings go (driver_multicast.cpp).
+  bool release_multicast(unsigned long long value);
 };
 
 Memory &mem();

@@ -103,7 +103,7 @@ CUresult release(CUmemGenericAllocationHandle v) {
   Memory &m = mem();
   std::lock_guard<std::mutex> lk(m.mu);
   auto it = m.handles.find(v);
-  if (it == m.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (it == m.handles.end()) return m.release_multicast(v) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   const unsigned long long id = it->second.alloc;
   if (--it->second.refs == 0) {
     m.released_props[v] = m.allocs.at(id).prop;

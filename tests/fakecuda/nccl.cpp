@@ -1,43 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fake NCCL 2.28.9: communicator lifecycle, a few collectives with local semantics, ncclMemAlloc,
 // and the driver traffic NCCL makes (its own libcuda lookup, the cuMem pattern of its buffers).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <nccl.h>
+// Registration, windows, suspend/resume and peer memory are in nccl_mem.cpp.
+#include "nccl_internal.h"
 
-#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <random>
-#include <string>
-#include <thread>
-#include <vector>
+#include <set>
 
-#include "driver_entry.h"
-
-// Like NCCL_API in NCCL's src/include/core.h (checked on libnccl 2.28.9): the implementation is the
-// strong global pncclX, and ncclX is a weak alias of it.
-#define FAKENCCL_EXPORT extern "C" __attribute__((visibility("default")))
-#define FAKENCCL_ALIAS(name) \
-  extern "C" __attribute__((weak, alias("p" #name), copy(p##name), visibility("default"))) \
-      decltype(p##name) name;
-
-namespace {
-
+namespace fakenccl {
 // ---- the driver, reached like NCCL's static cudart reaches it ------------------------------------
-
-struct Driver {
-  fakecuda_entry::DriverEntry entry;
-  bool ok = false;
-#define FNCCL_DRV(member, sym, ver, flags, pfn) pfn member = nullptr;
-#include "nccl_driver.def"
-#undef FNCCL_DRV
-};
 
 Driver &driver() {
   static Driver *d = [] {
@@ -55,8 +32,10 @@ Driver &driver() {
   return *d;
 }
 
+namespace {
 std::mutex g_error_mu;
 std::string g_last_error;
+}  // namespace
 
 void set_error(const std::string &s) {
   std::lock_guard<std::mutex> lk(g_error_mu);
@@ -70,25 +49,19 @@ ncclResult_t cu_fail(const char *what, CUresult r) {
   return ncclUnhandledCudaError;
 }
 
-#define CU_TRY(call)                                      \
-  do {                                                    \
-    CUresult cu_r_ = (call);                              \
-    if (cu_r_ != CUDA_SUCCESS) return cu_fail(#call, cu_r_); \
-  } while (0)
-
 ncclResult_t need_driver() {
   if (driver().ok) return ncclSuccess;
   set_error("fake NCCL: libcuda.so.1 or one of its entry points is missing");
   return ncclUnhandledCudaError;
 }
 
-unsigned long long env_ns(const char *name, unsigned long long dflt) {
+unsigned long long env_u64(const char *name, unsigned long long dflt) {
   const char *s = std::getenv(name);
   if (!s || !*s) return dflt;
   char *end = nullptr;
   unsigned long long v = std::strtoull(s, &end, 10);
-  if (*end) {
-    std::fprintf(stderr, "fakenccl: ignoring %s=%s: expected nanoseconds\n", name, s);
+  if (*end || *s == '-') {
+    std::fprintf(stderr, "fakenccl: ignoring %s=%s: expected a number\n", name, s);
     return dflt;
   }
   return v;
@@ -96,8 +69,10 @@ unsigned long long env_ns(const char *name, unsigned long long dflt) {
 
 // NCCL's entry points make the communicator's device current the way cudaSetDevice does: the
 // primary context of that device, retained once per device.
+namespace {
 std::mutex g_ctx_mu;
 CUcontext g_primary[64];
+}  // namespace
 
 ncclResult_t use_device(int dev) {
   Driver &d = driver();
@@ -130,12 +105,6 @@ ncclResult_t caller_device(int *dev) {
 }
 
 // ---- cuMem buffers -----------------------------------------------------------------------------
-
-struct Buffer {
-  CUdeviceptr va = 0;
-  size_t size = 0;
-  CUmemGenericAllocationHandle handle = 0;  // kept only by ncclMemAlloc
-};
 
 // create (POSIX fd) -> reserve -> map -> set access [-> release at once]: real-driver.md section 6
 // and bug-patterns.md P10, for device memory and for host memory (HOST_NUMA, no GPUDirect RDMA).
@@ -184,7 +153,7 @@ ncclResult_t vmm_alloc(Buffer *b, CUmemLocationType where, int dev, size_t want,
     CU_TRY(d.memRelease(h));
     h = 0;
   }
-  *b = Buffer{va, size, h};
+  *b = Buffer{va, size, h, where == CU_MEM_LOCATION_TYPE_DEVICE, nullptr};
   return ncclSuccess;
 }
 
@@ -201,26 +170,35 @@ ncclResult_t vmm_free(const Buffer &b) {
 
 // ---- communicators -------------------------------------------------------------------------------
 
-constexpr unsigned kCommMagic = 0xfacec0de;
-
+namespace {
+// The live communicators: NCCL's CommCheck reads the magic of whatever the pointer names, which
+// for a destroyed one is freed memory (init.cc clears it before the free); the fake answers the
+// same error without reading freed memory.
+std::mutex g_comms_mu;
+std::set<ncclComm *> g_comms;
 }  // namespace
 
-struct ncclComm {
-  unsigned magic = kCommMagic;
-  int nranks = 1;
-  int rank = 0;
-  int dev = 0;
-  bool blocking = true;
-  std::atomic<int> async{ncclSuccess};  // ncclResult_t; ncclInProgress while a nonblocking init runs
-  std::thread worker;
-  std::mutex mu;
-  std::vector<Buffer> buffers;
-  bool finalized = false;
-};
+ncclComm *as_comm(ncclComm_t c) {
+  std::lock_guard<std::mutex> lk(g_comms_mu);
+  return c && g_comms.count(c) ? c : nullptr;
+}
+
+ncclResult_t comm_ready(ncclComm *c) {
+  if (!c) return ncclInvalidArgument;
+  int a = c->async.load();
+  if (a == ncclInProgress) {
+    set_error("fake NCCL: communicator used before its initialization completed");
+    return ncclInvalidUsage;
+  }
+  return static_cast<ncclResult_t>(a);
+}
 
 namespace {
 
-ncclComm *as_comm(ncclComm_t c) { return c && c->magic == kCommMagic ? c : nullptr; }
+void publish(ncclComm *c) {
+  std::lock_guard<std::mutex> lk(g_comms_mu);
+  g_comms.insert(c);
+}
 
 void join_worker(ncclComm *c) {
   std::lock_guard<std::mutex> lk(c->mu);
@@ -261,12 +239,17 @@ ncclResult_t comm_setup(ncclComm *c) {
         if (helper_res != ncclSuccess) break;
         made.push_back(hb);
       }
+      // The proxy's buffers for peers and what it imports from them (nccl_mem.cpp).
+      if (helper_res == ncclSuccess) helper_res = setup_dynamic(c);
     });
     helper.join();
     res = helper_res;
   }
   c->buffers = std::move(made);
-  if (res != ncclSuccess) free_buffers(c);
+  if (res != ncclSuccess) {
+    release_holdings(c, false);
+    free_buffers(c);
+  }
   return res;
 }
 
@@ -309,11 +292,13 @@ ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, int dev, const n
       *out = nullptr;
       return r;
     }
+    publish(c);
     *out = c;
     return ncclSuccess;
   }
   c->async = ncclInProgress;
-  const unsigned long long delay = env_ns("FAKENCCL_INIT_NS", 10'000'000);
+  publish(c);
+  const unsigned long long delay = env_u64("FAKENCCL_INIT_NS", 10'000'000);
   c->worker = std::thread([c, delay] {
     // Long enough for a caller to see ncclInProgress before the result.
     std::this_thread::sleep_for(std::chrono::nanoseconds(delay));
@@ -323,29 +308,42 @@ ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, int dev, const n
   return ncclInProgress;
 }
 
-ncclResult_t comm_ready(ncclComm *c) {
-  if (!c) return ncclInvalidArgument;
-  int a = c->async.load();
-  if (a == ncclInProgress) {
-    set_error("fake NCCL: communicator used before its initialization completed");
-    return ncclInvalidUsage;
-  }
-  return static_cast<ncclResult_t>(a);
+ncclResult_t bad_comm() {
+  set_error("fake NCCL: corrupted comm object detected");
+  return ncclInvalidArgument;
 }
 
-ncclResult_t comm_destroy(ncclComm_t comm) {
+// ncclCommDestroy and ncclCommAbort: NULL is success (init.cc); a destroyed communicator is the
+// CommCheck error; a suspended one fails as 2.29.7's teardown does and stays (nccl_mem.cpp).
+ncclResult_t comm_destroy(ncclComm_t comm, bool abort) {
   if (!comm) return ncclSuccess;
   ncclComm *c = as_comm(comm);
-  if (!c) return ncclInvalidArgument;
+  if (!c) return bad_comm();
   join_worker(c);
   ncclResult_t r = ncclSuccess;
   if (driver().ok) {
     use_device(c->dev);
-    r = free_buffers(c);
+    if (ncclResult_t t = check_teardown(c)) return t;
+    r = release_holdings(c, abort);
+    if (ncclResult_t f = free_buffers(c); r == ncclSuccess) r = f;
   }
-  c->magic = 0;
+  {
+    std::lock_guard<std::mutex> lk(g_comms_mu);
+    g_comms.erase(c);
+  }
   delete c;
   return r;
+}
+
+// A communicator that takes collectives: initialized, not revoked, not suspended ("The
+// communicator cannot be used while suspended", 2.29.7 nccl.h.in).
+ncclResult_t usable(ncclComm *c) {
+  if (ncclResult_t r = comm_ready(c)) return r;
+  if (c->revoked || c->suspended) {
+    set_error(c->revoked ? "fake NCCL: communicator revoked" : "fake NCCL: communicator suspended");
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
 }
 
 size_t type_size(ncclDataType_t t) {
@@ -361,7 +359,7 @@ size_t type_size(ncclDataType_t t) {
 // A collective is a kernel that holds the device for FAKENCCL_COLL_NS (default 0): the fake
 // driver's frees and synchronisations then wait for it (real-driver.md section 3).
 void mark_busy(int dev) {
-  static const unsigned long long ns = env_ns("FAKENCCL_COLL_NS", 0);
+  static const unsigned long long ns = env_u64("FAKENCCL_COLL_NS", 0);
   if (!ns) return;
   using SetBusy = void (*)(int, unsigned long long);
   static SetBusy set_busy =
@@ -370,7 +368,7 @@ void mark_busy(int dev) {
 }
 
 ncclResult_t local_copy(ncclComm *c, void *dst, const void *src, size_t count, ncclDataType_t t) {
-  if (ncclResult_t r = comm_ready(c)) return r;
+  if (ncclResult_t r = usable(c)) return r;
   const size_t sz = type_size(t);
   if (!sz) return ncclInvalidArgument;
   if (ncclResult_t r = use_device(c->dev)) return r;
@@ -398,6 +396,9 @@ std::mutex g_mem_mu;
 std::map<CUdeviceptr, Buffer> g_mem;
 
 }  // namespace
+}  // namespace fakenccl
+
+using namespace fakenccl;
 
 // ---- API -----------------------------------------------------------------------------------------
 
@@ -446,7 +447,7 @@ FAKENCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t *comms, int ndev, const
   if (!comms || ndev < 1) return ncclInvalidArgument;
   for (int i = 0; i < ndev; ++i) {
     if (ncclResult_t r = comm_create(&comms[i], ndev, i, devlist ? devlist[i] : i, nullptr)) {
-      for (int j = 0; j < i; ++j) comm_destroy(comms[j]);
+      for (int j = 0; j < i; ++j) comm_destroy(comms[j], false);
       return r;
     }
   }
@@ -493,18 +494,51 @@ FAKENCCL_ALIAS(ncclCommShrink)
 
 FAKENCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
   ncclComm *c = as_comm(comm);
-  if (!c) return ncclInvalidArgument;
+  if (!c) return bad_comm();
+  // nccl.h (2.28.9): "Calling ncclCommFinalize after revoke is invalid."
+  if (c->revoked) return ncclInvalidUsage;
   join_worker(c);
   c->finalized = true;
   return ncclSuccess;
 }
 FAKENCCL_ALIAS(ncclCommFinalize)
 
-FAKENCCL_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) { return comm_destroy(comm); }
+FAKENCCL_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) { return comm_destroy(comm, false); }
 FAKENCCL_ALIAS(ncclCommDestroy)
 
-FAKENCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) { return comm_destroy(comm); }
+FAKENCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) { return comm_destroy(comm, true); }
 FAKENCCL_ALIAS(ncclCommAbort)
+
+// 2.28.9 src/init.cc: NULL is success; flags other than NCCL_REVOKE_DEFAULT, a finalized or an
+// already revoked communicator are ncclInvalidArgument. It stops the proxy; operations after it
+// are refused, and the communicator still has to be destroyed.
+FAKENCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  if (!comm) return ncclSuccess;
+  ncclComm *c = as_comm(comm);
+  if (!c) return bad_comm();
+  if (revokeFlags != NCCL_REVOKE_DEFAULT || c->finalized || c->revoked) return ncclInvalidArgument;
+  join_worker(c);
+  c->revoked = true;
+  return ncclSuccess;
+}
+FAKENCCL_ALIAS(ncclCommRevoke)
+
+// 2.29.2 nccl.h.in: existing ranks pass their communicator (rank -1), new ranks NULL and their
+// assigned rank. Ranks do not talk to each other here: each caller gets a communicator of nRanks.
+FAKENCCL_EXPORT ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId,
+                                           int rank, ncclComm_t *newcomm, ncclConfig_t *config) {
+  if (!newcomm) return ncclInvalidArgument;
+  if (comm) {
+    ncclComm *c = as_comm(comm);
+    if (!c) return bad_comm();
+    if (ncclResult_t r = usable(c)) return r;
+    if (rank != -1 || nRanks <= c->nranks) return ncclInvalidArgument;
+    return comm_create(newcomm, nRanks, c->rank, c->dev, config);
+  }
+  if (!uniqueId) return ncclInvalidArgument;
+  return comm_create(newcomm, nRanks, rank, -1, config);
+}
+FAKENCCL_ALIAS(ncclCommGrow)
 
 FAKENCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int *count) {
   ncclComm *c = as_comm(comm);
@@ -596,7 +630,7 @@ FAKENCCL_ALIAS(ncclBroadcast)
 FAKENCCL_EXPORT ncclResult_t pncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
                                        int peer, ncclComm_t comm, cudaStream_t) {
   ncclComm *c = as_comm(comm);
-  if (ncclResult_t r = comm_ready(c)) return r;
+  if (ncclResult_t r = usable(c)) return r;
   if (!type_size(datatype) || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
   if (t_group_depth > 0) t_sends.push_back({c, sendbuff, count * type_size(datatype), peer});
   mark_busy(c->dev);
@@ -607,7 +641,7 @@ FAKENCCL_ALIAS(ncclSend)
 FAKENCCL_EXPORT ncclResult_t pncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype,
                                        int peer, ncclComm_t comm, cudaStream_t) {
   ncclComm *c = as_comm(comm);
-  if (ncclResult_t r = comm_ready(c)) return r;
+  if (ncclResult_t r = usable(c)) return r;
   if (!type_size(datatype) || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
   for (auto it = t_sends.begin(); it != t_sends.end(); ++it) {
     if (it->comm == c && it->peer == c->rank && peer == c->rank) {
