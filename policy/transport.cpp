@@ -21,48 +21,147 @@ int slot_of(int dev) {
 
 // ---- registry ----------------------------------------------------------------------------------
 
-bool Transport::set_suppressed(const EventRef &ev) {
-  // Publish first, so that every flush request from now on declines; then wait for the flushes
-  // that already passed their check (each holds the lock shared until it is done). A thread that
-  // turns suppression on from inside its own permitted flush cannot wait for itself.
-  const bool was = suppressed_.exchange(true, std::memory_order_acq_rel);
+void Transport::wait_for_flushes() {
+  // Every flush request from now on declines (suppressed_ is published before this); then wait
+  // for the flushes that already passed their check (each holds the lock shared until it is
+  // done). A thread that turns suppression on from inside its own permitted flush cannot wait for
+  // itself.
+  if (!flushing_here()) {
+    std::unique_lock lk(flush_mu_);  // taken only once every running flush is done
+  }
+}
+
+bool Transport::recompute_locked() {
+  // Quiet: every communicator the process made is live and suspended, none is being created or
+  // resumed, none ended or failed, and no transport the shim cannot see was announced.
+  const int live = live_.load(std::memory_order_relaxed);
+  const bool quiet = live > 0 && suspended_n_ == live && creating_ == 0 && !unproven_;
+  const bool on = sticky_.load(std::memory_order_relaxed) && !quiet;
+  return on && !suppressed_.exchange(on, std::memory_order_acq_rel);
+}
+
+bool Transport::set_suppressed(const EventRef &ev, bool external) {
+  const bool was = sticky_.exchange(true, std::memory_order_acq_rel);
+  {
+    std::lock_guard lk(comm_mu_);
+    if (external) unproven_ = true;
+    else ++creating_;
+    recompute_locked();
+  }
   if (!was) {
     suppressed_by_ = ev;
     by_ready_.store(true, std::memory_order_release);
   }
-  if (!flushing_here()) {
-    std::unique_lock lk(flush_mu_);  // taken only once every running flush is done
-  }
+  wait_for_flushes();
   return !was;
 }
 
 bool Transport::on_create_enter(const EventRef &ev) {
-  return set_suppressed(ev);
+  return set_suppressed(ev, false);
 }
 
-void Transport::on_create_exit(std::span<const CommOnDevice> created) {
+void Transport::on_create_exit(std::span<const CommOnDevice> created, const EventRef &ev) {
   std::lock_guard lk(comm_mu_);
+  if (creating_ > 0) --creating_;
+  if (created.empty()) unproven_ = true;  // a failed setup proves nothing about its peers
   for (const CommOnDevice &c : created) {
-    if (c.comm == 0 || !comms_.emplace(c.comm, c.dev).second) continue;
+    if (c.comm == 0 || !comms_.emplace(c.comm, Comm{c.dev, ev, {}, false}).second) continue;
+    ended_.erase(c.comm);  // the pointer is a communicator again
     live_dev_[slot_of(c.dev)].fetch_add(1, std::memory_order_relaxed);
     live_.fetch_add(1, std::memory_order_relaxed);
     created_total_.fetch_add(1, std::memory_order_relaxed);
   }
+  recompute_locked();
 }
 
-int Transport::on_destroy(std::uint64_t comm) {
+int Transport::on_destroy(std::uint64_t comm, const EventRef &ev) {
   std::lock_guard lk(comm_mu_);
   auto it = comms_.find(comm);
-  if (it == comms_.end()) return -1;
-  const int dev = it->second;
-  comms_.erase(it);
-  live_dev_[slot_of(dev)].fetch_sub(1, std::memory_order_relaxed);
-  live_.fetch_sub(1, std::memory_order_relaxed);
+  int dev = -1;
+  if (it != comms_.end()) {
+    dev = it->second.dev;
+    if (it->second.suspended.known() && !it->second.resuming) --suspended_n_;
+    comms_.erase(it);
+    live_dev_[slot_of(dev)].fetch_sub(1, std::memory_order_relaxed);
+    live_.fetch_sub(1, std::memory_order_relaxed);
+    // An empty communicator list does not prove the transports are quiet (sticky).
+    unproven_ = true;
+  }
+  // Ended, whether it was seen created or not (made before the shim): ending it again is the
+  // same double destroy.
+  if (comm && ended_.insert_or_assign(comm, ev).second) {
+    ended_order_.push_back(comm);
+    if (ended_order_.size() > kEndedKept) {
+      ended_.erase(ended_order_.front());
+      ended_order_.pop_front();
+    }
+  }
+  recompute_locked();
   return dev;
 }
 
 bool Transport::suppress_external(const EventRef &ev) {
-  return set_suppressed(ev);
+  return set_suppressed(ev, true);
+}
+
+bool Transport::on_suspended(std::uint64_t comm, const EventRef &ev) {
+  std::lock_guard lk(comm_mu_);
+  auto it = comms_.find(comm);
+  if (it == comms_.end()) return false;
+  if (!it->second.suspended.known() || it->second.resuming) ++suspended_n_;
+  it->second.suspended = ev;
+  it->second.resuming = false;
+  recompute_locked();
+  return true;
+}
+
+void Transport::on_resume_enter(std::uint64_t comm) {
+  bool wait = false;
+  {
+    std::lock_guard lk(comm_mu_);
+    auto it = comms_.find(comm);
+    if (it == comms_.end() || !it->second.suspended.known() || it->second.resuming) return;
+    it->second.resuming = true;
+    --suspended_n_;
+    recompute_locked();
+    wait = suppressed_.load(std::memory_order_relaxed);
+  }
+  if (wait) wait_for_flushes();
+}
+
+void Transport::on_resume_exit(std::uint64_t comm, bool ok) {
+  std::lock_guard lk(comm_mu_);
+  auto it = comms_.find(comm);
+  if (it == comms_.end() || !it->second.resuming) return;
+  it->second.resuming = false;
+  if (ok)
+    it->second.suspended = {};
+  else
+    ++suspended_n_;
+  recompute_locked();
+}
+
+int Transport::suspended_count() const {
+  std::lock_guard lk(comm_mu_);
+  return suspended_n_;
+}
+
+std::optional<Transport::CommState> Transport::comm_state(std::uint64_t comm) const {
+  std::lock_guard lk(comm_mu_);
+  auto it = comms_.find(comm);
+  if (it == comms_.end()) return std::nullopt;
+  CommState st;
+  st.dev = it->second.dev;
+  st.created = it->second.created;
+  if (!it->second.resuming) st.suspended = it->second.suspended;
+  return st;
+}
+
+std::optional<EventRef> Transport::ended(std::uint64_t comm) const {
+  std::lock_guard lk(comm_mu_);
+  auto it = ended_.find(comm);
+  if (it == ended_.end()) return std::nullopt;
+  return it->second;
 }
 
 int Transport::live_on(int dev) const {
@@ -80,7 +179,7 @@ std::vector<std::pair<int, int>> Transport::live_by_device() const {
 int Transport::device_of(std::uint64_t comm) const {
   std::lock_guard lk(comm_mu_);
   auto it = comms_.find(comm);
-  return it == comms_.end() ? -1 : it->second;
+  return it == comms_.end() ? -1 : it->second.dev;
 }
 
 EventRef Transport::suppressed_by() const {
@@ -122,8 +221,15 @@ void Transport::reset() {
   new (&flush_mu_) std::shared_mutex();
   new (&comm_mu_) std::mutex();
   comms_.clear();
+  ended_.clear();
+  ended_order_.clear();
+  suspended_n_ = 0;
+  creating_ = 0;
+  // The parent's communicators are not the child's: what they did proves nothing here.
+  unproven_ = true;
   live_.store(0);
   for (auto &d : live_dev_) d.store(0);
+  suppressed_.store(sticky_.load());
 }
 
 // ---- classification ----------------------------------------------------------------------------

@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <optional>
 #include <mutex>
 #include <shared_mutex>
 #include <span>
@@ -37,27 +39,58 @@ struct CommOnDevice {
 class Transport {
  public:
   static constexpr int kMaxDevices = 64;
+  // Ended communicators remembered for comm-ended (the oldest forgotten first).
+  static constexpr std::size_t kEndedKept = 4096;
 
-  // An init/split/shrink begins: suppression starts now, before the real call starts background
-  // work, and this returns only once a flush already running under run_flush() has finished.
-  // Returns true when this call turned suppression on.
+  // An init/split/shrink/grow begins: suppression starts now, before the real call starts
+  // background work, and this returns only once a flush already running under run_flush() has
+  // finished. Returns true when this call turned suppression on.
   bool on_create_enter(const EventRef &ev);
   // It returned: these communicators exist now (none when it failed; a non-blocking init that
   // answered ncclInProgress has its communicator and counts as live).
-  void on_create_exit(std::span<const CommOnDevice> created);
-  // A destroy or abort succeeded. Returns the communicator's device, -1 when it was not known.
-  int on_destroy(std::uint64_t comm);
+  void on_create_exit(std::span<const CommOnDevice> created, const EventRef &ev = {});
+  // A destroy or abort succeeded. Returns the communicator's device, -1 when it was not known
+  // (it is remembered as ended either way).
+  int on_destroy(std::uint64_t comm, const EventRef &ev = {});
   // cumemguard_suppress_opportunistic_cleanup(): a transport the shim cannot see (UCXX, a custom
   // one) is about to start. Same serialization as on_create_enter. True when it turned it on.
   bool suppress_external(const EventRef &ev);
+
+  // ncclCommSuspend(NCCL_SUSPEND_MEM) succeeded: the communicator is quiet until it resumes.
+  // NCCL synchronized the device and passed a barrier of all ranks before it released its memory
+  // (2.29.7 src/mem_manager.cc ncclCommMemSuspend), and it takes no operation while suspended.
+  // False when the communicator is not a live one the registry knows.
+  bool on_suspended(std::uint64_t comm, const EventRef &ev);
+  // ncclCommResume begins: the communicator may run collectives again as soon as it returns, so
+  // it counts as running from now on, with the same serialization as an init: this returns once
+  // a flush running under run_flush() has finished. on_resume_exit: it returned (ok: resumed;
+  // else it is still suspended, as NCCL keeps its state when a resume fails).
+  void on_resume_enter(std::uint64_t comm);
+  void on_resume_exit(std::uint64_t comm, bool ok);
 
   int live() const { return live_.load(std::memory_order_relaxed); }
   int live_on(int dev) const;
   std::vector<std::pair<int, int>> live_by_device() const;  // (device, live), devices with any
   int device_of(std::uint64_t comm) const;                  // -1 when not known
   std::uint64_t created_total() const { return created_total_.load(std::memory_order_relaxed); }
+  int suspended_count() const;
+  // Where a live communicator stands: its device and since when it is suspended (not known():
+  // running). nullopt when it is not live.
+  struct CommState {
+    int dev = -1;
+    EventRef created;
+    EventRef suspended;
+  };
+  std::optional<CommState> comm_state(std::uint64_t comm) const;
+  // The end of a communicator that ended and was not created again since (comm-ended).
+  std::optional<EventRef> ended(std::uint64_t comm) const;
 
+  // Whether an optional flush must be suppressed now: from the first communicator's init on
+  // (sticky: seed 000), except while every communicator the process made is live and suspended
+  // (proven quiet, see on_suspended) and no other transport was announced.
   bool suppressed() const { return suppressed_.load(std::memory_order_acquire); }
+  // Whether suppression was ever turned on (sticky; suppressed() may be lifted meanwhile).
+  bool ever_suppressed() const { return sticky_.load(std::memory_order_acquire); }
   // The event that turned suppression on (known once suppressed() has been true for a moment:
   // the first caller publishes it right after the flag).
   EventRef suppressed_by() const;
@@ -79,12 +112,27 @@ class Transport {
   void reset();
 
  private:
-  bool set_suppressed(const EventRef &ev);
+  struct Comm {
+    int dev = -1;
+    EventRef created, suspended;
+    bool resuming = false;
+  };
+  bool set_suppressed(const EventRef &ev, bool external);
+  // Publishes suppression and waits for the flushes running (unless this thread runs one).
+  void wait_for_flushes();
+  // Recomputes suppressed_ from the registry (comm_mu_ held). True when it turned it on.
+  bool recompute_locked();
   std::atomic<int> live_{0};
   std::atomic<int> live_dev_[kMaxDevices + 1]{};  // the last slot: device not known
   std::atomic<std::uint64_t> created_total_{0};
   mutable std::mutex comm_mu_;
-  std::unordered_map<std::uint64_t, int> comms_;  // live communicator -> device
+  std::unordered_map<std::uint64_t, Comm> comms_;  // live communicators
+  std::unordered_map<std::uint64_t, EventRef> ended_;
+  std::deque<std::uint64_t> ended_order_;
+  int suspended_n_ = 0;  // live and suspended (not resuming)
+  int creating_ = 0;     // create calls in flight
+  bool unproven_ = false;  // a communicator ended or failed to start, or a transport was announced
+  std::atomic<bool> sticky_{false};
   std::atomic<bool> suppressed_{false};
   std::atomic<bool> by_ready_{false};
   EventRef suppressed_by_{};  // written once, by the caller that turned suppression on

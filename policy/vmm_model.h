@@ -243,6 +243,8 @@ class VmmModel {
   std::optional<HandleRec> handle(std::uint64_t value) const;
   // The physical allocation mapped at va, with the offset into it.
   std::optional<std::pair<PhysAlloc, std::uint64_t>> mapped_at(std::uint64_t va) const;
+  // A live physical allocation by id (nullopt once its last handle and mapping are gone).
+  std::optional<PhysAlloc> alloc(std::uint64_t id) const;
   VmmCounts counts() const;
   // What the model knows of [va, va+size): "not reserved", "reserved, never mapped", "mapped",
   // "partly mapped", "asleep" (unmapped after being mapped), "unmapped".

@@ -69,6 +69,13 @@ std::optional<std::pair<PhysAlloc, std::uint64_t>> VmmModel::mapped_at(std::uint
   return std::make_pair(a->second, it->second.alloc_off + (off - it->second.off));
 }
 
+std::optional<PhysAlloc> VmmModel::alloc(std::uint64_t id) const {
+  std::lock_guard lk(mu_);
+  auto a = allocs_.find(id);
+  if (a == allocs_.end()) return std::nullopt;
+  return a->second;
+}
+
 const char *VmmModel::range_state(std::uint64_t va, std::uint64_t size) const {
   std::lock_guard lk(mu_);
   return range_state_locked(va, size);

@@ -16,6 +16,7 @@
 #include "loader.h"
 #include "shield.h"
 #include "state.h"
+#include "text.h"
 
 namespace cmg::shim {
 
@@ -81,6 +82,18 @@ inline bool api_is_stream_ordered_free(Api api) {
 // Quarantine applies to synchronous frees of linear, managed and host memory.
 inline bool quarantined(Api api, MemKind kind) {
   return state().opts.quarantine != 0 && sync_free(api, kind);
+}
+
+// What NCCL or a multicast object still holds of memory a call took away (free-registered,
+// free-bound), reported after the call with its status. `what` phrases the call ("cudaFree of
+// 0x... (+N bytes)").
+void report_held(const Call &c, std::vector<Hold> held, const std::string &what, const Args &args,
+                 int res);
+// The holds a linear free of a live allocation meets (none, at one atomic load, while nothing is
+// held).
+inline std::vector<Hold> held_by(std::uint64_t ptr, std::uint64_t size) {
+  State &s = state();
+  return s.nccl.empty() ? std::vector<Hold>{} : s.nccl.take_overlapping(ptr, size);
 }
 
 // Linear allocation (cudaMalloc, cuMemAlloc_v2, host, managed, async, pitch). `out` reads the new
@@ -240,9 +253,14 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         }
         FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
         if (v.cls == FreeClass::Live) {
+          std::vector<Hold> holds = held_by(v.rec.ptr, v.rec.size);
           R r = free_live<R>(c, api, v, args, fwd, stream);
           if (unsafe) [[unlikely]]
             unsafe_after(c, static_cast<int>(r), ptr, v.rec.size, args);
+          if (!holds.empty()) [[unlikely]]
+            report_held(c, std::move(holds),
+                        std::string(api_name(api)) + " of " + range_text(v.rec.ptr, v.rec.size),
+                        args, static_cast<int>(r));
           return r;
         }
         if (v.cls == FreeClass::Null) {
@@ -357,7 +375,19 @@ CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAlloca
                     unsigned long long flags, decltype(&::cuMemExportToShareableHandle) drv);
 CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
                     CUmemAllocationHandleType type,
-                    decltype(&::cuMemImportFromShareableHandle) drv);
+                    decltype(&::cuMemImportFromShareableHandle) drv, const void *caller);
+// Multicast objects (handlers_multicast.cpp).
+CUresult mc_create(CUmemGenericAllocationHandle *mc, const CUmulticastObjectProp *prop,
+                   decltype(&::cuMulticastCreate) drv);
+CUresult mc_add_device(CUmemGenericAllocationHandle mc, CUdevice dev,
+                       decltype(&::cuMulticastAddDevice) drv);
+CUresult mc_bind_mem(CUmemGenericAllocationHandle mc, size_t mc_offset,
+                     CUmemGenericAllocationHandle mem, size_t mem_offset, size_t size,
+                     unsigned long long flags, decltype(&::cuMulticastBindMem) drv);
+CUresult mc_bind_addr(CUmemGenericAllocationHandle mc, size_t mc_offset, CUdeviceptr va,
+                      size_t size, unsigned long long flags, decltype(&::cuMulticastBindAddr) drv);
+CUresult mc_unbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mc_offset, size_t size,
+                   decltype(&::cuMulticastUnbind) drv);
 CUresult pool_trim(Api api, CUmemoryPool pool, size_t keep, decltype(&::cuMemPoolTrimTo) drv);
 
 // fork(): the legacy-IPC import table's lock (see state.cpp for the order).
@@ -391,11 +421,72 @@ R route_after(R r, const char *symbol, void **pfn) {
   return r;
 }
 
-// NCCL communicator lifecycle (statuses are ncclResult_t values). `after` runs when the call
+// NCCL communicator lifecycle (statuses are ncclResult_t values). `named` is the communicator a
+// finalize, revoke, destroy or abort names (0 for a create). `after` runs when the call
 // succeeded or is in progress: it adds the arguments and lists the communicators created, each
-// with its device (-1: the device current at entry) or, for Finalize/Destroy, the one it names.
-enum class CommEvent : std::uint8_t { Create, Finalize, Destroy };
-int nccl_call(Api api, CommEvent ev, FnRef<int()> real,
+// with its device (-1: the device current at entry).
+enum class CommEvent : std::uint8_t { Create, Finalize, Revoke, Destroy };
+int nccl_call(Api api, CommEvent ev, std::uint64_t named, FnRef<int()> real,
               FnRef<void(Args &, std::vector<CommOnDevice> &comms)> after);
+
+// Registration, windows, suspend, resume and statistics (handlers_nccl_mem.cpp). `handle`, `win`
+// and `value` are the caller's out-pointers, read after the call.
+int nccl_register(std::uint64_t comm, std::uint64_t buff, std::uint64_t size, void **handle,
+                  const void *caller, FnRef<int()> real);
+int nccl_deregister(std::uint64_t comm, std::uint64_t handle, FnRef<int()> real);
+int nccl_window_register(std::uint64_t comm, std::uint64_t buff, std::uint64_t size, void **win,
+                         int flags, FnRef<int()> real);
+int nccl_window_deregister(std::uint64_t comm, std::uint64_t win, FnRef<int()> real);
+int nccl_suspend(std::uint64_t comm, int flags, FnRef<int()> real);
+int nccl_resume(std::uint64_t comm, FnRef<int()> real);
+int nccl_mem_stats(std::uint64_t comm, int stat, const std::uint64_t *value, FnRef<int()> real);
+
+// The `nccl` log record of one call (docs/log-format.md): the fields beyond the common ones.
+struct NcclFields {
+  std::uint64_t buff = 0, size = 0, handle = 0;  // registration, window
+  bool has_flags = false;
+  int flags = 0;                                 // suspend, revoke, window
+  int stat = -1;                                 // memstats: the ncclCommMemStat_t asked
+  bool has_value = false;
+  std::uint64_t value = 0;                       // memstats: what NCCL answered
+  std::size_t ranges = 0;                        // suspend: the ranges NCCL put to sleep
+  std::uint64_t range_bytes = 0;
+  bool suppressed = false;                       // this call turned cleanup suppression on
+};
+void nccl_record(const Call &c, const char *event, std::uint64_t comm, int dev, int res,
+                 const NcclFields &x);
+
+// Findings of an NCCL call, reported once its `nccl` and `call` records are written (they share
+// the call's seq; a finding between them would reach the reader out of order).
+struct NcclFindings {
+  std::vector<Finding> list;
+  std::vector<Action> actions;
+  void add(Finding f, Action a) {
+    list.push_back(std::move(f));
+    actions.push_back(a);
+  }
+  void add(Finding f);  // with the action decide() gives its class (never skipped)
+  void report(const Call &c, int res, const Args &args);
+};
+
+// This thread is inside ncclCommSuspend of this communicator: the unmaps NCCL makes meanwhile are
+// its ranges put to sleep (2.29.7 unmaps on the calling thread, src/mem_manager.cc).
+CMG_HOT_TLS inline std::uint64_t t_suspending = 0;
+
+// Runs `real` marked as inside an NCCL call of this thread (t_in_nccl), and returns its status.
+template <class Real>
+int inside_nccl(Real &&real) {
+  struct Scope {
+    bool prev = t_in_nccl;
+    Scope() { t_in_nccl = true; }
+    ~Scope() { t_in_nccl = prev; }
+  } scope;
+  return static_cast<int>(real());
+}
+
+// A call made by NCCL itself: inside an NCCL call of this thread, or from libnccl's code.
+bool made_by_nccl(const void *caller);
+// A peer import made by NCCL (its caller lies in libnccl, or it runs inside an NCCL call).
+void note_nccl_import(const Call &c, std::uint64_t handle, const void *caller);
 
 }  // namespace cmg::shim

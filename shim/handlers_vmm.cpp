@@ -6,9 +6,20 @@
 #include "handlers.h"
 #include "ipc_bridge.h"
 #include "shield.h"
+#include "text.h"
 
 namespace cmg::shim {
 namespace {
+
+// The multicast bindings of the allocations a call dropped (their last reference and mapping).
+void report_bound(const Call &c, const VmmTicket &t, const std::string &what, const Args &args,
+                  int res) {
+  std::vector<Hold> held;
+  t.dropped.each([&](const PhysAlloc &a) {
+    for (Hold &h : state().nccl.take_bound(a.id)) held.push_back(std::move(h));
+  });
+  if (!held.empty()) report_held(c, std::move(held), what, args, res);
+}
 
 Location location_of(const CUmemAllocationProp *prop) {
   switch (prop->location.type) {
@@ -126,7 +137,15 @@ CUresult vmm_release(CUmemGenericAllocationHandle h, decltype(&::cuMemRelease) d
     const DriverView view = confirm(t, begin);
     Args args;
     args.hex("handle", h);
-    return run(c, t, args, fwd, view);
+    const CUresult r = run(c, t, args, fwd, view);
+    if (r == CUDA_SUCCESS && !s.nccl.empty()) {
+      // A multicast object released: its bindings go. An allocation whose last reference went
+      // with this release while a multicast object still has it bound (free-bound).
+      s.nccl.on_multicast_release(h);
+      report_bound(c, t, "cuMemRelease of handle " + hex(h) + " (the last reference to it)", args,
+                   r);
+    }
+    return r;
   });
 }
 
@@ -162,7 +181,12 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size, decltype(&::cuMemAddress
     VmmTicket t = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm, s.opts);
     Args args;
     args.hex("ptr", ptr).u("size", size);
-    return run(c, t, args, fwd);
+    const CUresult r = run(c, t, args, fwd);
+    // A registration or window of addresses no longer reserved (when no unmap reported it before).
+    if (r == CUDA_SUCCESS && !s.nccl.empty())
+      if (auto held = s.nccl.take_overlapping(ptr, size); !held.empty())
+        report_held(c, std::move(held), "cuMemAddressFree of " + range_text(ptr, size), args, r);
+    return r;
   });
 }
 
@@ -194,6 +218,15 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size, decltype(&::cuMemUnmap) drv) {
     Args args;
     args.hex("ptr", ptr).u("size", size);
     const CUresult r = run(c, t, args, fwd);
+    // NCCL putting a communicator's buffer to sleep (ncclCommSuspend runs on this thread).
+    if (r == CUDA_SUCCESS && t_suspending && t.noted)
+      s.nccl.on_suspend_unmap(t_suspending, ptr, size, c.ev());
+    if (r == CUDA_SUCCESS && !s.nccl.empty()) {
+      const std::string what = "cuMemUnmap of " + range_text(ptr, size);
+      if (auto held = s.nccl.take_overlapping(ptr, size); !held.empty())
+        report_held(c, std::move(held), what, args, r);
+      report_bound(c, t, what, args, r);
+    }
     if (busy.busy) {
       Finding f = vmm_findings::unmap_while_busy(t, busy.how, busy.waited_ns);
       report_finding(c, std::move(f), decide(s.opts, FindingClass::UnmapWhileBusy, false).action, r,
@@ -268,7 +301,7 @@ CUresult vmm_export(void *shareable, CUmemGenericAllocationHandle h, CUmemAlloca
 
 CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
                     CUmemAllocationHandleType type,
-                    decltype(&::cuMemImportFromShareableHandle) drv) {
+                    decltype(&::cuMemImportFromShareableHandle) drv, const void *caller) {
   auto real = [&] { return drv(h, os_handle, type); };
   return shielded<CUresult>(Api::cuMemImportFromShareableHandle, real, [&](auto &fwd) {
     Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
@@ -292,6 +325,7 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
       state().vmm.on_create(*h, 0, known ? location_of(&prop) : Location::Other,
                             known ? prop.location.id : -1, static_cast<unsigned>(type), true, c.ev(),
                             t_vmm);
+      note_nccl_import(c, *h, caller);
     }
     c.log(r, args);
     return r;

@@ -174,7 +174,39 @@ CMG_HOOK(CUresult, cuMemExportToShareableHandle,
 CMG_HOOK(CUresult, cuMemImportFromShareableHandle,
          (CUmemGenericAllocationHandle * h, void *os, CUmemAllocationHandleType type),
          (h, os, type)) {
-  return vmm_import(h, os, type, CMG_REAL_R(cuMemImportFromShareableHandle));
+  // The caller: NCCL's imports of its peers' memory are told apart by where they come from.
+  return vmm_import(h, os, type, CMG_REAL_R(cuMemImportFromShareableHandle),
+                    __builtin_return_address(0));
+}
+
+CMG_HOOK(CUresult, cuMulticastCreate,
+         (CUmemGenericAllocationHandle * mc, const CUmulticastObjectProp *prop), (mc, prop)) {
+  return mc_create(mc, prop, CMG_REAL_R(cuMulticastCreate));
+}
+
+CMG_HOOK(CUresult, cuMulticastAddDevice, (CUmemGenericAllocationHandle mc, CUdevice dev),
+         (mc, dev)) {
+  return mc_add_device(mc, dev, CMG_REAL_R(cuMulticastAddDevice));
+}
+
+CMG_HOOK(CUresult, cuMulticastBindMem,
+         (CUmemGenericAllocationHandle mc, size_t mc_offset, CUmemGenericAllocationHandle mem,
+          size_t mem_offset, size_t size, unsigned long long flags),
+         (mc, mc_offset, mem, mem_offset, size, flags)) {
+  return mc_bind_mem(mc, mc_offset, mem, mem_offset, size, flags, CMG_REAL_R(cuMulticastBindMem));
+}
+
+CMG_HOOK(CUresult, cuMulticastBindAddr,
+         (CUmemGenericAllocationHandle mc, size_t mc_offset, CUdeviceptr va, size_t size,
+          unsigned long long flags),
+         (mc, mc_offset, va, size, flags)) {
+  return mc_bind_addr(mc, mc_offset, va, size, flags, CMG_REAL_R(cuMulticastBindAddr));
+}
+
+CMG_HOOK(CUresult, cuMulticastUnbind,
+         (CUmemGenericAllocationHandle mc, CUdevice dev, size_t mc_offset, size_t size),
+         (mc, dev, mc_offset, size)) {
+  return mc_unbind(mc, dev, mc_offset, size, CMG_REAL_R(cuMulticastUnbind));
 }
 
 // Legacy IPC answers in the driver's codes (docs/ipc-bridge.md, "Errors").

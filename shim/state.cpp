@@ -69,10 +69,10 @@ std::string *g_parent_log = nullptr;
 
 // fork(): every lock of the shim but the linear shards' is held across it, taken in the one order
 // the code nests them (routing table, IPC imports, the IPC bridge, held frees, flush sites and
-// symbol cache, stack table, VMM model, capture model, pending notes, the log last: stack capture
-// and leaks write to the log while holding their own lock), so the child never inherits a lock
-// another thread held or a half-changed table. The linear model's child starts over on fresh
-// shards (tracker.h).
+// symbol cache, stack table, VMM model, capture model, NCCL holdings, pending notes, the log last:
+// stack capture and leaks write to the log while holding their own lock), so the child never
+// inherits a lock another thread held or a half-changed table. The linear model's child starts over
+// on fresh shards (tracker.h).
 void fork_prepare() {
   State &s = state();
   loader_fork_prepare();
@@ -83,6 +83,7 @@ void fork_prepare() {
   stacks_fork_prepare();
   s.vmm.fork_prepare();
   s.capture.fork_prepare();
+  s.nccl.fork_prepare();
   diag_fork_prepare();
   s.log.fork_prepare();
 }
@@ -91,6 +92,7 @@ void fork_parent() {
   State &s = state();
   s.log.fork_parent();
   diag_fork_parent();
+  s.nccl.fork_parent();
   s.capture.fork_parent();
   s.vmm.fork_parent();
   stacks_fork_parent();
@@ -110,6 +112,7 @@ void fork_child() {
   // In the reverse order of fork_prepare: a model's fork_child takes its own lock again (clear),
   // which must not happen while a lock taken after it in fork_prepare is still held (ThreadSanitizer
   // saw the vmm-then-capture order inverted in every forked child).
+  s.nccl.fork_child();
   s.capture.fork_child();
   s.vmm.fork_child();
   stacks_fork_child();

@@ -16,6 +16,7 @@
 #include "event.h"
 #include "eventlog.h"
 #include "loader.h"
+#include "nccl_holds.h"
 #include "options.h"
 #include "tracker.h"
 #include "transport.h"
@@ -72,6 +73,7 @@ struct State {
   VmmModel vmm{counters};
   CaptureModel capture;
   Transport transport;
+  NcclHolds nccl;  // registrations, windows, multicast bindings, suspended and imported ranges
   EventLog log;
   std::atomic<std::uint64_t> seq{0};
   CallCounts calls;

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 import capture_checks
+import nccl_cases  # what NCCL holds: registrations, windows, suspend, teardown
 
 S, IV, OOM = "CUDA_SUCCESS", "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_OUT_OF_MEMORY"
 RS, RIV = "cudaSuccess", "cudaErrorInvalidValue"
@@ -540,6 +541,7 @@ CASES = {
 
 
 CASES.update(capture_checks.CASES)
+CASES.update(nccl_cases.CASES)
 
 
 def parse_steps(text):
@@ -1227,6 +1229,7 @@ def main():
                    f"child findings {got_c}, expected {sorted(c['child_findings'])}")
         ipc_checks(a.case, recs, children)
         case_specific(a.case, recs, steps)
+        nccl_cases.check(a.case, recs, parse_steps(out2), expect)
         if a.case in FLUSH_CASES:
             check_flushes(a.case, recs, steps, parse_steps(out2), a.real, build, top[0])
         if a.case in capture_checks.CASE_NAMES:
