@@ -37,7 +37,8 @@ bool Transport::recompute_locked() {
   const int live = live_.load(std::memory_order_relaxed);
   const bool quiet = live > 0 && suspended_n_ == live && creating_ == 0 && !unproven_;
   const bool on = sticky_.load(std::memory_order_relaxed) && !quiet;
-  return on && !suppressed_.exchange(on, std::memory_order_acq_rel);
+  const bool was = suppressed_.exchange(on, std::memory_order_acq_rel);
+  return on && !was;
 }
 
 bool Transport::set_suppressed(const EventRef &ev, bool external) {

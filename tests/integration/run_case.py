@@ -333,6 +333,13 @@ CASES = {
                        shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
                        base={"init": "0", "trim": "cudaSuccess", "destroy": "0"},
                        shim={}, findings=[("opportunistic-flush", "skip")]),
+    # A suspended communicator is not live for suppression (seed 000 with vLLM's sleep mode).
+    "suspend-flush": dict(prog="flush_cases", args=["suspend"],
+                          base={"capi": "absent", "init": "0", "live.released": "1", "suspend": "0",
+                                "suspended.released": "1", "resume": "0",
+                                "resumed.released": "1", "destroy": "0"},
+                          shim={"capi": "present", "suspended.ran": "1", "resumed.ran": "0"},
+                          findings=[("opportunistic-flush", "forward")] * 2),
     "capi-race": dict(prog="flush_cases", args=["capi-race"], real=True,
                       base={"capi": "absent"},
                       shim={"capi": "present", "before.suppressed": "0", "init": "0",
@@ -766,6 +773,7 @@ def check_flushes(name, recs, steps, shim_steps, real, build, log_path):
 
 
 FLUSH_CASES = ("P17", "P17-defer", "P18", "P18-limit", "P19", "sticky-failed", "nonblocking",
+               "suspend-flush",
                "trim", "trim-defer", "capi-race", "capi-ctypes")
 
 

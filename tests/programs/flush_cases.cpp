@@ -23,6 +23,7 @@
 #include "cuda_check.h"
 #include "cumemguard.h"
 #include "fakecuda.h"
+#include "nccl_late.h"
 
 extern "C" {
 int fakecache_empty_cache(void);
@@ -393,8 +394,43 @@ int capi_race() {
 
 }  // namespace
 
+// Seed 000 with NCCL's suspend (vLLM's sleep mode): a rank's communicator is suspended, then the
+// program flushes its cache to hand the memory to another process. The suspended communicator is
+// quiet (NCCL synchronized the device and passed a barrier before it released its memory), so
+// the flush is not an opportunistic one and the C API runs the optional flush; once resumed, a
+// flush is one again. ncclCommSuspend is looked up at run time (2.29.7; 77 without it).
+int suspend() {
+  auto sus = capi<decltype(&ncclCommSuspend)>("ncclCommSuspend");
+  auto res = capi<decltype(&ncclCommResume)>("ncclCommResume");
+  if (!sus || !res) {
+    std::fprintf(stderr, "this libnccl has no ncclCommSuspend (NCCL 2.29.7 added it)\n");
+    return 77;
+  }
+  auto maybe = capi<cumemguard_maybe_empty_cache_fn>("cumemguard_maybe_empty_cache");
+  step("capi", maybe ? "present" : "absent");
+  CHECK_CUDA(cudaSetDevice(0));
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr;
+  step("init", ncclGetUniqueId(&id) == ncclSuccess ? ncclCommInitRank(&comm, 2, id, 0) : ncclSystemError);
+  cached_block(8 * kMiB);
+  step("live.released", fakecache_empty_cache());
+  step("suspend", sus(comm, NCCL_SUSPEND_MEM));
+  cached_block(8 * kMiB);
+  step("suspended.released", fakecache_empty_cache());
+  int calls = 0;
+  auto count = [](void *p) { ++*static_cast<int *>(p); };
+  if (maybe) step("suspended.ran", maybe(count, &calls));
+  step("resume", res(comm));
+  cached_block(8 * kMiB);
+  step("resumed.released", fakecache_empty_cache());
+  if (maybe) step("resumed.ran", maybe(count, &calls));
+  step("destroy", ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const std::string c = argc > 1 ? argv[1] : "";
+  if (c == "suspend") return suspend();
   if (c == "p17") return p17();
   if (c == "p18") return p18();
   if (c == "p19") return p19();
