@@ -352,6 +352,14 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
         if (t == od::json_type::string) f.comm = str_of(v);
         else if (auto n = u64_of(v)) f.comm = hex(*n);
         return true;
+      case pack("buff"):
+        if (!typed()) return false;
+        f.buff = text_of(v, t);
+        return true;
+      case pack("flags"): f.flags = i64_of(v); return true;
+      case pack("stat"): f.stat = i64_of(v); return true;
+      case pack("value"): f.value = u64_of(v); return true;
+      case pack("ranges"): f.ranges = u64_of(v); return true;
       case pack("rank"): f.rank = i64_of(v); return true;
       case pack("nranks"): f.nranks = i64_of(v); return true;
       case pack("live"):
@@ -443,6 +451,8 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
   if (key == "deferred"sv) f.deferred = bool_of(v);
   else if (key == "released_from"sv)
     f.released_from = str_of(v);
+  else if (key == "range_bytes"sv)
+    f.range_bytes = u64_of(v);
   else if (key == "blocked_ns"sv) f.blocked_ns = i64_of(v);
   else if (key == "suppressed"sv) {
     if (!typed()) return false;

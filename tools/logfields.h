@@ -40,7 +40,9 @@ struct Fields {
   std::optional<std::uint64_t> seq, stack, id, base, addr, mod_size, ret_seq, capture;
   std::optional<std::int64_t> ts, tid, res, dur, dev, delta, bytes, blocked_ns, rank, nranks, live,
       size, signal, cumemguard_log;
-  std::optional<std::string> api, mem, cls, action, msg, event, comm, path, build_id, what, var,
+  std::optional<std::int64_t> flags, stat;                 // nccl: suspend, revoke; memstats
+  std::optional<std::uint64_t> value, ranges, range_bytes;  // nccl: memstats; suspend
+  std::optional<std::string> api, mem, cls, action, msg, event, comm, buff, path, build_id, what, var,
       original, result, level, signal_name, name, suppressed_rule, object, object_field, file,
       py_end, released_from;
   std::optional<std::int64_t> first;

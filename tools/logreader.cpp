@@ -427,6 +427,14 @@ struct LogReader::Impl {
         n.res = f.res.value_or(0);
         n.live = f.live;
         n.suppressed = f.suppressed_flag;
+        n.buff = f.buff.value_or("");
+        if (f.object_field == "handle") n.handle = f.object.value_or("");
+        n.size = f.size;
+        n.flags = f.flags;
+        n.stat = f.stat;
+        n.value = f.value;
+        n.ranges = f.ranges;
+        n.range_bytes = f.range_bytes;
         e.body = std::move(n);
       } else {
         if (!f.api || !f.res) return false;

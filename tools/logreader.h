@@ -140,6 +140,12 @@ struct Nccl {
   std::int64_t res = 0;
   std::optional<std::int64_t> live;
   bool suppressed = false;
+  // What a communicator holds (docs/log-format.md): registration and window calls carry the
+  // buffer, its size and the handle; suspend and revoke their flags and the ranges NCCL put to
+  // sleep; memstats the statistic asked and NCCL's answer.
+  std::string buff, handle;
+  std::optional<std::int64_t> size, flags, stat;
+  std::optional<std::uint64_t> value, ranges, range_bytes;
 };
 
 // The first call that returned a distinct non-success status (docs/log-format.md `cuda_error`).

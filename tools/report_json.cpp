@@ -327,6 +327,27 @@ Json report_json(const Model &m, const ReportOptions &opt) {
   Json comms = Json::array();
   for (const CommRow &c : m.comms) {
     auto t = [&](const std::optional<NcclPoint> &p) { return p ? Json(p->t) : Json(nullptr); };
+    auto opt_t = [](const std::optional<std::int64_t> &v) { return v ? Json(*v) : Json(nullptr); };
+    Json spans = Json::array();
+    for (const SuspendedSpan &sp : c.suspended)
+      spans.push_back({{"from_t_ns", sp.from},
+                       {"to_t_ns", opt_t(sp.to)},
+                       {"ranges", sp.ranges},
+                       {"range_bytes", sp.range_bytes}});
+    Json stats = Json::object();
+    static const char *const kNames[] = {"suspendable_bytes", "suspended", "persistent_bytes",
+                                         "total_bytes"};
+    for (const auto &[stat, value] : c.mem_stats)
+      stats[stat >= 0 && stat <= 3 ? kNames[stat] : std::to_string(stat)] = value;
+    Json regs = Json::array();
+    for (const RegRow &r : c.regs)
+      regs.push_back({{"kind", r.window ? "window" : "registration"},
+                      {"handle", r.handle},
+                      {"buff", r.buff},
+                      {"size", r.size},
+                      {"t_ns", r.t},
+                      {"seq", r.seq},
+                      {"ended_t_ns", opt_t(r.ended)}});
     comms.push_back({{"log", c.log},
                      {"comm", c.comm},
                      {"created_t_ns", t(c.created)},
@@ -335,6 +356,14 @@ Json report_json(const Model &m, const ReportOptions &opt) {
                      {"ended", c.ended ? Json(c.ended->event) : Json(nullptr)},
                      {"ended_t_ns", t(c.ended)},
                      {"live_at_end", !c.ended.has_value()},
+                     {"revoked_t_ns", t(c.revoked)},
+                     {"suspended", std::move(spans)},
+                     {"mem_stats", std::move(stats)},
+                     {"mem_stats_t_ns", opt_t(c.mem_stats_t)},
+                     {"registrations", std::move(regs)},
+                     {"registrations_made", c.regs_made},
+                     {"windows_made", c.windows_made},
+                     {"registrations_not_listed", c.regs_dropped},
                      {"events", c.events}});
   }
   Json rules = Json::array();

@@ -392,6 +392,13 @@ class Builder {
     if (m_.nccl.size() < Model::kMaxNccl) m_.nccl.push_back({li, e});
     else ++m_.nccl_dropped;
     auto [it, fresh] = comm_index_.try_emplace({li, n.comm}, m_.comms.size());
+    const bool creates =
+        n.event == "init" || n.event == "split" || n.event == "shrink" || n.event == "grow";
+    // NCCL's allocator hands an ended communicator's address to a new one: a row of its own.
+    if (!fresh && creates && n.res == 0 && m_.comms[it->second].ended) {
+      it->second = m_.comms.size();
+      fresh = true;
+    }
     if (fresh) {
       m_.comms.emplace_back();
       m_.comms.back().log = li;
@@ -400,13 +407,60 @@ class Builder {
     CommRow &cr = m_.comms[it->second];
     ++cr.events;
     const NcclPoint p{t, n.api, n.event};
-    if (n.event == "init" || n.event == "split" || n.event == "shrink") {
+    const bool ok = n.res == 0;
+    if (creates) {
       if (!cr.created) cr.created = p;
     } else if (n.event == "finalize") {
       cr.finalized = p;
+    } else if (n.event == "revoke") {
+      if (ok) cr.revoked = p;
     } else if (n.event == "destroy" || n.event == "abort") {
-      cr.ended = p;
+      // A destroy NCCL refused (a suspended communicator) leaves it as it was.
+      if (ok && !cr.ended) {
+        cr.ended = p;
+        for (RegRow &r : cr.regs)
+          if (!r.ended) r.ended = t;
+        if (!cr.suspended.empty() && !cr.suspended.back().to) cr.suspended.back().to = t;
+      }
+    } else if (n.event == "suspend") {
+      // Only NCCL_SUSPEND_MEM (1) suspends (2.29.7); a suspend of a suspended one is refused.
+      if (ok && n.flags.value_or(0) & 1 && (cr.suspended.empty() || cr.suspended.back().to))
+        cr.suspended.push_back({t, std::nullopt, n.ranges.value_or(0), n.range_bytes.value_or(0)});
+    } else if (n.event == "resume") {
+      if (ok && !cr.suspended.empty() && !cr.suspended.back().to) cr.suspended.back().to = t;
+    } else if (n.event == "memstats") {
+      if (ok && n.stat && n.value) {
+        cr.mem_stats[*n.stat] = *n.value;
+        cr.mem_stats_t = t;
+      }
+    } else if (n.event == "register" || n.event == "window_register") {
+      if (ok && !n.handle.empty() && n.handle != "0x0") reg_made(cr, n, t, e.seq);
+    } else if (n.event == "deregister" || n.event == "window_deregister") {
+      if (ok) reg_ended(cr, n.handle, n.event == "window_deregister", t);
     }
+  }
+
+  static void reg_made(CommRow &cr, const Nccl &n, std::int64_t t, std::uint64_t seq) {
+    const bool window = n.event == "window_register";
+    ++(window ? cr.windows_made : cr.regs_made);
+    for (RegRow &r : cr.regs)
+      if (!r.ended && r.window == window && r.handle == n.handle) {
+        ++r.refs;  // a range inside a registered slot: the same handle (register.cc)
+        return;
+      }
+    if (cr.regs.size() >= CommRow::kMaxRegs) {
+      ++cr.regs_dropped;
+      return;
+    }
+    cr.regs.push_back({window, n.handle, n.buff, n.size.value_or(0), t, seq, 1, std::nullopt});
+  }
+
+  static void reg_ended(CommRow &cr, const std::string &handle, bool window, std::int64_t t) {
+    for (RegRow &r : cr.regs)
+      if (!r.ended && r.window == window && r.handle == handle) {
+        if (--r.refs == 0) r.ended = t;
+        return;
+      }
   }
 
   const ReportOptions &opt_;

@@ -166,13 +166,41 @@ struct NcclPoint {
   std::string api, event;
 };
 
+// An interval a communicator spent suspended (ncclCommSuspend with NCCL_SUSPEND_MEM, until the
+// ncclCommResume that succeeded; open: suspended at the end of the log).
+struct SuspendedSpan {
+  std::int64_t from = 0;
+  std::optional<std::int64_t> to;
+  std::uint64_t ranges = 0, range_bytes = 0;  // what NCCL put to sleep
+};
+
+// A registration or window of a communicator (ncclCommRegister, ncclCommWindowRegister).
+struct RegRow {
+  bool window = false;
+  std::string handle, buff;
+  std::int64_t size = 0;
+  std::int64_t t = 0;
+  std::uint64_t seq = 0;
+  unsigned refs = 1;               // registrations inside a slot share its handle
+  std::optional<std::int64_t> ended;  // deregistered (or with the communicator)
+};
+
 struct CommRow {
   std::size_t log = 0;
   std::string comm;
-  std::optional<NcclPoint> created;  // init, split or shrink
+  std::optional<NcclPoint> created;  // init, split, shrink or grow
   std::optional<NcclPoint> ended;    // destroy or abort (finalize alone leaves it live)
   std::optional<NcclPoint> finalized;
+  std::optional<NcclPoint> revoked;
   std::size_t events = 0;
+  std::vector<SuspendedSpan> suspended;
+  // The last answer of ncclCommMemStats for each statistic (ncclCommMemStat_t: 0 suspendable
+  // bytes, 1 suspended, 2 persistent bytes, 3 total bytes), and when it was given.
+  std::map<std::int64_t, std::uint64_t> mem_stats;
+  std::optional<std::int64_t> mem_stats_t;
+  std::vector<RegRow> regs;  // at most kMaxRegs
+  std::size_t regs_made = 0, windows_made = 0, regs_dropped = 0;
+  static constexpr std::size_t kMaxRegs = 256;
 };
 
 // --- how each process ended (report_outcome.cpp) --------------------------------------------------

@@ -368,6 +368,52 @@ void write_calls(const Model &m, std::ostream &out) {
         r.errors ? fmt::format(" ({} failed)", r.errors) : std::string());
 }
 
+// What a communicator held: its suspended intervals (with NCCL's ranges put to sleep), its
+// memory statistics as NCCL last answered them, and its registrations and windows.
+void write_comm_holdings(const Model &m, const CommRow &c, std::ostream &out) {
+  if (!c.suspended.empty()) {
+    std::string spans;
+    for (const SuspendedSpan &sp : c.suspended) {
+      if (!spans.empty()) spans += ", ";
+      spans += fmt_time(sp.from) + " .. ";
+      spans += sp.to ? fmt::format("{} ({})", fmt_time(*sp.to), fmt_duration(*sp.to - sp.from))
+                     : std::string(m.logs[c.log].truncated() ? "the log's end" : "exit");
+      if (sp.ranges)
+        spans += fmt::format(" [{} asleep: {}]", plural(sp.ranges, "range", "ranges"),
+                             human_bytes(static_cast<std::int64_t>(sp.range_bytes)));
+    }
+    out << "    suspended " << spans << "\n";
+  }
+  if (!c.mem_stats.empty()) {
+    static const char *const kNames[] = {"suspendable", "suspended", "persistent", "total"};
+    std::string stats;
+    for (const auto &[stat, value] : c.mem_stats) {
+      if (!stats.empty()) stats += ", ";
+      if (stat == 1)
+        stats += fmt::format("suspended {}", value ? "yes" : "no");
+      else if (stat >= 0 && stat <= 3)
+        stats += fmt::format("{} {}", kNames[stat], human_bytes(static_cast<std::int64_t>(value)));
+      else
+        stats += fmt::format("stat {} = {}", stat, value);
+    }
+    out << fmt::format("    memory (ncclCommMemStats at {}): {}\n", fmt_time(c.mem_stats_t.value_or(0)),
+                       stats);
+  }
+  if (c.regs_made || c.windows_made) {
+    std::size_t open = 0;
+    for (const RegRow &r : c.regs) open += !r.ended;
+    out << fmt::format("    {} and {}, {} open at the end\n",
+                       plural(c.regs_made, "registration", "registrations"),
+                       plural(c.windows_made, "window", "windows"), open);
+    for (const RegRow &r : c.regs)
+      out << fmt::format("      {} {} of {} (+{} bytes) at {} (seq {}){}\n",
+                         r.window ? "window" : "registration", r.handle, r.buff, r.size,
+                         fmt_time(r.t), r.seq,
+                         r.ended ? fmt::format(", until {}", fmt_time(*r.ended)) : ", open");
+    if (c.regs_dropped) out << fmt::format("      ({} more not listed)\n", c.regs_dropped);
+  }
+}
+
 void write_nccl(const Model &m, std::ostream &out) {
   if (m.nccl.empty()) return;
   out << "\n== NCCL communicators\n";
@@ -394,6 +440,7 @@ void write_nccl(const Model &m, std::ostream &out) {
     } else {
       life = "created before the log shows";
     }
+    if (c.revoked) life += fmt::format(", revoked at {}", fmt_time(c.revoked->t));
     if (c.finalized) life += fmt::format(", finalized at {}", fmt_time(c.finalized->t));
     if (c.ended) {
       life += fmt::format(", {} at {}", c.ended->event == "abort" ? "aborted" : "destroyed",
@@ -404,6 +451,7 @@ void write_nccl(const Model &m, std::ostream &out) {
     }
     out << fmt::format("  communicator {} in {}: {}\n", c.comm.empty() ? "?" : c.comm,
                        m.label(c.log), life);
+    write_comm_holdings(m, c, out);
   }
 }
 

@@ -54,6 +54,8 @@ CASES = {
     # A page that cannot be written: said before anything is printed, status 73, stdout empty
     # (the headline had been printed first).
     'html-unwritable': (['--html', '/nonexistent/r.html', 'logs/double-free.log'], 73),
+    'nccl': (['logs/nccl.log'], 1),
+    'nccl-json': (['--json', 'logs/nccl.log'], 1),
 }
 
 

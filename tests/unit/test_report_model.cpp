@@ -205,3 +205,45 @@ TEST_CASE("ranges put to sleep while the failing call waited are asleep at its e
     CHECK(o.asleep.empty());
   }
 }
+
+TEST_CASE("communicators: a refused destroy keeps one live, a reused address is a new row") {
+  auto nccl = [](int seq, const char *event, const char *comm, int res, const char *extra = "") {
+    return "{\"k\":\"nccl\",\"seq\":" + std::to_string(seq) + ",\"ts\":" + std::to_string(seq * 10) +
+           ",\"tid\":1,\"event\":\"" + event + "\",\"api\":\"x\",\"comm\":\"" + comm +
+           "\",\"res\":" + std::to_string(res) + extra + "}\n";
+  };
+  std::string log = "{\"cumemguard_log\":1,\"pid\":1,\"rank\":0,\"start_unix_ns\":0,\"argv\":[\"a\"]}\n";
+  log += nccl(1, "init", "0xa0", 0);
+  log += nccl(2, "suspend", "0xa0", 0, ",\"flags\":1,\"ranges\":2,\"range_bytes\":4194304");
+  log += nccl(3, "suspend", "0xa0", 5, ",\"flags\":1");   // refused: still one interval
+  log += nccl(4, "destroy", "0xa0", 1);                    // refused: still live
+  log += nccl(5, "resume", "0xa0", 0);
+  log += nccl(6, "suspend", "0xa0", 0, ",\"flags\":0");   // without NCCL_SUSPEND_MEM: nothing
+  log += nccl(7, "register", "0xa0", 0, ",\"buff\":\"0x7f00\",\"size\":4096,\"handle\":\"0xb1\"");
+  log += nccl(8, "register", "0xa0", 0, ",\"buff\":\"0x7f10\",\"size\":64,\"handle\":\"0xb1\"");
+  log += nccl(9, "deregister", "0xa0", 0, ",\"handle\":\"0xb1\"");
+  log += nccl(10, "abort", "0xa0", 0);
+  log += nccl(11, "init", "0xa0", 0);                      // NCCL handed the address out again
+  log += nccl(12, "memstats", "0xa0", 0, ",\"stat\":3,\"value\":8388608");
+  log += "{\"k\":\"end\",\"ts\":200}\n";
+  Model m = model_of({log});
+  REQUIRE(m.comms.size() == 2);
+  const CommRow &a = m.comms[0];
+  REQUIRE(a.ended);
+  CHECK(a.ended->event == "abort");
+  CHECK(a.ended->t == 100);
+  REQUIRE(a.suspended.size() == 1);
+  CHECK(a.suspended[0].from == 20);
+  CHECK(a.suspended[0].to == 50);
+  CHECK(a.suspended[0].ranges == 2);
+  CHECK(a.suspended[0].range_bytes == 4194304);
+  REQUIRE(a.regs.size() == 1);  // the second registration shares the slot's handle
+  CHECK(a.regs_made == 2);
+  CHECK(a.regs[0].refs == 1);
+  CHECK(a.regs[0].ended == 100);  // the communicator's end took it
+  const CommRow &b = m.comms[1];
+  CHECK_FALSE(b.ended);
+  CHECK(b.created->t == 110);
+  CHECK(b.mem_stats.at(3) == 8388608);
+  CHECK(b.mem_stats_t == 120);
+}
