@@ -62,9 +62,8 @@ class NcclHolds {
   static constexpr std::size_t kImportsKept = 4096;
 
   // ---- registrations and windows (after NCCL succeeded) ----
-  // `inside_nccl`: made by NCCL itself inside another NCCL call of this thread (libnccl 2.28.9
-  // calls ncclCommRegister through its PLT inside ncclCommWindowRegister, which an interposer
-  // sees): not kept, the window it belongs to is.
+  // `inside_nccl`: made by NCCL itself (libnccl 2.28.9 calls ncclCommRegister through its PLT
+  // for a window, which an interposer sees): not kept, the window it belongs to is.
   void on_register(std::uint64_t comm, std::uint64_t va, std::uint64_t size, std::uint64_t handle,
                    bool inside_nccl, const EventRef &ev);
   // False when the handle is not one the model holds (NCCL-internal, or made before the shim).
