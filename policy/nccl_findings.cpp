@@ -79,8 +79,8 @@ Finding ended_again(const char *api, std::uint64_t comm, const EventRef &end) {
 Finding suspended_again(std::uint64_t comm, const EventRef &since) {
   Finding f;
   f.cls = FindingClass::CommSuspend;
-  f.msg = "ncclCommSuspend(NCCL_SUSPEND_MEM) of communicator " + hex(comm) +
-          ", suspended since " + at_seq(since) +
+  f.msg = "ncclCommSuspend(NCCL_SUSPEND_MEM) of communicator " + hex(comm) + ", suspended since " +
+          at_seq(since) +
           ": NCCL refuses a second suspend (ncclInvalidUsage, 2.29.7 src/mem_manager.cc)";
   f.related.push_back({"suspend", since});
   f.state_json = "{\"comm\":\"" + hex(comm) + "\",\"state\":\"suspended\"}";
@@ -113,8 +113,8 @@ Finding teardown_suspended(const char *api, std::uint64_t comm, const EventRef &
           "(ncclCommResume); the communicator is still suspended";
   f.related.push_back({"suspend", since});
   f.bytes = bytes;
-  f.state_json = "{\"comm\":\"" + hex(comm) + "\",\"state\":\"suspended\",\"sleeping\":" +
-                 ranges_json(ranges) + "}";
+  f.state_json = "{\"comm\":\"" + hex(comm) +
+                 "\",\"state\":\"suspended\",\"sleeping\":" + ranges_json(ranges) + "}";
   return f;
 }
 
@@ -125,7 +125,8 @@ Finding imports_after_end(const char *api, std::uint64_t comm,
   f.msg = std::to_string(imports.size()) + (imports.size() == 1 ? " import" : " imports") +
           " of peer memory (" + human_bytes(bytes) + ") that NCCL mapped while communicator " +
           hex(comm) + " was live " + (imports.size() == 1 ? "is" : "are") + " still mapped after " +
-          api + ": each communicator lifetime keeps them until the process exits (NCCL's abort "
+          api +
+          ": each communicator lifetime keeps them until the process exits (NCCL's abort "
           "leaves the NET proxy's shared buffers mapped, NVIDIA/nccl#1968)";
   std::string handles = "[";
   for (std::size_t i = 0; i < imports.size(); ++i) {

@@ -8,10 +8,13 @@ namespace cmg {
 
 std::string_view hold_kind_name(HoldKind k) {
   switch (k) {
-    case HoldKind::Registration: return "registration";
-    case HoldKind::Window: return "window";
+    case HoldKind::Registration:
+      return "registration";
+    case HoldKind::Window:
+      return "window";
     case HoldKind::BindMem:
-    case HoldKind::BindAddr: return "multicast binding";
+    case HoldKind::BindAddr:
+      return "multicast binding";
   }
   return "?";
 }

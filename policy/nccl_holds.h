@@ -31,15 +31,15 @@ std::string_view hold_kind_name(HoldKind k);  // "registration", "window", "mult
 // One thing that holds memory of the program.
 struct Hold {
   HoldKind kind = HoldKind::Registration;
-  std::uint64_t owner = 0;     // the communicator (registration, window) or multicast object
-  std::uint64_t handle = 0;    // registration handle or window; multicast: the object again
+  std::uint64_t owner = 0;         // the communicator (registration, window) or multicast object
+  std::uint64_t handle = 0;        // registration handle or window; multicast: the object again
   std::uint64_t va = 0, size = 0;  // the program's range (BindMem: 0, its allocation names it)
   std::uint64_t alloc_id = 0;  // multicast: the physical allocation bound (VMM model id; 0 unknown)
   std::uint64_t mc_offset = 0;
-  int dev = -1;                // multicast: the device the memory is on
-  unsigned refs = 1;           // registrations of a range inside a slot share its handle
+  int dev = -1;       // multicast: the device the memory is on
+  unsigned refs = 1;  // registrations of a range inside a slot share its handle
   EventRef made;
-  bool reported = false;       // a free already named it: later calls of that teardown do not
+  bool reported = false;  // a free already named it: later calls of that teardown do not
 };
 
 // A range NCCL unmapped while suspending a communicator (its address range kept).
@@ -52,7 +52,7 @@ struct SleepingRange {
 struct PeerImport {
   std::uint64_t alloc_id = 0;  // VMM model id
   std::uint64_t handle = 0;
-  int dev = -1;                // the importing thread's device (-1: none)
+  int dev = -1;  // the importing thread's device (-1: none)
   EventRef imported;
   bool reported = false;
 };
@@ -96,8 +96,9 @@ class NcclHolds {
 
   // ---- peer imports ----
   void on_import(const PeerImport &imp);
-  // Imports on `dev` (or on no known device) made at or after `since` (seq) and not reported, for which `mapped` says the
-  // memory is still mapped; they are marked reported. Forgotten: the imports `mapped` says are gone.
+  // Imports on `dev` (or on no known device) made at or after `since` (seq) and not reported, for
+  // which `mapped` says the memory is still mapped; they are marked reported. Forgotten: the
+  // imports `mapped` says are gone.
   template <class Mapped>
   std::vector<PeerImport> take_mapped_imports(int dev, std::uint64_t since, Mapped &&mapped);
 

@@ -396,8 +396,8 @@ void write_comm_holdings(const Model &m, const CommRow &c, std::ostream &out) {
       else
         stats += fmt::format("stat {} = {}", stat, value);
     }
-    out << fmt::format("    memory (ncclCommMemStats at {}): {}\n", fmt_time(c.mem_stats_t.value_or(0)),
-                       stats);
+    out << fmt::format("    memory (ncclCommMemStats at {}): {}\n",
+                       fmt_time(c.mem_stats_t.value_or(0)), stats);
   }
   if (c.regs_made || c.windows_made) {
     std::size_t open = 0;

@@ -53,8 +53,8 @@ CUresult create(CUmemGenericAllocationHandle *mc, const CUmulticastObjectProp *p
   if (!mc || !prop || prop->numDevices == 0 || prop->size == 0 || prop->size % kMcGranularity ||
       prop->flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
-  if (prop->handleTypes & ~static_cast<unsigned long long>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
-                                                           CU_MEM_HANDLE_TYPE_FABRIC))
+  if (prop->handleTypes & ~static_cast<unsigned long long>(
+                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))
     return CUDA_ERROR_INVALID_VALUE;
   if (prop->numDevices > static_cast<unsigned>(config().devices)) return CUDA_ERROR_INVALID_VALUE;
   Memory &m = mem();
@@ -97,12 +97,14 @@ CUresult bind_locked(Memory &m, Multicast &o, std::size_t mc_offset, unsigned lo
       size > a.size - mem_offset)
     return CUDA_ERROR_INVALID_VALUE;
   // "The memory allocation must have been created on one of the devices ... added".
-  if (a.prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || a.imported) return CUDA_ERROR_INVALID_DEVICE;
+  if (a.prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || a.imported)
+    return CUDA_ERROR_INVALID_DEVICE;
   const int dev = a.prop.location.id;
   if (std::find(o.devices.begin(), o.devices.end(), dev) == o.devices.end())
     return CUDA_ERROR_INVALID_DEVICE;
   // "Externally shareable ... multicast objects can be bound only to externally shareable memory".
-  if (o.handle_types && !(a.prop.requestedHandleTypes & o.handle_types)) return CUDA_ERROR_INVALID_VALUE;
+  if (o.handle_types && !(a.prop.requestedHandleTypes & o.handle_types))
+    return CUDA_ERROR_INVALID_VALUE;
   for (const Multicast::Binding &b : o.bindings)
     if (b.dev == dev && mc_offset < b.mc_offset + b.size && b.mc_offset < mc_offset + size)
       return CUDA_ERROR_INVALID_VALUE;
@@ -178,7 +180,8 @@ FC_EXPORT CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, C
 FC_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
                                       CUmemGenericAllocationHandle memHandle, size_t memOffset,
                                       size_t size, unsigned long long flags) {
-  return FC_CALL(cuMulticastBindMem, bind_mem(mcHandle, mcOffset, memHandle, memOffset, size, flags));
+  return FC_CALL(cuMulticastBindMem,
+                 bind_mem(mcHandle, mcOffset, memHandle, memOffset, size, flags));
 }
 
 FC_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,

@@ -525,8 +525,9 @@ FAKENCCL_ALIAS(ncclCommRevoke)
 
 // 2.29.2 nccl.h.in: existing ranks pass their communicator (rank -1), new ranks NULL and their
 // assigned rank. Ranks do not talk to each other here: each caller gets a communicator of nRanks.
-FAKENCCL_EXPORT ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId,
-                                           int rank, ncclComm_t *newcomm, ncclConfig_t *config) {
+FAKENCCL_EXPORT ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks,
+                                           const ncclUniqueId *uniqueId, int rank,
+                                           ncclComm_t *newcomm, ncclConfig_t *config) {
   if (!newcomm) return ncclInvalidArgument;
   if (comm) {
     ncclComm *c = as_comm(comm);

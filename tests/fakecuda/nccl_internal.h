@@ -20,13 +20,14 @@
 // Like NCCL_API in NCCL's src/include/core.h (checked on libnccl 2.28.9): the implementation is the
 // strong global pncclX, and ncclX is a weak alias of it.
 #define FAKENCCL_EXPORT extern "C" __attribute__((visibility("default")))
-#define FAKENCCL_ALIAS(name) \
-  extern "C" __attribute__((weak, alias("p" #name), copy(p##name), visibility("default"))) \
-      decltype(p##name) name;
+#define FAKENCCL_ALIAS(name)                                       \
+  extern "C" __attribute__((weak, alias("p" #name), copy(p##name), \
+                            visibility("default"))) decltype(p##name) name;
 
 namespace fakenccl {
 
-// ---- the driver, reached like NCCL's static cudart reaches it ------------------------------------
+// ---- the driver, reached like NCCL's static cudart reaches it
+// ------------------------------------
 
 struct Driver {
   fakecuda_entry::DriverEntry entry;
@@ -41,9 +42,9 @@ void set_error(const std::string &s);
 ncclResult_t cu_fail(const char *what, CUresult r);
 ncclResult_t need_driver();
 
-#define CU_TRY(call)                                               \
-  do {                                                             \
-    CUresult cu_r_ = (call);                                       \
+#define CU_TRY(call)                                                     \
+  do {                                                                   \
+    CUresult cu_r_ = (call);                                             \
     if (cu_r_ != CUDA_SUCCESS) return ::fakenccl::cu_fail(#call, cu_r_); \
   } while (0)
 
@@ -55,7 +56,8 @@ ncclResult_t use_device(int dev);
 // The device of the caller's current context (device 0 without one), made current.
 ncclResult_t caller_device(int *dev);
 
-// ---- cuMem buffers -------------------------------------------------------------------------------
+// ---- cuMem buffers
+// -------------------------------------------------------------------------------
 
 struct Buffer {
   CUdeviceptr va = 0;
@@ -70,7 +72,8 @@ ncclResult_t vmm_alloc(Buffer *b, CUmemLocationType where, int dev, size_t want,
 // retain from the address -> unmap -> release the retained handle -> address free.
 ncclResult_t vmm_free(const Buffer &b);
 
-// ---- communicators -------------------------------------------------------------------------------
+// ---- communicators
+// -------------------------------------------------------------------------------
 
 // A registration slot of ncclCommRegister (2.28.9 src/register/register.cc): page-aligned range
 // and its local reference count; the slot's address is the handle.
@@ -95,13 +98,14 @@ struct ncclComm {
   int rank = 0;
   int dev = 0;
   bool blocking = true;
-  std::atomic<int> async{ncclSuccess};  // ncclResult_t; ncclInProgress while a nonblocking init runs
+  std::atomic<int> async{
+      ncclSuccess};  // ncclResult_t; ncclInProgress while a nonblocking init runs
   std::thread worker;
   std::mutex mu;
-  std::vector<fakenccl::Buffer> buffers;     // released right after mapping (P10): persistent
-  std::vector<fakenccl::Buffer> dynamic;     // handle kept: what NCCL_SUSPEND_MEM releases
-  std::vector<fakenccl::Buffer> peer_mem;    // imported from peers by the NET proxy
-  std::vector<fakenccl::Reg *> regs;         // by beg
+  std::vector<fakenccl::Buffer> buffers;   // released right after mapping (P10): persistent
+  std::vector<fakenccl::Buffer> dynamic;   // handle kept: what NCCL_SUSPEND_MEM releases
+  std::vector<fakenccl::Buffer> peer_mem;  // imported from peers by the NET proxy
+  std::vector<fakenccl::Reg *> regs;       // by beg
   std::vector<fakenccl::Window *> windows;
   bool finalized = false;
   bool revoked = false;

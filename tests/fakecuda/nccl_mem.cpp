@@ -101,9 +101,9 @@ ncclResult_t import_peer(ncclComm *c, size_t size) {
   }
   Buffer b;
   b.size = size;
-  const CUresult r = d.memImportFromShareableHandle(
-      &b.handle, reinterpret_cast<void *>(static_cast<intptr_t>(fd)),
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  const CUresult r =
+      d.memImportFromShareableHandle(&b.handle, reinterpret_cast<void *>(static_cast<intptr_t>(fd)),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   close(fd);
   if (r != CUDA_SUCCESS) return cu_fail("cuMemImportFromShareableHandle", r);
   if (CUresult rr = d.memAddressReserve(&b.va, size, kGran, 0, 0)) {
@@ -142,7 +142,9 @@ ncclResult_t unmap_window(const Window &w) {
   return ncclSuccess;
 }
 
-ncclResult_t first_error(ncclResult_t a, ncclResult_t b) { return a != ncclSuccess ? a : b; }
+ncclResult_t first_error(ncclResult_t a, ncclResult_t b) {
+  return a != ncclSuccess ? a : b;
+}
 
 }  // namespace
 
@@ -192,7 +194,8 @@ ncclResult_t release_holdings(ncclComm *c, bool abort) {
 
 using namespace fakenccl;
 
-// ---- registration --------------------------------------------------------------------------------
+// ---- registration
+// --------------------------------------------------------------------------------
 
 FAKENCCL_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size,
                                                void **handle) {
@@ -246,7 +249,8 @@ FAKENCCL_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *ha
 }
 FAKENCCL_ALIAS(ncclCommDeregister)
 
-// ---- windows -------------------------------------------------------------------------------------
+// ---- windows
+// -------------------------------------------------------------------------------------
 
 FAKENCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size,
                                                      ncclWindow_t *win, int winFlags) {
@@ -331,7 +335,8 @@ FAKENCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWind
 }
 FAKENCCL_ALIAS(ncclCommWindowDeregister)
 
-// ---- suspend, resume, statistics (2.29.7) --------------------------------------------------------
+// ---- suspend, resume, statistics (2.29.7)
+// --------------------------------------------------------
 
 FAKENCCL_EXPORT ncclResult_t pncclCommSuspend(ncclComm_t comm, int flags) {
   ncclComm *c = as_comm(comm);
@@ -424,11 +429,20 @@ FAKENCCL_EXPORT ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_
     if (b.device) persist += b.size;
   for (const Buffer &b : c->dynamic) dynamic += b.size;
   switch (stat) {
-    case ncclStatGpuMemSuspend: *value = dynamic; return ncclSuccess;
-    case ncclStatGpuMemSuspended: *value = c->suspended ? 1 : 0; return ncclSuccess;
-    case ncclStatGpuMemPersist: *value = persist; return ncclSuccess;
-    case ncclStatGpuMemTotal: *value = persist + dynamic; return ncclSuccess;
-    default: return ncclInvalidArgument;
+    case ncclStatGpuMemSuspend:
+      *value = dynamic;
+      return ncclSuccess;
+    case ncclStatGpuMemSuspended:
+      *value = c->suspended ? 1 : 0;
+      return ncclSuccess;
+    case ncclStatGpuMemPersist:
+      *value = persist;
+      return ncclSuccess;
+    case ncclStatGpuMemTotal:
+      *value = persist + dynamic;
+      return ncclSuccess;
+    default:
+      return ncclInvalidArgument;
   }
 }
 FAKENCCL_ALIAS(ncclCommMemStats)

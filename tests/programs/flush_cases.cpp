@@ -411,7 +411,8 @@ int suspend() {
   CHECK_CUDA(cudaSetDevice(0));
   ncclUniqueId id;
   ncclComm_t comm = nullptr;
-  step("init", ncclGetUniqueId(&id) == ncclSuccess ? ncclCommInitRank(&comm, 2, id, 0) : ncclSystemError);
+  step("init",
+       ncclGetUniqueId(&id) == ncclSuccess ? ncclCommInitRank(&comm, 2, id, 0) : ncclSystemError);
   cached_block(8 * kMiB);
   step("live.released", fakecache_empty_cache());
   step("suspend", sus(comm, NCCL_SUSPEND_MEM));

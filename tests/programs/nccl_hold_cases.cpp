@@ -24,8 +24,12 @@ namespace {
 
 constexpr size_t G = size_t{2} << 20;
 
-void out(const char *step, ncclResult_t r) { std::printf("%s %d\n", step, static_cast<int>(r)); }
-void cu(const char *step, CUresult r) { std::printf("%s %s\n", step, cu_name(r)); }
+void out(const char *step, ncclResult_t r) {
+  std::printf("%s %d\n", step, static_cast<int>(r));
+}
+void cu(const char *step, CUresult r) {
+  std::printf("%s %s\n", step, cu_name(r));
+}
 
 template <class F>
 F late(const char *name) {

@@ -24,7 +24,8 @@ EventRef ev(std::uint64_t seq, const char *api) {
 
 }  // namespace
 
-TEST_CASE("Registrations: a free of any part meets them once, deregistration and the end drop them") {
+TEST_CASE(
+    "Registrations: a free of any part meets them once, deregistration and the end drop them") {
   NcclHolds h;
   CHECK(h.empty());
   CHECK(h.take_overlapping(0x1000, 0x1000).empty());
@@ -69,16 +70,18 @@ TEST_CASE("Windows: the window is named, deregistration drops it") {
   auto hit = h.take_overlapping(0x4000000, 2 * MiB);
   REQUIRE(hit.size() == 1);
   CHECK(hit[0].kind == HoldKind::Window);
-  const Finding f = nccl_findings::freed_while_held("cuMemUnmap of 0x4000000 (+2097152 bytes)", hit[0]);
+  const Finding f =
+      nccl_findings::freed_while_held("cuMemUnmap of 0x4000000 (+2097152 bytes)", hit[0]);
   CHECK(f.cls == FindingClass::FreeRegistered);
   CHECK(f.msg.find("window 0xee of communicator 0xc0") != std::string::npos);
   CHECK(f.msg.find("ncclCommWindowDeregister") != std::string::npos);
   REQUIRE(f.related.size() == 1);
   CHECK(f.related[0].what == "window registration");
   CHECK(f.related[0].ev.seq == 2);
-  CHECK(f.state_json ==
-        "{\"holds\":{\"kind\":\"window\",\"comm\":\"0xc0\",\"handle\":\"0xee\",\"va\":\"0x4000000\","
-        "\"size\":2097152}}");
+  CHECK(
+      f.state_json ==
+      "{\"holds\":{\"kind\":\"window\",\"comm\":\"0xc0\",\"handle\":\"0xee\",\"va\":\"0x4000000\","
+      "\"size\":2097152}}");
   CHECK(h.on_window_deregister(0xc0, 0xee));
   CHECK(h.empty());
 }
@@ -104,16 +107,17 @@ TEST_CASE("Multicast bindings: by handle at the last reference, by address at th
   CHECK(h.take_bound(99).empty());
   auto bound = h.take_bound(17);
   REQUIRE(bound.size() == 1);
-  const Finding f = nccl_findings::freed_while_held("cuMemRelease of handle 0x1 (the last reference to it)",
-                                                    bound[0]);
+  const Finding f = nccl_findings::freed_while_held(
+      "cuMemRelease of handle 0x1 (the last reference to it)", bound[0]);
   CHECK(f.cls == FindingClass::FreeBound);
-  CHECK(f.msg.find("multicast object 0x55aa at offset 0 for device 0 (cuMulticastBindMem at seq 4") !=
-        std::string::npos);
+  CHECK(
+      f.msg.find("multicast object 0x55aa at offset 0 for device 0 (cuMulticastBindMem at seq 4") !=
+      std::string::npos);
   CHECK(f.bytes == 2 * MiB);
   auto hit = h.take_overlapping(0x9000000, 2 * MiB);
   REQUIRE(hit.size() == 1);
   CHECK(hit[0].kind == HoldKind::BindAddr);
-  CHECK(h.take_bound(18).empty());  // reported at the unmap already
+  CHECK(h.take_bound(18).empty());                  // reported at the unmap already
   CHECK_FALSE(h.on_unbind(0x55aa, 1, 0, 2 * MiB));  // another device
   CHECK(h.on_unbind(0x55aa, 0, 0, 2 * MiB));
   h.on_multicast_release(0x55aa);  // the object's other binding goes with it
@@ -126,8 +130,8 @@ TEST_CASE("Sleeping ranges belong to the suspended communicator until it resumes
   h.on_suspend_unmap(0xc0, 0x3000000, 2 * MiB, ev(9, "cuMemUnmap"));
   CHECK(h.sleeping(0xc0).size() == 2);
   CHECK(h.sleeping(0xc1).empty());
-  const Finding f = nccl_findings::teardown_suspended("ncclCommDestroy", 0xc0, ev(7, "ncclCommSuspend"),
-                                                      h.sleeping(0xc0), 1);
+  const Finding f = nccl_findings::teardown_suspended(
+      "ncclCommDestroy", 0xc0, ev(7, "ncclCommSuspend"), h.sleeping(0xc0), 1);
   CHECK(f.cls == FindingClass::CommSuspend);
   CHECK(f.msg.find("suspended since seq 7 (ncclCommSuspend, thread 7) with 2 ranges (4.0 MiB)") !=
         std::string::npos);
@@ -167,10 +171,12 @@ TEST_CASE("Peer imports: taken at a communicator's end while mapped, forgotten o
 }
 
 TEST_CASE("Communicator findings name the communicator and the earlier event") {
-  const Finding ended = nccl_findings::ended_again("ncclCommDestroy", 0x5f00, ev(12, "ncclCommAbort"));
+  const Finding ended =
+      nccl_findings::ended_again("ncclCommDestroy", 0x5f00, ev(12, "ncclCommAbort"));
   CHECK(ended.cls == FindingClass::CommEnded);
-  CHECK(ended.msg == "ncclCommDestroy of communicator 0x5f00, which already ended at seq 12 "
-                     "(ncclCommAbort, thread 7); NCCL would read the communicator's freed memory");
+  CHECK(ended.msg ==
+        "ncclCommDestroy of communicator 0x5f00, which already ended at seq 12 "
+        "(ncclCommAbort, thread 7); NCCL would read the communicator's freed memory");
   CHECK(ended.related[0].ev.seq == 12);
   CHECK(ended.state_json == "{\"comm\":\"0x5f00\"}");
   const Finding twice = nccl_findings::suspended_again(0x5f00, ev(3, "ncclCommSuspend"));

@@ -208,11 +208,12 @@ TEST_CASE("ranges put to sleep while the failing call waited are asleep at its e
 
 TEST_CASE("communicators: a refused destroy keeps one live, a reused address is a new row") {
   auto nccl = [](int seq, const char *event, const char *comm, int res, const char *extra = "") {
-    return "{\"k\":\"nccl\",\"seq\":" + std::to_string(seq) + ",\"ts\":" + std::to_string(seq * 10) +
-           ",\"tid\":1,\"event\":\"" + event + "\",\"api\":\"x\",\"comm\":\"" + comm +
+    return "{\"k\":\"nccl\",\"seq\":" + std::to_string(seq) +
+           ",\"ts\":" + std::to_string(seq * 10) + ",\"tid\":1,\"event\":\"" + event + "\",\"api\":\"x\",\"comm\":\"" + comm +
            "\",\"res\":" + std::to_string(res) + extra + "}\n";
   };
-  std::string log = "{\"cumemguard_log\":1,\"pid\":1,\"rank\":0,\"start_unix_ns\":0,\"argv\":[\"a\"]}\n";
+  std::string log =
+      "{\"cumemguard_log\":1,\"pid\":1,\"rank\":0,\"start_unix_ns\":0,\"argv\":[\"a\"]}\n";
   log += nccl(1, "init", "0xa0", 0);
   log += nccl(2, "suspend", "0xa0", 0, ",\"flags\":1,\"ranges\":2,\"range_bytes\":4194304");
   log += nccl(3, "suspend", "0xa0", 5, ",\"flags\":1");   // refused: still one interval

@@ -31,7 +31,9 @@ void make(Transport &t, std::uint64_t comm, int dev, std::uint64_t seq) {
   t.on_create_exit(made, ev(seq));
 }
 
-void noop(void *arg) { ++*static_cast<int *>(arg); }
+void noop(void *arg) {
+  ++*static_cast<int *>(arg);
+}
 
 }  // namespace
 

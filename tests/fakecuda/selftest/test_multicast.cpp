@@ -59,7 +59,8 @@ TEST_CASE("multicast objects: team, binds, unbinds, release", "[env-multicast]")
   REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
   CUmulticastObjectProp p = mc_prop(2, 2 * G);
   size_t gran = 0;
-  REQUIRE(cuMulticastGetGranularity(&gran, &p, CU_MULTICAST_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS);
+  REQUIRE(cuMulticastGetGranularity(&gran, &p, CU_MULTICAST_GRANULARITY_RECOMMENDED) ==
+          CUDA_SUCCESS);
   CHECK(gran == G);
   CUmulticastObjectProp odd = mc_prop(2, G + 4096);
   CUmemGenericAllocationHandle mc = 0;
@@ -72,10 +73,11 @@ TEST_CASE("multicast objects: team, binds, unbinds, release", "[env-multicast]")
   CHECK(cuMulticastBindMem(mc, 0, mem, 0, G, 0) == CUDA_ERROR_NOT_PERMITTED);
   REQUIRE(cuMulticastAddDevice(mc, 1) == CUDA_SUCCESS);
   CHECK(cuMulticastAddDevice(mc, 5) == CUDA_ERROR_INVALID_DEVICE);
-  CHECK(cuMulticastBindMem(mc, 0, mem, 4096, G, 0) == CUDA_ERROR_INVALID_VALUE);  // not aligned
-  CHECK(cuMulticastBindMem(mc, G, mem, 0, 2 * G, 0) == CUDA_ERROR_INVALID_VALUE); // past the end
+  CHECK(cuMulticastBindMem(mc, 0, mem, 4096, G, 0) == CUDA_ERROR_INVALID_VALUE);   // not aligned
+  CHECK(cuMulticastBindMem(mc, G, mem, 0, 2 * G, 0) == CUDA_ERROR_INVALID_VALUE);  // past the end
   REQUIRE(cuMulticastBindMem(mc, 0, mem, 0, G, 0) == CUDA_SUCCESS);
-  CHECK(cuMulticastBindMem(mc, 0, mem, G, G, 0) == CUDA_ERROR_INVALID_VALUE);  // same device, overlap
+  CHECK(cuMulticastBindMem(mc, 0, mem, G, G, 0) ==
+        CUDA_ERROR_INVALID_VALUE);  // same device, overlap
   // By address: the second half of a mapping.
   CUdeviceptr va = 0;
   REQUIRE(cuMemAddressReserve(&va, 2 * G, 0, 0, 0) == CUDA_SUCCESS);
@@ -91,7 +93,7 @@ TEST_CASE("multicast objects: team, binds, unbinds, release", "[env-multicast]")
   CHECK(state().phys_allocs == 1);
   CHECK(cuMulticastUnbind(mc, 0, 0, 2 * G) == CUDA_ERROR_INVALID_VALUE);  // not as bound
   REQUIRE(cuMulticastUnbind(mc, 0, 0, G) == CUDA_SUCCESS);
-  CHECK(state().phys_allocs == 1);  // still bound to mc2
+  CHECK(state().phys_allocs == 1);             // still bound to mc2
   REQUIRE(cuMemRelease(mc2) == CUDA_SUCCESS);  // releasing the object drops its bindings
   CHECK(state().phys_allocs == 0);
   CHECK(cuMemRelease(mc2) == CUDA_ERROR_INVALID_VALUE);

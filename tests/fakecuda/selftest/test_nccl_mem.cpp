@@ -77,9 +77,9 @@ TEST_CASE("windows map the user's allocation a second time and register it", "[n
   REQUIRE(win != nullptr);
   CHECK(fakecuda_calls("cuMemRetainAllocationHandle") == regs + 1);
   fakecuda_state s = state();
-  CHECK(s.phys_allocs == 5);   // the communicator's four and the user's buffer, mapped twice
+  CHECK(s.phys_allocs == 5);  // the communicator's four and the user's buffer, mapped twice
   CHECK(s.mappings == 6);
-  CHECK(s.handle_refs == 2);   // ncclMemAlloc's handle and the window's retained reference
+  CHECK(s.handle_refs == 2);  // ncclMemAlloc's handle and the window's retained reference
   // Not 4096-aligned within its allocation: ncclInvalidArgument, nothing left registered.
   ncclWindow_t bad = nullptr;
   CHECK(ncclCommWindowRegister(comm, static_cast<char *>(buf) + 256, 4096, &bad, 0) ==
@@ -113,7 +113,7 @@ TEST_CASE("suspend releases the suspendable buffer, keeps its range; resume maps
   CHECK(ncclCommMemStats(comm, static_cast<ncclCommMemStat_t>(9), &v) == ncclInvalidArgument);
   CHECK(ncclCommMemStats(comm, ncclStatGpuMemTotal, nullptr) == ncclInvalidArgument);
   const fakecuda_state before = state();
-  CHECK(ncclCommResume(comm) == ncclInvalidUsage);  // "Not in suspended state"
+  CHECK(ncclCommResume(comm) == ncclInvalidUsage);   // "Not in suspended state"
   REQUIRE(ncclCommSuspend(comm, 0) == ncclSuccess);  // no NCCL_SUSPEND_MEM: nothing happens
   CHECK(stat(comm, ncclStatGpuMemSuspended) == 0);
   REQUIRE(ncclCommSuspend(comm, NCCL_SUSPEND_MEM) == ncclSuccess);
@@ -187,5 +187,5 @@ TEST_CASE("the NET proxy's peer memory: destroy unmaps it, abort leaves it mappe
   CHECK(s.phys_allocs == 3);
   CHECK(s.mappings == 3);
   CHECK(s.mapped_bytes == 12 * (size_t{1} << 20));  // NVIDIA/nccl#1968
-  CHECK(s.device_used[0] == 0);  // imported: the peer's device memory
+  CHECK(s.device_used[0] == 0);                     // imported: the peer's device memory
 }
