@@ -54,7 +54,9 @@ python3 "$here/alloc_conf_agreement.py" "$build" "$out" > "$out/alloc-conf.log" 
 tail -3 "$out/alloc-conf.log"
 fi
 
-# Further parts of the suite (each: BUILD OUT, exit 77 when not applicable).
+# Further parts of the suite (each: BUILD OUT, exit 77 when not applicable). They see which parts
+# this run has, so none repeats what another part runs (CMG_GPU_PARTS_RUN).
+export CMG_GPU_PARTS_RUN="$parts"
 want parts && for part in "$here"/parts/*.sh; do
   [ -x "$part" ] || continue
   name=$(basename "$part" .sh)
