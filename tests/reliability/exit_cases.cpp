@@ -11,6 +11,11 @@
 //                    the shim's C API when it is there
 //   exit-two [armed] two threads call exit() at the same moment while two others make calls
 //                    (armed: with the test allocator armed on both)
+//   ... park         (after sigterm-churn or exit-two) the program stops its other threads in an
+//                    atexit handler before the libraries' destructors run, as a correct program on
+//                    the real driver must: there, exit() while threads still call CUDA crashes in
+//                    libcudart without the shim too (SIGSEGV in 8 of 10 sigterm-churn runs,
+//                    docs/gpu/run-7.txt); the gpu suite's exit_paths part runs these
 //   armed-calls      the check itself: the main thread arms the test allocator (no exit) and makes
 //                    CUDA calls; under the shim its model allocates (abort, "exit-alloc:" naming
 //                    the shim), without it the fake's own allocations pass and are counted
@@ -93,6 +98,33 @@ int sigterm_exit() {
   signal_a_worker(4, started);
 }
 
+// "park": an atexit handler, registered after the runtime's first call (so it runs before the
+// runtime's own exit handlers and before any library's destructor), asks the other threads to
+// stop calling and waits, bounded, until `g_park_want` of them have: a thread blocked on a lock
+// the exiting thread holds never does, and the exit goes on after 5 s as it would without it.
+// Atomics and nanosleep only: the exiting thread is armed (exit_alloc.h).
+std::atomic<bool> g_park{false}, g_stop{false};
+std::atomic<int> g_parked{0};
+int g_park_want = 0;
+void stop_others() {
+  g_stop.store(true);
+  for (int i = 0; i < 5000 && g_parked.load() < g_park_want; ++i) {
+    timespec t{0, 1'000'000};
+    nanosleep(&t, nullptr);
+  }
+}
+void park_at_exit(int others) {
+  if (!g_park.load()) return;
+  g_park_want = others;
+  std::atexit(stop_others);
+}
+// At the top of each round of a thread that does not exit.
+void park_if_stopped() {
+  if (!g_stop.load(std::memory_order_relaxed)) return;
+  ++g_parked;
+  for (;;) pause();
+}
+
 // A small xorshift per thread: sizes and choices differ between rounds and threads.
 struct Rng {
   std::uint64_t s;
@@ -119,6 +151,7 @@ void vmm_cycle() {
 int sigterm_churn() {
   install_term_handler();
   cudaFree(nullptr);
+  park_at_exit(3);  // the signalled worker exits; the other three stop
   // Under the shim, a transport announced through its C API: the summary's transport lines are
   // written at exit too.
   using SuppressFn = void (*)();
@@ -133,6 +166,7 @@ int sigterm_churn() {
               static_cast<std::uint64_t>(getpid())};
       void *blocks[8] = {};
       for (std::uint64_t round = 0;; ++round) {
+        park_if_stopped();
         if (round == 17) ++started;  // two double frees and two VMM cycles done
         // Heap blocks of 1 KiB to 64 KiB, eight alive at a time, replaced in turn.
         for (int k = 0; k < 4; ++k) {
@@ -159,6 +193,7 @@ int sigterm_churn() {
 // shim), while two others keep calling: one summary and `end` must still be written.
 int exit_two(bool armed) {
   cudaFree(nullptr);
+  park_at_exit(2);  // the two that call and do not exit stop
   static std::atomic<int> ready{0};
   static std::atomic<bool> go{false};
   for (int i = 0; i < 2; ++i)
@@ -166,6 +201,7 @@ int exit_two(bool armed) {
       cudaFree(nullptr);
       ++ready;
       for (;;) {
+        park_if_stopped();
         void *p = nullptr;
         if (cudaMalloc(&p, 8192) == cudaSuccess) cudaFree(p);
       }
@@ -243,6 +279,7 @@ int main(int argc, char **argv) {
   exit_alloc::warm_up();
   if (argc < 2) return 64;
   const std::string c = argv[1];
+  g_park = std::strcmp(argv[argc - 1], "park") == 0;
   if (c == "sigterm-exit") return sigterm_exit();
   if (c == "sigterm-churn") return sigterm_churn();
   if (c == "exit-two") return exit_two(argc > 2 && std::strcmp(argv[2], "armed") == 0);
