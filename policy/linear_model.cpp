@@ -12,42 +12,46 @@
 
 namespace cmg {
 
-using detail::put_reusing;
 using detail::recycle;
 
-void LinearModel::put_live(Shard &s, const LinearRec &rec) {
-  put_reusing(s.live, s.spare_live, rec.ptr, rec);
-}
+void LinearModel::drop(Shard &s, RecMap::iterator it) { recycle(s.spare, s.recs.extract(it)); }
 
-void LinearModel::put_freed(Shard &s, const Freed &f) {
-  put_reusing(s.freed, s.spare_freed, f.rec.ptr, f);
-}
-
-void LinearModel::drop_freed(Shard &s, FreedMap::iterator it) {
-  recycle(s.spare_freed, s.freed.extract(it));
-}
-
-void LinearModel::remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev) {
-  put_freed(s, Freed{rec, ev});
+void LinearModel::remember_freed(Shard &s, const EventRef &ev, std::uint64_t ptr) {
   if (s.freed_fifo.size() < kFreedPerShard) {
-    s.freed_fifo.emplace_back(rec.ptr, ev.seq);
+    s.freed_fifo.emplace_back(ptr, ev.seq);
     return;
   }
   // Bounded history: forget the oldest free (the driver will have re-issued most addresses by
-  // then) — but only if the address's current freed record is that free, not a later one.
+  // then) — but only if the address's current record is that free, not a later one or a live
+  // allocation.
   const auto [old, old_seq] = s.freed_fifo[s.fifo_head];
-  s.freed_fifo[s.fifo_head] = {rec.ptr, ev.seq};
+  s.freed_fifo[s.fifo_head] = {ptr, ev.seq};
   s.fifo_head = (s.fifo_head + 1) % kFreedPerShard;
-  auto it = s.freed.find(old);
-  if (it != s.freed.end() && it->second.free.seq == old_seq) drop_freed(s, it);
+  auto it = s.recs.find(old);
+  if (it != s.recs.end() && it->second.freed && it->second.free.seq == old_seq) drop(s, it);
 }
 
 void LinearModel::on_alloc(const LinearRec &rec) {
   Shard &s = shards_[shard_of(rec.ptr)];
   std::lock_guard lk(s.mu);
-  put_live(s, rec);
-  // The address is issued again: its old free no longer says anything.
-  if (auto f = s.freed.find(rec.ptr); f != s.freed.end()) drop_freed(s, f);
+  auto it = s.recs.lower_bound(rec.ptr);
+  if (it != s.recs.end() && it->first == rec.ptr) {
+    // The address is issued again: its old free no longer says anything (a live record here is
+    // one whose free the model missed; the driver's answer wins).
+    if (it->second.freed) ++s.live_n;
+    it->second = Rec{rec, EventRef{}, false};
+    return;
+  }
+  ++s.live_n;
+  if (s.spare.empty()) {
+    s.recs.emplace_hint(it, rec.ptr, Rec{rec, EventRef{}, false});
+    return;
+  }
+  RecMap::node_type nh = std::move(s.spare.back());
+  s.spare.pop_back();
+  nh.key() = rec.ptr;
+  nh.mapped() = Rec{rec, EventRef{}, false};
+  s.recs.insert(it, std::move(nh));
 }
 
 FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev) {
@@ -59,17 +63,20 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
   {
     Shard &s = shards_[shard_of(ptr)];
     std::lock_guard lk(s.mu);
-    auto it = s.live.find(ptr);
-    if (it != s.live.end()) {
-      v.rec = it->second;
-      if (!(accepted & kind_bit(it->second.kind))) {
+    auto it = s.recs.find(ptr);
+    if (it != s.recs.end() && !it->second.freed) {
+      Rec &r = it->second;
+      v.rec = r.rec;
+      if (!(accepted & kind_bit(r.rec.kind))) {
         v.cls = FreeClass::WrongKind;
         return v;
       }
       v.cls = FreeClass::Live;
       v.this_free = ev;
-      recycle(s.spare_live, s.live.extract(it));
-      remember_freed(s, v.rec, ev);
+      r.freed = true;
+      r.free = ev;
+      --s.live_n;
+      remember_freed(s, ev, ptr);
       return v;
     }
   }
@@ -82,8 +89,8 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
   }
   Shard &s = shards_[shard_of(ptr)];
   std::lock_guard lk(s.mu);
-  auto f = s.freed.find(ptr);
-  if (f != s.freed.end()) {
+  auto f = s.recs.find(ptr);
+  if (f != s.recs.end() && f->second.freed) {
     v.cls = FreeClass::DoubleFree;
     v.rec = f->second.rec;
     v.first_free = f->second.free;
@@ -99,29 +106,42 @@ void LinearModel::rollback(const FreeVerdict &v) {
   std::lock_guard lk(s.mu);
   // The inverse of this free only: the driver refused it, so the address was never free and
   // nothing can have been issued there since; the check keeps that true if a caller misuses it.
-  auto f = s.freed.find(v.rec.ptr);
-  if (f == s.freed.end() || f->second.free.seq != v.this_free.seq) return;
-  drop_freed(s, f);
-  if (s.live.find(v.rec.ptr) == s.live.end()) put_live(s, v.rec);
+  auto f = s.recs.find(v.rec.ptr);
+  if (f == s.recs.end() || !f->second.freed || f->second.free.seq != v.this_free.seq) return;
+  f->second = Rec{v.rec, EventRef{}, false};
+  ++s.live_n;
 }
 
 void LinearModel::refreed(const FreeVerdict &v, const EventRef &ev) {
   if (v.cls != FreeClass::DoubleFree) return;
   Shard &s = shards_[shard_of(v.rec.ptr)];
   std::lock_guard lk(s.mu);
-  auto f = s.freed.find(v.rec.ptr);
-  if (f == s.freed.end() || f->second.free.seq != v.first_free.seq) return;  // issued again
-  remember_freed(s, v.rec, ev);
+  auto f = s.recs.find(v.rec.ptr);
+  if (f == s.recs.end() || !f->second.freed || f->second.free.seq != v.first_free.seq)
+    return;  // issued again
+  f->second.free = ev;
+  remember_freed(s, ev, v.rec.ptr);
+}
+
+const LinearRec *LinearModel::containing_in(const Shard &s, std::uint64_t p) {
+  // Live allocations do not overlap: only the nearest live record at or below p can contain it.
+  // Freed records between it and p are stepped over (this is the slow path of a free that is not
+  // a live base address; the history bounds them, kFreedPerShard).
+  auto it = s.recs.upper_bound(p);
+  while (it != s.recs.begin()) {
+    --it;
+    if (it->second.freed) continue;
+    const LinearRec &r = it->second.rec;
+    return p >= r.ptr && (p < r.ptr + r.size || p == r.ptr) ? &r : nullptr;
+  }
+  return nullptr;
 }
 
 std::optional<LinearRec> LinearModel::find_containing(std::uint64_t p) const {
   for (const Shard &s : shards_) {
     std::lock_guard lk(s.mu);
-    auto it = s.live.upper_bound(p);
-    if (it == s.live.begin()) continue;
-    --it;
-    const LinearRec &r = it->second;
-    if (p >= r.ptr && (p < r.ptr + r.size || p == r.ptr)) return r;
+    if (s.live_n == 0) continue;
+    if (const LinearRec *r = containing_in(s, p)) return *r;
   }
   return std::nullopt;
 }
@@ -130,7 +150,7 @@ std::size_t LinearModel::live_count() const {
   std::size_t n = 0;
   for (const Shard &s : shards_) {
     std::lock_guard lk(s.mu);
-    n += s.live.size();
+    n += s.live_n;
   }
   return n;
 }
@@ -138,7 +158,8 @@ std::size_t LinearModel::live_count() const {
 void LinearModel::for_each_live(FnRef<void(const LinearRec &)> fn) const {
   for (const Shard &s : shards_) {
     std::lock_guard lk(s.mu);
-    for (const auto &[p, r] : s.live) fn(r);
+    for (const auto &[p, r] : s.recs)
+      if (!r.freed) fn(r.rec);
   }
 }
 
@@ -151,7 +172,8 @@ std::size_t LinearModel::for_each_live_within(FnRef<void(const LinearRec &)> fn,
       continue;
     }
     std::lock_guard lk(s.mu, std::adopt_lock);
-    for (const auto &[p, r] : s.live) fn(r);
+    for (const auto &[p, r] : s.recs)
+      if (!r.freed) fn(r.rec);
   }
   return skipped;
 }
@@ -172,12 +194,11 @@ void LinearModel::fork_child() {
 void LinearModel::clear() {
   for (Shard &s : shards_) {
     std::lock_guard lk(s.mu);
-    s.live.clear();
-    s.freed.clear();
+    s.recs.clear();
+    s.live_n = 0;
     s.freed_fifo.clear();
     s.fifo_head = 0;
-    s.spare_live.clear();
-    s.spare_freed.clear();
+    s.spare.clear();
   }
 }
 

@@ -8,6 +8,8 @@
 //  * Addresses are reused by the driver (real-driver.md D18, 49 of 50 cuMemAlloc pointers): a
 //    freed record lasts until the address is issued again, or until the bounded history forgets it.
 //  * Sharded by address: many threads allocate at once, each call takes one shard's lock.
+//  * A freed record stays in the node of its address, marked freed: a re-issue of the address
+//    turns it live again in place.
 #pragma once
 
 #include <array>
@@ -100,25 +102,28 @@ class LinearModel {
   }
 
  private:
-  struct Freed {
+  // One record per address, live or freed: the driver re-issues the address it freed last (D18,
+  // 49 of 50 cuMemAlloc pointers), so an allocation and its free flip the state of one node in
+  // place instead of moving a record between two trees (four rebalancing tree changes per
+  // alloc+free pair before; measured in docs/performance.md).
+  struct Rec {
     LinearRec rec;
-    EventRef free;
+    EventRef free;  // freed: the free that freed it (free.seq != 0); live: unset
+    bool freed = false;
   };
-  using LiveMap = std::map<std::uint64_t, LinearRec>;
-  using FreedMap = std::map<std::uint64_t, Freed>;
+  using RecMap = std::map<std::uint64_t, Rec>;
   struct alignas(64) Shard {
     mutable MarkedMutex mu;  // its holder is known (exit paths, lock_within.h)
-    LiveMap live;
-    FreedMap freed;
+    RecMap recs;
+    std::size_t live_n = 0;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring
     std::size_t fifo_head = 0;
-    std::vector<LiveMap::node_type> spare_live;    // node_reuse.h
-    std::vector<FreedMap::node_type> spare_freed;
+    std::vector<RecMap::node_type> spare;  // node_reuse.h
   };
-  void remember_freed(Shard &s, const LinearRec &rec, const EventRef &ev);
-  static void put_live(Shard &s, const LinearRec &rec);
-  static void put_freed(Shard &s, const Freed &f);
-  static void drop_freed(Shard &s, FreedMap::iterator it);
+  void remember_freed(Shard &s, const EventRef &ev, std::uint64_t ptr);
+  static void drop(Shard &s, RecMap::iterator it);
+  // The live allocation of the shard that contains p (the nearest live record at or below it).
+  static const LinearRec *containing_in(const Shard &s, std::uint64_t p);
   std::array<Shard, kShards> shards_;
   std::atomic<bool> trusted_{true};
 };

@@ -111,3 +111,49 @@ TEST_CASE("Linear model: the bounded history forgets a free only through its own
   CHECK(m.begin_free(P, dev, clk.next("cudaFree")).cls == FreeClass::DoubleFree);
 }
 
+
+TEST_CASE("Linear model: freed records kept in place are stepped over, never taken for live") {
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  // A live allocation and, above it in the same shard, freed records inside its range (the driver
+  // issued the big one after the small ones were freed: D18 reuse).
+  const std::uint64_t A = 0x7f0000000000;
+  const std::size_t shard = LinearModel::shard_of(A);
+  std::vector<std::uint64_t> small;
+  for (std::uint64_t a = A + 0x200; small.size() < 3; a += 0x200)
+    if (LinearModel::shard_of(a) == shard) small.push_back(a);
+  for (auto a : small) {
+    m.on_alloc(LinearRec{a, 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
+    REQUIRE(m.begin_free(a, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+  }
+  CHECK(m.live_count() == 0);
+  m.on_alloc(LinearRec{A, small.back() + 0x1000 - A, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  CHECK(m.live_count() == 1);
+  // Past the last freed record: the live allocation below it is found.
+  auto in = m.begin_free(small.back() + 0x10, dev, clk.next("cudaFree"));
+  CHECK(in.cls == FreeClass::Interior);
+  CHECK(in.rec.ptr == A);
+  // A freed base inside it is an interior pointer of the live one, not a double free.
+  CHECK(m.begin_free(small[1], dev, clk.next("cudaFree")).cls == FreeClass::Interior);
+  std::size_t visited = 0;
+  m.for_each_live([&](const LinearRec &r) {
+    CHECK(r.ptr == A);
+    ++visited;
+  });
+  CHECK(visited == 1);
+  // Freed, the big one's own record turns freed: its second free is a double free, the small
+  // ones' records are still the frees they remember.
+  REQUIRE(m.begin_free(A, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+  CHECK(m.begin_free(A, dev, clk.next("cudaFree")).cls == FreeClass::DoubleFree);
+  auto again = m.begin_free(small[0], dev, clk.next("cudaFree"));
+  CHECK(again.cls == FreeClass::DoubleFree);
+  CHECK(again.first_free.seq == 2);
+  CHECK(m.live_count() == 0);
+  // A refused free turns the record live again, once.
+  m.on_alloc(LinearRec{small[2], 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  auto v = m.begin_free(small[2], dev, clk.next("cudaFree"));
+  m.rollback(v);
+  m.rollback(v);
+  CHECK(m.live_count() == 1);
+}
