@@ -9,6 +9,10 @@
 // ns per intercepted call. A control run without the shim must read 1.00 within its quartiles.
 //
 //   cmg-bench-ab [--rounds N] [--block K] [--only NAME,...]
+//   cmg-bench-ab --callgrind N      under valgrind --tool=callgrind: the pair, the VMM cycle and the
+//                                   refused unmap, each N times direct and N times bound after a
+//                                   warm-up, each run dumped as OP-direct / OP-bound (tools/bench
+//                                   --budgets reads the dumps: instructions the shim adds per call)
 //
 // Per-process medians are noisier than the effect on shared machines, which is why this is not a
 // Google Benchmark program: the figure is a paired ratio, not an absolute time.
@@ -28,6 +32,15 @@
 #include <vector>
 
 #include "own_symbol.h"
+
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define AB_ZERO() CALLGRIND_ZERO_STATS
+#define AB_DUMP(name) CALLGRIND_DUMP_STATS_AT(name)
+#else
+#define AB_ZERO() ((void)0)
+#define AB_DUMP(name) ((void)(name))
+#endif
 
 namespace {
 
@@ -214,6 +227,27 @@ double block(void (*op)(const Api &), const Api &a, int k) {
   return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / k;
 }
 
+// Instruction counts (--callgrind): no timing, so no rounds; each run is dumped on its own, and the
+// difference of the two runs of an operation over N is what the shim adds per operation.
+int callgrind_runs(const Api &direct, const Api &bound, int n) {
+  for (const Op &o : kOps) {
+    if (o.fn != op_pair && o.fn != op_vmm && o.fn != op_refused) continue;
+    // Warm-up: lazy binding, the first growth of every table, the shim's activation.
+    for (int i = 0; i < 50; ++i) {
+      o.fn(direct);
+      o.fn(bound);
+    }
+    const std::string d = std::string(o.name) + "-direct", b = std::string(o.name) + "-bound";
+    AB_ZERO();
+    for (int i = 0; i < n; ++i) o.fn(direct);
+    AB_DUMP(d.c_str());
+    for (int i = 0; i < n; ++i) o.fn(bound);
+    AB_DUMP(b.c_str());
+    std::printf("callgrind %s %d %d\n", o.name, n, o.calls);
+  }
+  return 0;
+}
+
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
@@ -222,15 +256,17 @@ double quantile(std::vector<double> v, double q) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  int rounds = 30, k = 200;
+  int rounds = 30, k = 200, cg = 0;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else if (a == "--block" && i + 1 < argc) k = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc) only = "," + std::string(argv[++i]) + ",";
+    else if (a == "--callgrind" && i + 1 < argc) cg = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: cmg-bench-ab [--rounds N] [--block K] [--only NAME,...]\n");
+      std::fprintf(stderr,
+                   "usage: cmg-bench-ab [--rounds N] [--block K] [--only NAME,...] | --callgrind N\n");
       return 64;
     }
   }
@@ -244,6 +280,7 @@ int main(int argc, char **argv) {
   const Loaded rt = find_loaded("libcudart.so");
   if (cuda.path.empty() || rt.path.empty()) die("finding libcuda/libcudart", 0);
   const Api direct = load(&cuda, &rt), bound = load(nullptr, nullptr);
+  if (cg > 0) return callgrind_runs(direct, bound, cg);
   const bool shim = dlsym(RTLD_DEFAULT, "cumemguard_maybe_empty_cache") != nullptr;
   void *own_version = reinterpret_cast<void *>(direct.version);
   void *via_gpa = nullptr;
