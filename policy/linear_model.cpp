@@ -27,6 +27,9 @@ void LinearModel::remember_freed(Shard &s, const EventRef &ev, std::uint64_t ptr
   const auto [old, old_seq] = s.freed_fifo[s.fifo_head];
   s.freed_fifo[s.fifo_head] = {ptr, ev.seq};
   s.fifo_head = (s.fifo_head + 1) % kFreedPerShard;
+  // The address freed now holds this free, newer than any entry of the ring: nothing to forget
+  // (the driver's re-issue of the last freed address, D18, makes this the common case).
+  if (old == ptr) return;
   auto it = s.recs.find(old);
   if (it != s.recs.end() && it->second.freed && it->second.free.seq == old_seq) drop(s, it);
 }

@@ -228,7 +228,8 @@ VmmTicket VmmModel::begin_map(std::uint64_t va, std::uint64_t size, std::uint64_
   Reservation *r = res_containing_locked(va);
   // Not ours to judge (reserved before tracking, size 0, past the end): the driver answers.
   if (!r || size == 0 || size > r->base + r->size - va) {
-    t.va_state = range_state_locked(va, size);
+    // What the model knew of the range goes only into the call record of the event log.
+    if (!o.log.empty()) t.va_state = range_state_locked(va, size);
     return t;
   }
   const std::uint64_t off = va - r->base;
@@ -337,7 +338,8 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
   Reservation *r = res_containing_locked(va);
   if (!r || size == 0 || size > r->base + r->size - va) {
     ts.pending = false;
-    t.va_state = range_state_locked(va, size);
+    // Read only for the call record of the event log: a refused call's other cost is a lookup.
+    if (!o.log.empty()) t.va_state = range_state_locked(va, size);
     return t;  // not ours to judge: the driver answers (real-driver.md D10)
   }
   const std::uint64_t off = va - r->base, end = off + size;

@@ -136,7 +136,7 @@ const FlushPatterns &patterns() {
   return *p;
 }
 
-FlushCheck flush_check(Call &c, FlushTarget target) {
+FlushCheck flush_check_slow(Call &c, FlushTarget target) {
   FlushCheck fc;
   fc.target = target;
   State &s = state();

@@ -25,7 +25,17 @@ struct FlushCheck {
 // One atomic load when nothing applies (policy allow, cleanup not suppressed, or this thread is
 // inside a flush the program ran through cumemguard_maybe_empty_cache). Otherwise captures and
 // classifies the stack; for a flush, the call gets that stack if it has none.
-FlushCheck flush_check(Call &c, FlushTarget target);
+FlushCheck flush_check_slow(Call &c, FlushTarget target);
+// Inline: every synchronizing free asks, and the answer is almost always "nothing applies".
+inline FlushCheck flush_check(Call &c, FlushTarget target) {
+  const State &s = state();
+  if (s.opts.opportunistic == FlushPolicy::Allow || !s.transport.suppressed()) {
+    FlushCheck fc;
+    fc.target = target;
+    return fc;
+  }
+  return flush_check_slow(c, target);
+}
 
 // The flush-frame patterns (built in, plus CUMEMGUARD_FLUSH_FRAMES). Every caller of frame_syms()
 // passes these: the symbol cache keeps the frame kind computed with the first patterns it saw.

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "fn_ref.h"
 #include "lock_within.h"
@@ -87,6 +88,41 @@ TEST_CASE("A MarkedMutex knows its holder") {
   CHECK_FALSE(m.held_here());
   REQUIRE(m.try_lock());
   CHECK(m.held_here());
+  m.unlock();
+}
+
+TEST_CASE("A MarkedMutex excludes, and wakes the threads that wait for it") {
+  MarkedMutex m;
+  // Held by another thread: try_lock fails, and a waiting lock() sleeps until it is given back.
+  std::atomic<int> phase{0};
+  std::thread holder([&] {
+    m.lock();
+    phase.store(1);
+    while (phase.load() != 2) std::this_thread::yield();
+    m.unlock();
+  });
+  while (phase.load() != 1) std::this_thread::yield();
+  CHECK_FALSE(m.try_lock());
+  phase.store(2);
+  m.lock();  // returns only once the holder gave it back (a lost wake-up would hang here)
+  CHECK(m.held_here());
+  m.unlock();
+  holder.join();
+  // Contended by four threads: no increment is lost, and every waiter is woken.
+  long n = 0;
+  constexpr int kThreads = 4, kEach = 20000;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        m.lock();
+        n = n + 1;
+        m.unlock();
+      }
+    });
+  for (auto &t : ts) t.join();
+  CHECK(n == long{kThreads} * kEach);
+  CHECK(m.try_lock());
   m.unlock();
 }
 
