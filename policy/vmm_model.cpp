@@ -98,6 +98,10 @@ void VmmModel::erase_res_locked(Reservations::iterator it, VmmFreed &freed) {
   }
   // A reservation with a free in flight gave its bytes back when that free began.
   if (!r.freeing) counters_.add(-1, MemKind::Va, -static_cast<std::int64_t>(r.size));
+  // The reservation's own maps give their nodes back too: a spare reservation node reused with
+  // them still inside freed them at the reuse (a malloc and a free per record per VMM cycle).
+  while (!r.maps.empty()) recycle(spare_maps_, r.maps.extract(r.maps.begin()));
+  while (!r.asleep.empty()) recycle(spare_sleepers_, r.asleep.extract(r.asleep.begin()));
   recycle(spare_res_, res_.extract(it));
 }
 
