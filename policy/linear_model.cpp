@@ -16,22 +16,26 @@ using detail::recycle;
 
 void LinearModel::drop(Shard &s, RecMap::iterator it) { recycle(s.spare, s.recs.extract(it)); }
 
-void LinearModel::remember_freed(Shard &s, const EventRef &ev, std::uint64_t ptr) {
-  if (s.freed_fifo.size() < kFreedPerShard) {
-    s.freed_fifo.emplace_back(ptr, ev.seq);
+void LinearModel::remember_freed(Shard &s, Rec &r, std::uint64_t ptr, const EventRef &ev) {
+  r.freed = true;
+  if (s.freed_ring.size() < kFreedPerShard) {
+    r.slot = static_cast<std::uint32_t>(s.freed_ring.size());
+    s.freed_ring.push_back(FreedSlot{ptr, ev});
     return;
   }
   // Bounded history: forget the oldest free (the driver will have re-issued most addresses by
   // then) — but only if the address's current record is that free, not a later one or a live
   // allocation.
-  const auto [old, old_seq] = s.freed_fifo[s.fifo_head];
-  s.freed_fifo[s.fifo_head] = {ptr, ev.seq};
+  const std::size_t at = s.fifo_head;
+  const FreedSlot old = s.freed_ring[at];
+  s.freed_ring[at] = FreedSlot{ptr, ev};
+  r.slot = static_cast<std::uint32_t>(at);
   s.fifo_head = (s.fifo_head + 1) % kFreedPerShard;
   // The address freed now holds this free, newer than any entry of the ring: nothing to forget
   // (the driver's re-issue of the last freed address, D18, makes this the common case).
-  if (old == ptr) return;
-  auto it = s.recs.find(old);
-  if (it != s.recs.end() && it->second.freed && it->second.free.seq == old_seq) drop(s, it);
+  if (old.ptr == ptr) return;
+  auto it = s.recs.find(old.ptr);
+  if (it != s.recs.end() && it->second.freed && it->second.slot == at) drop(s, it);
 }
 
 void LinearModel::on_alloc(const LinearRec &rec) {
@@ -42,18 +46,18 @@ void LinearModel::on_alloc(const LinearRec &rec) {
     // The address is issued again: its old free no longer says anything (a live record here is
     // one whose free the model missed; the driver's answer wins).
     if (it->second.freed) ++s.live_n;
-    it->second = Rec{rec, EventRef{}, false};
+    it->second = Rec{rec, 0, false};
     return;
   }
   ++s.live_n;
   if (s.spare.empty()) {
-    s.recs.emplace_hint(it, rec.ptr, Rec{rec, EventRef{}, false});
+    s.recs.emplace_hint(it, rec.ptr, Rec{rec, 0, false});
     return;
   }
   RecMap::node_type nh = std::move(s.spare.back());
   s.spare.pop_back();
   nh.key() = rec.ptr;
-  nh.mapped() = Rec{rec, EventRef{}, false};
+  nh.mapped() = Rec{rec, 0, false};
   s.recs.insert(it, std::move(nh));
 }
 
@@ -76,10 +80,8 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
       }
       v.cls = FreeClass::Live;
       v.this_free = ev;
-      r.freed = true;
-      r.free = ev;
       --s.live_n;
-      remember_freed(s, ev, ptr);
+      remember_freed(s, r, ptr, ev);
       return v;
     }
   }
@@ -96,7 +98,7 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
   if (f != s.recs.end() && f->second.freed) {
     v.cls = FreeClass::DoubleFree;
     v.rec = f->second.rec;
-    v.first_free = f->second.free;
+    v.first_free = s.freed_ring[f->second.slot].free;
     return v;
   }
   v.cls = FreeClass::Unknown;
@@ -110,8 +112,10 @@ void LinearModel::rollback(const FreeVerdict &v) {
   // The inverse of this free only: the driver refused it, so the address was never free and
   // nothing can have been issued there since; the check keeps that true if a caller misuses it.
   auto f = s.recs.find(v.rec.ptr);
-  if (f == s.recs.end() || !f->second.freed || f->second.free.seq != v.this_free.seq) return;
-  f->second = Rec{v.rec, EventRef{}, false};
+  if (f == s.recs.end() || !f->second.freed ||
+      s.freed_ring[f->second.slot].free.seq != v.this_free.seq)
+    return;
+  f->second = Rec{v.rec, 0, false};
   ++s.live_n;
 }
 
@@ -120,10 +124,10 @@ void LinearModel::refreed(const FreeVerdict &v, const EventRef &ev) {
   Shard &s = shards_[shard_of(v.rec.ptr)];
   std::lock_guard lk(s.mu);
   auto f = s.recs.find(v.rec.ptr);
-  if (f == s.recs.end() || !f->second.freed || f->second.free.seq != v.first_free.seq)
+  if (f == s.recs.end() || !f->second.freed ||
+      s.freed_ring[f->second.slot].free.seq != v.first_free.seq)
     return;  // issued again
-  f->second.free = ev;
-  remember_freed(s, ev, v.rec.ptr);
+  remember_freed(s, f->second, v.rec.ptr, ev);
 }
 
 const LinearRec *LinearModel::containing_in(const Shard &s, std::uint64_t p) {
@@ -199,7 +203,7 @@ void LinearModel::clear() {
     std::lock_guard lk(s.mu);
     s.recs.clear();
     s.live_n = 0;
-    s.freed_fifo.clear();
+    s.freed_ring.clear();
     s.fifo_head = 0;
     s.spare.clear();
   }

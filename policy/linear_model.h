@@ -105,22 +105,29 @@ class LinearModel {
   // One record per address, live or freed: the driver re-issues the address it freed last (D18,
   // 49 of 50 cuMemAlloc pointers), so an allocation and its free flip the state of one node in
   // place instead of moving a record between two trees (four rebalancing tree changes per
-  // alloc+free pair before; measured in docs/performance.md).
+  // alloc+free pair before; measured in docs/performance.md). The free itself is kept in the
+  // bounded history's slot, which the record names: the node stays at 80 bytes of value (128
+  // with the tree's own, per live allocation: docs/performance.md, table 3).
   struct Rec {
     LinearRec rec;
-    EventRef free;  // freed: the free that freed it (free.seq != 0); live: unset
+    std::uint32_t slot = 0;  // freed: its free's slot in freed_ring
     bool freed = false;
   };
   using RecMap = std::map<std::uint64_t, Rec>;
+  struct FreedSlot {
+    std::uint64_t ptr;
+    EventRef free;
+  };
   struct alignas(64) Shard {
     mutable MarkedMutex mu;  // its holder is known (exit paths, lock_within.h)
     RecMap recs;
     std::size_t live_n = 0;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> freed_fifo;  // (address, free seq) ring
+    std::vector<FreedSlot> freed_ring;  // the bounded history, oldest at fifo_head once full
     std::size_t fifo_head = 0;
     std::vector<RecMap::node_type> spare;  // node_reuse.h
   };
-  void remember_freed(Shard &s, const EventRef &ev, std::uint64_t ptr);
+  // Records the free of r (at ptr) in the history and marks r freed by it.
+  void remember_freed(Shard &s, Rec &r, std::uint64_t ptr, const EventRef &ev);
   static void drop(Shard &s, RecMap::iterator it);
   // The live allocation of the shard that contains p (the nearest live record at or below it).
   static const LinearRec *containing_in(const Shard &s, std::uint64_t p);

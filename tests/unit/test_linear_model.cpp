@@ -157,3 +157,23 @@ TEST_CASE("Linear model: freed records kept in place are stepped over, never tak
   m.rollback(v);
   CHECK(m.live_count() == 1);
 }
+
+TEST_CASE("Linear model: a free forwarded for an unseen re-issue becomes the remembered free") {
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  m.on_alloc(LinearRec{0x4000, 256, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  REQUIRE(m.begin_free(0x4000, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+  auto dbl = m.begin_free(0x4000, dev, clk.next("cudaFree"));
+  REQUIRE(dbl.cls == FreeClass::DoubleFree);
+  CHECK(dbl.first_free.seq == 2);
+  const EventRef now = clk.next("cudaFree");
+  m.refreed(dbl, now);
+  auto again = m.begin_free(0x4000, dev, clk.next("cudaFree"));
+  CHECK(again.cls == FreeClass::DoubleFree);
+  CHECK(again.first_free.seq == now.seq);
+  // A stale verdict (its first free is no longer the remembered one) changes nothing.
+  m.refreed(dbl, clk.next("cudaFree"));
+  CHECK(m.begin_free(0x4000, dev, clk.next("cudaFree")).first_free.seq == now.seq);
+  CHECK(m.live_count() == 0);
+}
