@@ -9,31 +9,14 @@
 // (docs/reliability.md).
 #pragma once
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <new>
 
-// ThreadSanitizer's mutex annotations (its public tsan_interface.h), when it instruments the build.
-#if defined(__SANITIZE_THREAD__)
-#include <sanitizer/tsan_interface.h>
-#define CMG_TSAN_MUTEX(what) __tsan_mutex_##what
-#else
-#define CMG_TSAN_MUTEX(what) ::cmg::detail::tsan_mutex_none
-#endif
-
 namespace cmg {
-
-namespace detail {
-// The annotations' stand-in without ThreadSanitizer: compiled away.
-inline void tsan_mutex_none(void *, unsigned) {}
-inline void tsan_mutex_none(void *, unsigned, int) {}
-}  // namespace detail
 
 // How long an exit path waits for one lock: a thread that is running holds any of ours for
 // microseconds, so a lock still taken after this belongs to a thread that will not come back
@@ -49,71 +32,32 @@ inline const void *this_thread_mark() {
 }
 
 // A mutex that knows which thread holds it (two relaxed stores per lock and unlock, on the cache
-// line the lock itself writes). The lock is a three-state futex word (0 free, 1 taken, 2 taken
-// with waiters: U. Drepper, "Futexes Are Tricky", mutex 2): taking and giving back a free lock is
-// one atomic instruction each and no call, where pthread_mutex_lock/unlock cost about 55
-// instructions per call on the model's path (callgrind, docs/performance.md). Waiters sleep in
-// the kernel, as with a pthread mutex: no spinning on a shared 2-core machine. ThreadSanitizer
-// is told it is a mutex (lock order, double lock), as it was told of the std::mutex before.
+// line the lock itself writes).
 class MarkedMutex {
  public:
-  MarkedMutex() { CMG_TSAN_MUTEX(create)(this, 0); }
-  ~MarkedMutex() { CMG_TSAN_MUTEX(destroy)(this, 0); }
-  MarkedMutex(const MarkedMutex &) = delete;
-  MarkedMutex &operator=(const MarkedMutex &) = delete;
   void lock() {
-    CMG_TSAN_MUTEX(pre_lock)(this, 0);
-    int c = 0;
-    if (!word_.compare_exchange_strong(c, 1, std::memory_order_acquire)) [[unlikely]]
-      lock_contended(c);
-    CMG_TSAN_MUTEX(post_lock)(this, 0, 0);
+    mu_.lock();
     owner_.store(this_thread_mark(), std::memory_order_relaxed);
   }
   bool try_lock() {
-    CMG_TSAN_MUTEX(pre_lock)(this, kTsanTryLock);
-    int c = 0;
-    if (!word_.compare_exchange_strong(c, 1, std::memory_order_acquire)) {
-      CMG_TSAN_MUTEX(post_lock)(this, kTsanTryLock | kTsanTryLockFailed, 0);
-      return false;
-    }
-    CMG_TSAN_MUTEX(post_lock)(this, kTsanTryLock, 0);
+    if (!mu_.try_lock()) return false;
     owner_.store(this_thread_mark(), std::memory_order_relaxed);
     return true;
   }
   void unlock() {
     owner_.store(nullptr, std::memory_order_relaxed);
-    CMG_TSAN_MUTEX(pre_unlock)(this, 0);
-    if (word_.exchange(0, std::memory_order_release) == 2) [[unlikely]]
-      wake_one();
-    CMG_TSAN_MUTEX(post_unlock)(this, 0);
+    mu_.unlock();
   }
   // True when this thread holds it (a signal handler interrupted it inside and called exit()).
   bool held_here() const { return owner_.load(std::memory_order_relaxed) == this_thread_mark(); }
   // fork(): the child's copy is free and held by nobody (the parent's holder is not in the child).
   void reset_in_child() {
-    word_.store(0, std::memory_order_relaxed);
+    new (&mu_) std::mutex();
     owner_.store(nullptr, std::memory_order_relaxed);
   }
 
  private:
-  static constexpr unsigned kTsanTryLock = 0x10, kTsanTryLockFailed = 0x20;  // tsan_interface.h
-  void lock_contended(int c) {
-    if (c != 2) c = word_.exchange(2, std::memory_order_acquire);
-    while (c != 0) {
-      wait_while_2();
-      c = word_.exchange(2, std::memory_order_acquire);
-    }
-  }
-  void wait_while_2() {
-    syscall(SYS_futex, reinterpret_cast<int *>(&word_), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr,
-            0);
-  }
-  void wake_one() {
-    syscall(SYS_futex, reinterpret_cast<int *>(&word_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr,
-            0);
-  }
-  static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
-  std::atomic<int> word_{0};
+  std::mutex mu_;
   std::atomic<const void *> owner_{nullptr};
 };
 
