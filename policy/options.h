@@ -20,6 +20,7 @@ enum class LogLevel : unsigned char { Error, Warn, Info, Debug };
 enum class IpcMode : unsigned char { Report, Deny, Bridge };
 enum class FlushPolicy : unsigned char { Allow, Report, Defer };
 enum class BusyCheck : unsigned char { Off, Query, Sync };
+enum class SnapshotSignal : unsigned char { Off, Usr1, Usr2, Urg, Winch, Pwr, Hup };
 // CUMEMGUARD_ACTION_<CLASS>: "default" follows the mode.
 enum class ActionOverride : unsigned char { Default, Skip, Forward, Abort };
 
