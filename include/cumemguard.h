@@ -92,6 +92,16 @@ size_t cumemguard_torch_alloc_conf(const char *base, const char *overrides,
  * afterwards, 0 when not, -1 when the shim is disabled or models the string as rejected. */
 int cumemguard_torch_settings_applied(const char *conf);
 
+/* Writes a snapshot of what is resident now to the event log (docs/log-format.md, `snapshot`):
+ * linear and VMM memory by device, kind, state (live, mapped, held, asleep) and creating stack,
+ * which `cumemguard report` shows in its "Resident" section and `cumemguard report --diff`
+ * compares. `label` names it (NULL: ""). A sleep or wake-up still in progress ends first, with its
+ * own snapshot. The models are read in place and the call makes no CUDA call; it takes the model's
+ * locks, so do not call it from a signal handler (CUMEMGUARD_SNAPSHOT_SIGNAL is for that).
+ * Returns the snapshot's number in this process (1, 2, ...), 0 when none was written (no event
+ * log, or the shim is disabled). */
+size_t cumemguard_snapshot(const char *label);
+
 /* Types for dlsym. */
 typedef void (*cumemguard_suppress_opportunistic_cleanup_fn)(void);
 typedef int (*cumemguard_maybe_empty_cache_fn)(void (*)(void *), void *);
@@ -102,6 +112,7 @@ typedef size_t (*cumemguard_stats_json_fn)(char *, size_t);
 typedef size_t (*cumemguard_torch_alloc_conf_fn)(const char *, const char *, const char *, char *,
                                                  size_t);
 typedef int (*cumemguard_torch_settings_applied_fn)(const char *);
+typedef size_t (*cumemguard_snapshot_fn)(const char *);
 
 #ifdef __cplusplus
 }

@@ -14,14 +14,67 @@ namespace cmg::shim {
 namespace {
 // A context synchronisation that returns within this was idle: the call itself costs microseconds.
 constexpr std::uint64_t kWaitedNs = 100'000;
+
+// The primary context of `dev` made current on this thread for the check, when the thread's
+// current device is another one or it has none (a free callback on a thread that works on device
+// 1 unmapping device-0 memory): then the previous context is current again. Never creates a
+// context: a device whose primary context is not active has no work queued.
+class DeviceContext {
+ public:
+  explicit DeviceContext(int dev) : dev_(dev) {
+    if (current_device() == dev) {
+      ok_ = true;
+      return;
+    }
+    static std::atomic<void *> state_slot{nullptr}, retain_slot{nullptr}, push_slot{nullptr};
+    auto get_state =
+        driver_fn<PFN_cuDevicePrimaryCtxGetState_v7000>(state_slot, "cuDevicePrimaryCtxGetState");
+    auto retain =
+        driver_fn<PFN_cuDevicePrimaryCtxRetain_v7000>(retain_slot, "cuDevicePrimaryCtxRetain");
+    auto push = driver_fn<PFN_cuCtxPushCurrent_v4000>(push_slot, "cuCtxPushCurrent_v2");
+    unsigned flags = 0;
+    int active = 0;
+    if (!get_state || !retain || !push || get_state(dev, &flags, &active) != CUDA_SUCCESS ||
+        !active)
+      return;
+    CUcontext ctx = nullptr;
+    if (retain(&ctx, dev) != CUDA_SUCCESS) return;
+    retained_ = true;
+    if (push(ctx) != CUDA_SUCCESS) return;
+    pushed_ = ok_ = true;
+  }
+  ~DeviceContext() {
+    static std::atomic<void *> pop_slot{nullptr}, release_slot{nullptr};
+    if (pushed_) {
+      auto pop = driver_fn<PFN_cuCtxPopCurrent_v4000>(pop_slot, "cuCtxPopCurrent_v2");
+      CUcontext c = nullptr;
+      if (pop) pop(&c);
+    }
+    if (retained_) {
+      auto release = driver_fn<PFN_cuDevicePrimaryCtxRelease_v11000>(
+          release_slot, "cuDevicePrimaryCtxRelease_v2");
+      if (release) release(dev_);
+    }
+  }
+  DeviceContext(const DeviceContext &) = delete;
+  DeviceContext &operator=(const DeviceContext &) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  int dev_;
+  bool ok_ = false, retained_ = false, pushed_ = false;
+};
+
 }  // namespace
 
 BusyResult busy_check(BusyCheck mode, int dev) {
   BusyResult r;
-  if (mode == BusyCheck::Off || dev < 0 || current_device() != dev) return r;
+  if (mode == BusyCheck::Off || dev < 0) return r;
   // Querying the legacy stream, or synchronizing the context, while a stream captures is refused
   // and invalidates the capture (real-driver.md C9, C10, C17): the check waits for the capture.
   if (capture_open() && !may_check_busy()) return r;
+  const DeviceContext on(dev);
+  if (!on.ok()) return r;
   if (mode == BusyCheck::Query) {
     static std::atomic<void *> slot{nullptr};
     auto q = driver_fn<PFN_cuStreamQuery_v2000>(slot, "cuStreamQuery");

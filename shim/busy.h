@@ -16,10 +16,13 @@ struct BusyResult {
   std::uint64_t waited_ns = 0;
 };
 
-// Asks the driver about the calling thread's current context, which must be on device `dev`
-// (otherwise, or without a context, nothing is known and nothing is reported). `query`: one
-// cuStreamQuery of the legacy default stream, which never waits (work on other streams is not
-// seen). `sync`: cuCtxSynchronize, timed; it waits for every stream of the context.
+// Asks the driver about device `dev`, the device of the memory being unmapped, whatever the
+// calling thread's current device: its primary context is made current for the check when the
+// thread is on another device or has no context (a free callback running on a thread that works on
+// device 1 can unmap device-0 memory). A device whose primary context is not active has no work
+// and is not asked. `query`: one cuStreamQuery of that context's legacy default stream, which
+// never waits (work on other streams is not seen). `sync`: cuCtxSynchronize of that context,
+// timed; it waits for every stream of it.
 BusyResult busy_check(BusyCheck mode, int dev);
 
 }  // namespace cmg::shim

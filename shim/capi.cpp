@@ -15,6 +15,7 @@
 #include "handlers_capture.h"
 #include "held.h"
 #include "loader.h"
+#include "resident.h"
 #include "state.h"
 #include "torch_host.h"
 #include "torch_rewrite.h"
@@ -155,6 +156,16 @@ CMG_EXPORT size_t cumemguard_torch_alloc_conf(const char *base, const char *over
     return tc::copy_out(tc::rewrite_json(tc::rewrite(tc::Env::from_envp(environ), q)), buf, len);
   } catch (...) {
     return tc::copy_out("{\"error\":\"internal error\"}", buf, len);
+  }
+}
+
+CMG_EXPORT size_t cumemguard_snapshot(const char *label) {
+  if (disabled()) return 0;
+  activate();  // the program talks to the shim: its log exists from here on
+  try {
+    return static_cast<size_t>(snapshot_requested(label ? label : "", SnapshotTrigger::Api));
+  } catch (...) {
+    return 0;  // never across the C ABI (an allocation failed)
   }
 }
 

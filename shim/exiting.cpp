@@ -40,6 +40,10 @@ void exit_begun() {
   diag_exit_begun();
 }
 
+bool exit_in_progress() {
+  return g_exiting.load(std::memory_order_acquire) != nullptr;
+}
+
 bool claim_exit_records() {
   State &s = state();
   int expected = kRecordsNone;

@@ -18,6 +18,9 @@ namespace cmg::shim {
 // Exit began on this thread (the first call marks it as the exiting one): from now on no log
 // write waits long for the log's lock and diagnostics are written raw.
 void exit_begun();
+// Whether exit began (on any thread). What may allocate or wait (snapshots, the residency
+// boundaries' checks) stops from then on.
+bool exit_in_progress();
 
 // The last records (State::last_records).
 enum LastRecords : int { kRecordsNone = 0, kRecordsExit = 1, kRecordsCrash = 2, kRecordsDone = 3 };

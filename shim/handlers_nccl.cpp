@@ -3,6 +3,7 @@
 // with it, and the `nccl` log record.
 #include "handlers.h"
 #include <dlfcn.h>
+#include "resident.h"
 #include <nccl.h>
 
 #include <cstring>
@@ -137,6 +138,8 @@ int nccl_call(Api api, CommEvent ev, std::uint64_t named, FnRef<int()> real,
                 named ? named_dev : (comms.empty() ? dev : comms[0].dev), r, x);
     c.log(r, args);
     after_call.report(c, r, args);
+    boundary_after_nccl(api, ev == CommEvent::Create && (r == ncclSuccess || r == ncclInProgress),
+                        ev == CommEvent::Destroy && r == ncclSuccess, comms);
     return r;
   });
 }

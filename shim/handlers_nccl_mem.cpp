@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include "nccl_late.h"
+#include "resident.h"
 
 namespace cmg::shim {
 namespace {
@@ -139,6 +140,8 @@ int nccl_suspend(std::uint64_t comm, int flags, FnRef<int()> real) {
     nccl_record(c, event_name(c.api()), comm, device_of(comm), r, x);
     c.log(r, args);
     after_call.report(c, r, args);
+    // A suspend that released the communicator's memory is a boundary: what is still resident.
+    if (r == ncclSuccess && mem) snapshot_at_boundary("ncclCommSuspend");
     return r;
   });
 }

@@ -7,6 +7,7 @@
 #include "ipc_bridge.h"
 #include "shield.h"
 #include "text.h"
+#include "resident.h"
 
 namespace cmg::shim {
 namespace {
@@ -69,6 +70,7 @@ CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real, const DriverView &v
   }
   x.va_state = t.va_state;
   c.log(o.status, args, x);
+  boundary_after_vmm(c, t, o.called, o.status);
   return static_cast<CUresult>(o.status);
 }
 
@@ -109,6 +111,7 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
     if (use != prop) args.u("granted_types", static_cast<unsigned>(use->requestedHandleTypes));
     if (r != CUDA_SUCCESS) {
       c.log(r, args);
+      boundary_after_create(c, r, 0, size);
       return r;
     }
     args.hex("handle", *h);
@@ -121,6 +124,7 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
     x.dev = loc == Location::Device ? prop->location.id : -1;
     x.delta = static_cast<std::int64_t>(size);
     c.log(r, args, x);
+    boundary_after_create(c, r, *h, size);
     return r;
   });
 }
@@ -177,6 +181,7 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size, decltype(&::cuMemAddress
   return shielded<CUresult>(Api::cuMemAddressFree, real, [&](auto &fwd) {
     Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
+    boundary_before_address_free(c, ptr);
     State &s = state();
     VmmTicket t = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm, s.opts);
     Args args;
@@ -260,6 +265,7 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
     else
       x.va_state = state().vmm.range_state(ptr, size);
     c.log(r, args, x);
+    boundary_after_access(c, r);
     return r;
   });
 }

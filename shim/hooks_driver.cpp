@@ -4,6 +4,7 @@
 // (cudart, PyTorch's DriverAPI and NCCL get every driver function that way: real-driver.md s.5).
 #include "handlers.h"
 #include "hooks_capture.h"
+#include "resident.h"
 
 using namespace cmg::shim;
 using namespace cmg::shim::capture_hooks;
@@ -372,6 +373,13 @@ CMG_HOOK(CUresult, cuDeviceGraphMemTrim, (CUdevice dev), (dev)) {
       Api::cuDeviceGraphMemTrim, StackWhen::Never,
       [&] { return CMG_REAL_R(cuDeviceGraphMemTrim)(dev); },
       [&](Call &c, int r) { graph_after_mem_trim(c, dev, r); });
+}
+
+// The runtime makes a device's primary context with it at a thread's first runtime call on that
+// device (NCCL's static runtime likewise): the first context on each device is seen with the stack
+// of the thread that made it (stray-device, policy/device_use.h).
+CMG_HOOK(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev)) {
+  return context_retain(dev, [&] { return CMG_REAL_R(cuDevicePrimaryCtxRetain)(pctx, dev); });
 }
 
 // The wrappers cuGetProcAddress routing and handle-scoped dlsym answers hand out (Route::Given).

@@ -125,12 +125,15 @@ void write_finding_record(const Call &c, const Finding &f, Action action, int re
 }
 
 void write_finding_without_call(const Finding &f, const char *where, std::uint64_t seq,
-                                std::uint64_t ts) {
+                                std::uint64_t ts, std::uint32_t stack) {
   auto fill = [&](JsonLine &j) {
     j.str("k", "finding").unum("seq", seq).unum("ts", ts).unum("tid", thread_id())
         .str("class", finding_id(f.cls)).str("api", where).str("action", "forward").num("res", 0)
         .str("msg", f.msg);
+    if (stack) j.unum("stack", stack);
+    put_related(j, f);
     if (!f.state_json.empty()) j.raw("state", f.state_json);
+    if (f.bytes) j.unum("bytes", f.bytes);
   };
   State &s = state();
   if (s.log.is_open()) {

@@ -29,8 +29,10 @@ void write_finding_record(const Call &c, const Finding &f, Action action, int re
                           std::uint32_t stack, const char *suppressed);
 // A finding that belongs to no call (`where` names it); kept until the log opens when it is not
 // open yet.
+// `stack`: the stack the finding is shown with (0: none); related events are written as for a
+// finding at a call.
 void write_finding_without_call(const Finding &f, const char *where, std::uint64_t seq,
-                                std::uint64_t ts);
+                                std::uint64_t ts, std::uint32_t stack = 0);
 
 // CUMEMGUARD_LOG expanded for this process (logname.h); a placeholder kept as written is said
 // once on stderr and in the log.

@@ -71,6 +71,7 @@ struct Table {
   std::uint32_t next_id = 0;
   std::vector<std::uint64_t> hash_of;  // by id - 1: where stack_frames finds a stack again
   std::vector<Module> modules;  // sorted by lo
+  std::vector<std::uintptr_t> innermost;  // by id - 1: each stack's first return address
 };
 
 Table &table() {
@@ -216,6 +217,7 @@ std::uint32_t intern_stack(const Captured &c) {
   }
   std::lock_guard lk(t.mu);
   const std::uint32_t id = ++t.next_id;
+  t.innermost.push_back(n > 0 ? c.pc[0] : 0);
   known.push_back(Table::Known{id, std::vector<std::uintptr_t>(c.pc, c.pc + n),
                                std::vector<py::Frame>(c.py.f, c.py.f + c.py.n), c.py.end});
   t.hash_of.push_back(h);
@@ -276,6 +278,13 @@ std::uint32_t capture_stack(int max_frames) {
   return intern_stack(c);
 }
 
+std::uintptr_t stack_site(std::uint32_t id) {
+  if (!id) return 0;
+  Table &t = table();
+  std::lock_guard lk(t.mu);
+  return id <= t.innermost.size() ? t.innermost[id - 1] : 0;
+}
+
 void stacks_warm_up() {
   Frames f;
   f.max = 2;
@@ -311,6 +320,7 @@ void stacks_fork_child() {
   t.next_id = 0;
   t.hash_of.clear();
   t.modules.clear();
+  t.innermost.clear();
 }
 
 }  // namespace cmg::shim

@@ -34,6 +34,10 @@ void capture_python(Captured &c);
 // when the id is unknown (0, or a stack of the parent in a forked child).
 bool stack_frames(std::uint32_t id, Captured &out);
 
+// The innermost return address of stack `id` (the caller of the intercepted function: the
+// allocator's own call site), 0 for no stack. Snapshots and boundaries tell allocators apart by it.
+std::uintptr_t stack_site(std::uint32_t id);
+
 // Warm the unwinder once at activation (its first use may load or initialise data).
 void stacks_warm_up();
 

@@ -29,6 +29,7 @@
 #include "interposers.h"
 #include "loader.h"
 #include "records.h"
+#include "resident.h"
 #include "stacks.h"
 #include "status_channel.h"
 #include "stderr_out.h"
@@ -131,6 +132,7 @@ void fork_child() {
   exiting_fork_child();
   crash_fork_child();
   status_fork_child();
+  resident_fork_child();
   new (&g_activate_mu) std::mutex();
   // The child activates (and opens its own log) at its own first CUDA call.
   g_active.store(false);
@@ -234,6 +236,7 @@ void activate_slow() {
   bridge::exports();
   g_active.store(true, std::memory_order_release);
   if (s.opts.crash_summary) install_crash_handlers();
+  snapshot_signal_start();
   flush_pending_notes();
   on_first_cuda_call();
 }
@@ -256,6 +259,9 @@ Call::Call(Api api, StackWhen stack, Nested nested)
   if (s.opts.disable) return;
   tracked_ = true;
   s.calls.add(api);
+  // A sleep or wake-up this call ends is closed before the call is applied (its snapshot shows the
+  // memory as the run left it).
+  if (s.boundaries.open()) [[unlikely]] boundary_call_slow(api, thread_id());
   ev_.seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
   // Times are read only where they are written: in the event log. Without one, a call's event is
   // identified by its seq alone (the clock read is one of the larger costs of a call whose
@@ -342,12 +348,12 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
   }
 }
 
-void report_finding_without_call(Finding f, const char *where, bool print) {
+void report_finding_without_call(Finding f, const char *where, bool print, std::uint32_t stack) {
   State &s = state();
   s.findings[static_cast<std::size_t>(f.cls)].fetch_add(1, std::memory_order_relaxed);
   status_findings();
   const std::uint64_t seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
-  write_finding_without_call(f, where, seq, now_ns());
+  write_finding_without_call(f, where, seq, now_ns(), stack);
   if (print) print_finding(f, Action::Forward, 0, where, /*from_call=*/false);
 }
 
@@ -409,6 +415,8 @@ __attribute__((constructor)) static void cmg_load() {
   cmg::shim::exiting_at_load();
   cmg::shim::options_ready();
   cmg::shim::on_load();
+  // Before any CUDA call: the signal must never end the program, whenever it comes.
+  cmg::shim::snapshot_signal_install();
 }
 
 // The program's destructors ran, its libraries' have not yet (a preloaded library is finalised

@@ -10,8 +10,10 @@
 #include <string>
 #include <string_view>
 
+#include "boundaries.h"
 #include "capture_model.h"
 #include "cuda_api.h"
+#include "device_use.h"
 #include "errors.h"
 #include "event.h"
 #include "eventlog.h"
@@ -74,6 +76,8 @@ struct State {
   CaptureModel capture;
   Transport transport;
   NcclHolds nccl;  // registrations, windows, multicast bindings, suspended and imported ranges
+  Boundaries boundaries;  // sleeps and wake-ups in progress (resident.h)
+  DeviceUse devices;      // the devices this process uses (resident.h)
   EventLog log;
   std::atomic<std::uint64_t> seq{0};
   CallCounts calls;
@@ -173,6 +177,12 @@ enum class Nested : std::uint8_t { Hidden, Recorded, Always };
 // Prints a line on stderr at the given level (and logs it); defined in state.cpp.
 void note(LogLevel level, std::string_view msg);
 
+class Call;
+// The first memory this process made on device `dev` (resident.cpp).
+void device_first_memory(const Call &c, int dev);
+// A tracked call begins on thread `tid`: the sleep or wake-up it ends, if one is open (resident.cpp).
+void boundary_call_slow(Api api, std::uint32_t tid);
+
 // One intercepted call: guard, activation, event stamp and timing.
 class Call {
  public:
@@ -202,6 +212,7 @@ class Call {
   __attribute__((always_inline)) void log(int res, const Args &args, const Extra &x) {
     if (!tracked_) return;
     if (res != 0) [[unlikely]] note_cuda_error(api_, res, ev_);
+    if (x.delta > 0 && !state().devices.seen(x.dev)) [[unlikely]] device_first_memory(*this, x.dev);
     // Said here, after the forwarded call, never inside the lookup that noticed it.
     if (const char *n = take_origin_note()) note(LogLevel::Warn, n);
     if (state().log.is_open()) write_record(res, args, x);
@@ -226,7 +237,8 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
 
 // A finding that belongs to no call (the environment at load, leaks): counted, printed when it is
 // an error, and written to the log (kept until the log opens).
-void report_finding_without_call(Finding f, const char *where, bool print);
+void report_finding_without_call(Finding f, const char *where, bool print,
+                                 std::uint32_t stack = 0);
 
 // A one-line diagnostic on stderr ("cumemguard: warning: …") and a `note` record in the log.
 void note(LogLevel level, std::string_view msg);
