@@ -159,6 +159,10 @@ constexpr Option kReportOptions[] = {
     {"--gen-suppressions", "", Value::None, "",
      "print a suppression rule (CUMEMGUARD_SUPPRESSIONS) for each finding group instead of the "
      "report"},
+    {"--diff", "A B", Value::Log, "",
+     "compare two snapshots of what is resident by site instead of the report: what is new, "
+     "what grew, what shrank, what is gone (text, --json or --html). A and B are LOG (its last "
+     "snapshot), LOG@N (its snapshot N) or LOG@LABEL (its last snapshot so labelled)"},
     {"-h, --help", "", Value::None, "", "print this help"},
     {"--version", "", Value::None, "", "print the version"},
 };
@@ -166,7 +170,9 @@ constexpr ExitStatus kReportExits[] = {
     {"0", "no findings; with --gen-suppressions, the rules were printed"},
     {"1", "findings (suppressed ones excepted), or a process crashed or was aborted"},
     {"64", "usage error"},
-    {"66", "a log cannot be read, is not a cumemguard log or is of a newer format"},
+    {"66",
+     "a log cannot be read, is not a cumemguard log or is of a newer format; with --diff, a "
+     "snapshot named is not in its log"},
     {"73", "an output file cannot be written"},
 };
 constexpr sv kReportNotes[] = {
@@ -216,7 +222,7 @@ constexpr std::array<Command, 4> kCommands = {{
      kRunDescription, kRunOptions, Value::Command, kRunExits, "", kRunEnv, kRunNotes},
     {"report",
      "read cumemguard event logs: findings, leaks, bytes over time",
-     "[options] LOG...",
+     "[options] LOG... | --diff A B",
      kReportDescription,
      kReportOptions,
      Value::Log,

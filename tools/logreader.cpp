@@ -537,7 +537,8 @@ struct LogReader::Impl {
   }
 
   // Reads lines until an event can be released or the log ends.
-  void fill(const std::function<void(Leak &&)> &on_leak) {
+  void fill(const std::function<void(Leak &&)> &on_leak,
+            const std::function<void(std::string_view)> &on_snapshot) {
     std::string_view line;
     bool unterminated = false;
     while (!lines_done && !ready) {
@@ -559,6 +560,10 @@ struct LogReader::Impl {
         continue;
       }
       ++log.records;
+      if (f.k == "snapshot"sv) {
+        if (on_snapshot) on_snapshot(line);
+        continue;
+      }
       if (!record(f, on_leak)) ++log.malformed;
       // A parser keeps the capacity of its longest document: back to a usual one after a long
       // line, so that one 16 MiB line does not hold 80 MB for the rest of the report.
@@ -618,7 +623,7 @@ bool LogReader::next(Event &e) {
   Impl &d = *impl_;
   if (!d.opened && !open()) return false;
   if (d.status != ReadStatus::Ok && d.heap.empty() && !d.ready) return false;
-  d.fill(on_leak);
+  d.fill(on_leak, on_snapshot);
   if (d.ready) {
     e = std::move(*d.ready);
     d.ready.reset();

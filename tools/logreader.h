@@ -297,6 +297,9 @@ class LogReader {
   bool next(Event &e);
   // Leak records go here as they are read (they have no seq): the report groups them at once.
   std::function<void(Leak &&)> on_leak;
+  // Snapshot records (docs/log-format.md, `snapshot`) go here whole, as read: their rows are many
+  // and of their own shape (report_resident.h reads them).
+  std::function<void(std::string_view line)> on_snapshot;
 
   Log &log();
   const Log &log() const;

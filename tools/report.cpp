@@ -76,6 +76,7 @@ int report_main(int argc, char **argv) {
   using namespace report;
   ReportOptions opt;
   std::vector<std::string> files;
+  std::optional<std::pair<std::string, std::string>> diff;
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -98,6 +99,11 @@ int report_main(int argc, char **argv) {
       opt.fail_on_leaks = true;
     } else if (a == "--gen-suppressions") {
       opt.gen_suppressions = true;
+    } else if (a == "--diff") {
+      const char *x = value();
+      const char *y = value();
+      if (!x || !y || !*x || !*y) return usage_error("--diff needs two snapshots: A B");
+      diff = {x, y};
     } else if (a == "--trace" || a == "--html" || a == "-o" || a == "--output") {
       const char *v = value();
       if (!v || !*v) return usage_error(std::string(a) + " needs an output file");
@@ -115,6 +121,20 @@ int report_main(int argc, char **argv) {
       opt.slow_ns = n * 1000;
     } else {
       return usage_error("unknown option '" + std::string(a) + "'");
+    }
+  }
+  if (diff) {
+    if (!files.empty()) return usage_error("--diff compares two snapshots; it takes no other log");
+    if (!opt.trace_path.empty() || opt.gen_suppressions)
+      return usage_error("--diff writes text, --json or --html");
+    if ((!opt.html_path.empty() && refuse_over_log(opt.html_path, "HTML page")) ||
+        (!opt.output_path.empty() && refuse_over_log(opt.output_path, "diff")))
+      return kExitUsage;
+    try {
+      return diff_main(diff->first, diff->second, opt);
+    } catch (const std::exception &e) {
+      std::cerr << "cumemguard report: internal error: " << e.what() << "\n";
+      return kExitNoInput;
     }
   }
   if (files.empty()) return usage_error("no log given");

@@ -40,6 +40,10 @@ inline std::string compact(const Json &j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+// The HTML page's escaping and its stack list (report_html.cpp), for its parts written elsewhere.
+std::string html_escape(std::string_view s);
+void stack_html(std::ostream &out, const ResolvedStack &s);
+
 // "cuMemRelease(handle=0x55d0c0a0, size=2097152)"
 inline std::string call_text(const std::string &api, const std::string &args) {
   return (api.empty() ? std::string("?") : api) + "(" + args + ")";

@@ -10,10 +10,9 @@
 #include "report_model.h"
 
 namespace cmg::report {
-namespace {
 
 // Text is clean() already (no control characters); here it only has to stay text.
-std::string esc(std::string_view s) {
+std::string html_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
@@ -28,6 +27,10 @@ std::string esc(std::string_view s) {
   }
   return out;
 }
+
+namespace {
+
+std::string esc(std::string_view s) { return html_escape(s); }
 
 constexpr const char *kStyle = R"(
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;
@@ -106,6 +109,8 @@ document.body.dataset.rendered='chart';
 })();
 )";
 
+}  // namespace
+
 void stack_html(std::ostream &out, const ResolvedStack &s) {
   if (!s.id) {
     out << "<div class=\"sub\">(no stack recorded)</div>";
@@ -120,6 +125,8 @@ void stack_html(std::ostream &out, const ResolvedStack &s) {
     out << "<li>" << esc(frame_text(f)) << (f.inlined ? " [inlined]" : "") << "</li>";
   out << "</ol>";
 }
+
+namespace {
 
 std::string labels_of(const Model &m, const std::set<std::size_t> &logs) {
   std::string out;
@@ -335,6 +342,7 @@ void write_html(const Model &m, const ReportOptions &opt, std::ostream &out) {
          "<div id=\"chart\"><noscript>The chart needs scripts; the tables below have the "
          "figures.</noscript></div>\n";
   findings_html(m, out);
+  write_resident_html(m, opt, out);
   leaks_html(m, opt, out);
   sites_html(m, opt, out);
   tables_html(m, out);

@@ -394,6 +394,7 @@ Json report_json(const Model &m, const ReportOptions &opt) {
           {"top_sites", {{"sites_total", m.sites.size()}, {"sites", std::move(sites)}}},
           {"calls", std::move(calls)},
           {"shim_releases", std::move(shim_releases)},
+          {"resident", resident_json(m, opt)},
           {"nccl",
            {{"events", std::move(nccl_events)},
             {"events_not_listed", m.nccl_dropped},

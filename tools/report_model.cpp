@@ -52,6 +52,21 @@ std::vector<std::string> make_labels(const std::vector<const Log *> &logs) {
   return out;
 }
 
+}  // namespace
+
+std::pair<std::string, std::uint64_t> module_offset(const std::vector<const Module *> &mods,
+                                                    std::uint64_t pc) {
+  auto ub = std::upper_bound(mods.begin(), mods.end(), pc,
+                             [](std::uint64_t p, const Module *m) { return p < m->base; });
+  while (ub != mods.begin()) {
+    const Module *m = *--ub;
+    if (m->size == 0 || pc - m->base < m->size) return {m->path, pc - m->base};
+  }
+  return {std::string(), pc};
+}
+
+namespace {
+
 // Interned stack keys: groups compare small integers, not frame lists. -1: no stack.
 class StackKeys {
  public:
@@ -91,7 +106,7 @@ class StackKeys {
           python(rec->frames[next++]);
           replaced = true;
         }
-        if (!replaced) k.push_back(frame_key(cache.modules, it->second[i]));
+        if (!replaced) k.push_back(module_offset(cache.modules, it->second[i]));
       }
       while (rec && next < rec->frames.size()) python(rec->frames[next++]);
       if (rec && !rec->end.empty()) k.emplace_back("\x01py_end " + rec->end, 0);
@@ -104,17 +119,6 @@ class StackKeys {
   const StackKey &at(long k) const { return k < 0 ? empty_ : keys_[static_cast<std::size_t>(k)]; }
 
  private:
-  // The module a pc falls in by the recorded map: [base, base+size), the highest base wins.
-  static std::pair<std::string, std::uint64_t> frame_key(const std::vector<const Module *> &mods,
-                                                         std::uint64_t pc) {
-    auto ub = std::upper_bound(mods.begin(), mods.end(), pc,
-                               [](std::uint64_t p, const Module *m) { return p < m->base; });
-    while (ub != mods.begin()) {
-      const Module *m = *--ub;
-      if (m->size == 0 || pc - m->base < m->size) return {m->path, pc - m->base};
-    }
-    return {std::string(), pc};
-  }
   struct PerLog {
     std::unordered_map<std::uint64_t, long> ids;
     std::vector<const Module *> modules;
@@ -194,6 +198,7 @@ const ResolvedStack &Model::stack(std::size_t log, std::optional<std::uint64_t> 
 }
 
 void Model::resolve_shown(const ReportOptions &opt) const {
+  resolve_resident(*this, opt);
   for (const auto &c : findings)
     for (const auto &g : c.groups) {
       stack(g.stack);
@@ -616,6 +621,9 @@ Model read_model(std::vector<std::unique_ptr<LogReader>> readers, std::vector<Lo
   b.start(logs);
   for (std::size_t i = 0; i < readers.size(); ++i)
     readers[i]->on_leak = [&b, i](Leak &&l) { b.leak(i, std::move(l)); };
+  ResidentModel resident;
+  for (std::size_t i = 0; i < readers.size(); ++i)
+    readers[i]->on_snapshot = [&resident, i](std::string_view line) { resident.add_line(i, line); };
   if (also) also->start(logs, b.labels(), b.t0());
   if (rs.size() == 1) {  // one log: its events in order, without the merge's indirection
     Event e;
@@ -637,6 +645,8 @@ Model read_model(std::vector<std::unique_ptr<LogReader>> readers, std::vector<Lo
     done.push_back(std::move(r->log()));
   }
   Model m = b.finish(std::move(done), std::move(errors));
+  resident.finish();
+  m.resident = std::move(resident);
   if (also) also->finish(m);
   return m;
 }

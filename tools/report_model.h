@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "logreader.h"
+#include "report_resident.h"
 #include "symbolize.h"
 
 namespace cmg::report {
@@ -53,6 +54,11 @@ struct LogError {
 // Frames by (module, offset): the same code has the same key in every process, whatever the
 // address space layout, so groups span ranks. A pc outside every module keys as ("", pc).
 using StackKey = std::vector<std::pair<std::string, std::uint64_t>>;
+
+// The module a pc falls in by a log's module map, sorted by base ([base, base+size), the highest
+// base wins), and the offset in it; ("", pc) when none holds it.
+std::pair<std::string, std::uint64_t> module_offset(const std::vector<const Module *> &sorted,
+                                                    std::uint64_t pc);
 
 // A stack of one log, symbolized when a writer asks for it.
 struct StackRef {
@@ -288,6 +294,7 @@ struct Model {
   std::size_t nccl_dropped = 0;
   std::vector<CommRow> comms;
   std::vector<Outcome> outcomes;  // per log
+  ResidentModel resident;         // snapshots of what is resident (report_resident.h)
 
   static constexpr std::size_t kMaxNccl = 10000;
 

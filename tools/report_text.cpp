@@ -605,6 +605,7 @@ void write_text(const Model &m, const ReportOptions &opt, std::ostream &out) {
   write_findings(m, out);
   write_suppressed(m, out);
   write_leaks(m, opt, out);
+  write_resident_text(m, opt, out);
   write_memory(m, out);
   write_sites(m, opt, out);
   write_calls(m, out);

@@ -56,6 +56,19 @@ CASES = {
     'html-unwritable': (['--html', '/nonexistent/r.html', 'logs/double-free.log'], 73),
     'nccl': (['logs/nccl.log'], 1),
     'nccl-json': (['--json', 'logs/nccl.log'], 1),
+    # What is still resident: a sleep boundary's snapshot in two parts (what did not go to sleep
+    # called out, by creator and site) and one asked for, with its caller's stack.
+    'resident': (['logs/resident.log'], 0),
+    'resident-json': (['--json', 'logs/resident.log'], 0),
+    # --diff by site: the last snapshot of a log against one named by label (new, grew, gone).
+    'diff': (['--diff', 'logs/resident.log@sleep', 'logs/resident-b.log'], 0),
+    'diff-json': (['--json', '--diff', 'logs/resident.log@sleep', 'logs/resident-b.log'], 0),
+    # Two snapshots of one log by number: nothing changed.
+    'diff-one-log': (['--diff', 'logs/resident.log@1', 'logs/resident.log@2'], 0),
+    # A snapshot the log does not have: said on stderr with the ones it has, 66.
+    'diff-missing': (['--diff', 'logs/resident.log@9', 'logs/resident-b.log'], 66),
+    'diff-usage': (['--diff', 'logs/resident.log'], 64),
+    'diff-with-logs': (['--diff', 'logs/resident.log', 'logs/resident-b.log', 'logs/clean.log'], 64),
 }
 
 
