@@ -1,0 +1,383 @@
+// SPDX-License-Identifier: Apache-2.0
+// What is still resident, and why: programs for the snapshot boundaries and their findings
+// (tests/integration/check_resident.py runs each one without and with the shim and reads the log).
+//
+//   graph-pool        a sleep-mode allocator puts its pool to sleep while two CUDA-graph pool
+//                     segments made by the caching allocator (cuMemAlloc) stay resident
+//   graph-pool-fixed  the graph pool's segments come from the sleep-mode pool: all of it sleeps
+//   wake-fail         a wake-up whose third cuMemCreate fails leaves the first two blocks created
+//                     and mapped; the allocator still counts them asleep, so the next sleep leaves
+//                     them mapped and its teardown frees their reservations while mapped
+//   wake-fail-fixed   the same wake-up rolls back what it made before it reports the error
+//   busy-device       device 0 has work queued; a thread whose current device is 1 unmaps
+//                     device-0 memory (a free callback on another device's thread)
+//   busy-device-fixed the thread synchronizes device 0 first
+//   stray-device      a rank working on device 1 (RANK set) has a teardown thread that never
+//                     selects its device: the runtime gives it device 0, a context and memory
+//   stray-device-fixed the thread selects device 1 first
+//   stray-comm        no rank in the environment: device 0 memory from a thread, then an NCCL
+//                     communicator on device 1 makes this process a rank of device 1
+//   snapshot-api      two snapshots through the C API around an allocation
+//   snapshot-signal   a snapshot asked for with the signal CUMEMGUARD_SNAPSHOT_SIGNAL names
+//   nccl-destroy      a communicator destroyed and one aborted, each a boundary
+// Output: one "name value" line per observation, compared without and with the shim.
+#include <nccl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_check.h"
+
+namespace {
+
+size_t G = 0;  // granularity
+
+void out(const char *what, long long v) {
+  std::printf("%s %lld\n", what, v);
+}
+void out_res(const char *what, CUresult r) {
+  std::printf("%s %s\n", what, cu_name(r));
+}
+
+CUmemAllocationProp prop_on(int dev) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  return p;
+}
+
+CUresult set_access(CUdeviceptr v, size_t size, int dev) {
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = dev;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return cuMemSetAccess(v, size, &a, 1);
+}
+
+// ---- a sleep-mode allocator (vLLM's CuMemAllocator, cumem_allocator.cpp)
+// -------------------------
+
+struct Block {
+  CUdeviceptr v = 0;
+  size_t size = 0;
+  CUmemGenericAllocationHandle h = 0;
+  bool asleep = false;
+};
+
+// The allocator's one create-and-map site, as cumem_allocator.cpp has: the site the shim tells the
+// allocator's mappings apart by. Not inlined, so every caller reaches the driver from here.
+__attribute__((noinline)) CUresult create_and_map(Block &b) {
+  CUmemAllocationProp p = prop_on(0);
+  CUresult r = cuMemCreate(&b.h, b.size, &p, 0);
+  if (r != CUDA_SUCCESS) return r;
+  r = cuMemMap(b.v, b.size, 0, b.h, 0);
+  if (r != CUDA_SUCCESS) return r;
+  return set_access(b.v, b.size, 0);
+}
+
+__attribute__((noinline)) void unmap_and_release(Block &b) {
+  CHECK_CU(cuMemUnmap(b.v, b.size));
+  CHECK_CU(cuMemRelease(b.h));
+}
+
+struct SleepPool {
+  std::vector<Block> blocks;
+
+  Block &malloc(size_t size) {
+    Block b;
+    b.size = size;
+    CHECK_CU(cuMemAddressReserve(&b.v, size, 0, 0, 0));
+    CHECK_CU(create_and_map(b));
+    blocks.push_back(b);
+    return blocks.back();
+  }
+  void sleep() {
+    for (Block &b : blocks)
+      if (!b.asleep) {
+        unmap_and_release(b);
+        b.asleep = true;
+      }
+  }
+  // The wake-up of the failing variant: on an error it returns at once, and every block keeps
+  // its state (still asleep), so what it created and mapped before the error is forgotten.
+  CUresult wake_up(bool roll_back) {
+    std::vector<Block *> made;
+    for (Block &b : blocks) {
+      if (!b.asleep) continue;
+      CUresult r = create_and_map(b);
+      if (r != CUDA_SUCCESS) {
+        if (roll_back) {
+          // The fix: what this wake-up made goes back before the error is reported.
+          for (Block *m : made) unmap_and_release(*m);
+        }
+        return r;
+      }
+      made.push_back(&b);
+    }
+    for (Block *b : made) b->asleep = false;
+    return CUDA_SUCCESS;
+  }
+  // The allocator's free: a block it counts as asleep has nothing mapped (seed 001's fix), so
+  // only its reservation is freed.
+  void free_all() {
+    for (Block &b : blocks) {
+      if (!b.asleep) unmap_and_release(b);
+      out_res("teardown.addrfree", cuMemAddressFree(b.v, b.size));
+    }
+    blocks.clear();
+  }
+};
+
+// ---- a caching allocator's CUDA-graph pool: linear segments of its own -------------------------
+
+__attribute__((noinline)) CUdeviceptr graph_pool_segment(size_t size) {
+  CUdeviceptr p = 0;
+  CHECK_CU(cuMemAlloc(&p, size));
+  return p;
+}
+
+int graph_pool(bool fixed) {
+  SleepPool pool;
+  for (int i = 0; i < 4; ++i) pool.malloc(2 * G);  // weights and KV cache
+  std::vector<CUdeviceptr> graph_segments;
+  if (fixed) {
+    // The graphs are captured inside the sleep-mode pool: their segments sleep with it.
+    for (int i = 0; i < 2; ++i) pool.malloc(2 * G);
+  } else {
+    // One call site for both: a count the compiler cannot see keeps the loop from being unrolled
+    // into two call sites (two stacks of one site).
+    volatile int segments = 2;
+    for (int i = 0; i < segments; ++i) graph_segments.push_back(graph_pool_segment(2 * G));
+  }
+  pool.sleep();
+  out_res("wake_up", pool.wake_up(false));
+  for (CUdeviceptr p : graph_segments) CHECK_CU(cuMemFree(p));
+  pool.free_all();
+  return 0;
+}
+
+int wake_fail(bool fixed) {
+  if (!on_fake_driver()) return 77;  // the failure is injected
+  SleepPool pool;
+  for (int i = 0; i < 4; ++i) pool.malloc(2 * G);
+  pool.sleep();
+  // The third cuMemCreate from here fails with out-of-memory.
+  fake_inject("cuMemCreate", 3, CUDA_ERROR_OUT_OF_MEMORY);
+  out_res("wake_up", pool.wake_up(fixed));
+  // The program goes on: a new block, then the next sleep.
+  pool.malloc(2 * G);
+  pool.sleep();
+  // Waking up for good this time (what the failed wake-up forgot stays as it is).
+  if (fixed) out_res("wake_up_again", pool.wake_up(true));
+  pool.free_all();
+  return 0;
+}
+
+// ---- the busy check on the device that owns the range ------------------------------------------
+
+using set_busy_fn = void (*)(int, unsigned long long);
+
+CUcontext primary(int dev) {
+  CUcontext c;
+  CHECK_CU(cuDevicePrimaryCtxRetain(&c, dev));
+  return c;
+}
+
+int busy_device(bool fixed) {
+  auto set_busy = reinterpret_cast<set_busy_fn>(dlsym(RTLD_DEFAULT, "fakecuda_set_busy"));
+  if (!set_busy) return 77;
+  int n = 0;
+  CHECK_CU(cuDeviceGetCount(&n));
+  if (n < 2) return 77;
+  CUcontext c0 = primary(0), c1 = primary(1);
+  CHECK_CU(cuCtxSetCurrent(c0));
+  Block b;
+  b.size = 2 * G;
+  CHECK_CU(cuMemAddressReserve(&b.v, b.size, 0, 0, 0));
+  CHECK_CU(create_and_map(b));
+  // Device 0 has 2 s of work queued that uses the block; device 1 has 30 s of its own.
+  set_busy(0, 2'000'000'000ull);
+  set_busy(1, 30'000'000'000ull);
+  std::thread t([&] {
+    // A free callback on a thread that works on device 1.
+    CHECK_CU(cuCtxSetCurrent(c1));
+    if (fixed) {
+      // The fix: wait for the device that owns the memory before unmapping it.
+      CHECK_CU(cuCtxPushCurrent(c0));
+      CHECK_CU(cuCtxSynchronize());
+      CUcontext popped;
+      CHECK_CU(cuCtxPopCurrent(&popped));
+    }
+    out_res("unmap", cuMemUnmap(b.v, b.size));
+    // Device 1 is still busy: the check did not wait for the calling thread's device.
+    out_res("device1_after_unmap", cuStreamQuery(nullptr));
+    CUdevice cur = -1;
+    CHECK_CU(cuCtxGetDevice(&cur));
+    out("current_device_after_unmap", cur);
+    out_res("release", cuMemRelease(b.h));
+  });
+  t.join();
+  out_res("addrfree", cuMemAddressFree(b.v, b.size));
+  return 0;
+}
+
+// ---- devices a rank does not use
+// -----------------------------------------------------------------
+
+int stray_device(bool fixed) {
+  int n = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&n));
+  if (n < 2) return 77;
+  CHECK_CUDA(cudaSetDevice(1));  // this rank works on device 1
+  void *weights = nullptr;
+  CHECK_CUDA(cudaMalloc(&weights, 1 << 20));
+  std::thread teardown([&] {
+    // A teardown (or logging, or watchdog) thread: a new thread's runtime device is 0.
+    if (fixed) CHECK_CUDA(cudaSetDevice(1));
+    void *scratch = nullptr;
+    CHECK_CUDA(cudaMalloc(&scratch, 4096));
+    int dev = -1;
+    CHECK_CUDA(cudaGetDevice(&dev));
+    out("teardown_device", dev);
+    CHECK_CUDA(cudaFree(scratch));
+  });
+  teardown.join();
+  CHECK_CUDA(cudaFree(weights));
+  return 0;
+}
+
+int stray_comm() {
+  int n = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&n));
+  if (n < 2) return 77;
+  CHECK_CUDA(cudaSetDevice(1));
+  void *weights = nullptr;
+  CHECK_CUDA(cudaMalloc(&weights, 1 << 20));
+  void *scratch = nullptr;
+  std::thread early([&] { CHECK_CUDA(cudaMalloc(&scratch, 4096)); });  // device 0
+  early.join();
+  ncclUniqueId id;
+  ncclComm_t comm;
+  out("nccl_id", ncclGetUniqueId(&id));
+  out("nccl_init", ncclCommInitRank(&comm, 1, id, 0));  // on device 1, this thread's
+  out("nccl_destroy", ncclCommDestroy(comm));
+  CHECK_CUDA(cudaFree(weights));
+  std::thread late([&] { CHECK_CUDA(cudaFree(scratch)); });
+  late.join();
+  return 0;
+}
+
+// ---- snapshots asked for ---------------------------------------------------------------------
+
+using snapshot_fn = size_t (*)(const char *);
+
+__attribute__((noinline)) CUdeviceptr cache_block(size_t size) {
+  CUdeviceptr p = 0;
+  CHECK_CU(cuMemAlloc(&p, size));
+  return p;
+}
+
+__attribute__((noinline)) CUdeviceptr activation(size_t size) {
+  CUdeviceptr p = 0;
+  CHECK_CU(cuMemAlloc(&p, size));
+  return p;
+}
+
+int snapshot_api() {
+  auto snap = reinterpret_cast<snapshot_fn>(dlsym(RTLD_DEFAULT, "cumemguard_snapshot"));
+  std::vector<CUdeviceptr> keep;
+  for (int i = 0; i < 3; ++i) keep.push_back(cache_block(1 << 20));
+  keep.push_back(activation(1 << 20));
+  out("snapshot_before", snap ? static_cast<long long>(snap("before")) : -1);
+  keep.push_back(cache_block(1 << 20));                             // the cache grew by one block
+  for (int i = 0; i < 2; ++i) keep.push_back(activation(2 << 20));  // new, bigger activations
+  out("snapshot_after", snap ? static_cast<long long>(snap("after")) : -1);
+  for (CUdeviceptr p : keep) CHECK_CU(cuMemFree(p));
+  return 0;
+}
+
+bool log_has_snapshot(const char *path) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (line.find("\"k\":\"snapshot\"") != std::string::npos &&
+        line.find("\"end\":true") != std::string::npos)
+      return true;
+  return false;
+}
+
+int snapshot_signal(const char *log) {
+  struct sigaction sa {};
+  sigaction(SIGUSR2, nullptr, &sa);
+  const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+  out("usr2_handled", handled);
+  std::vector<CUdeviceptr> keep;
+  for (int i = 0; i < 2; ++i) keep.push_back(cache_block(1 << 20));
+  if (handled && log && *log) {
+    kill(getpid(), SIGUSR2);
+    // The program goes on; the snapshot thread writes the record meanwhile. Bounded wait for it.
+    bool seen = false;
+    for (int i = 0; i < 2000 && !seen; ++i) {
+      seen = log_has_snapshot(log);
+      if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    out("snapshot_seen", seen);
+  }
+  keep.push_back(cache_block(1 << 20));
+  out("went_on", 1);
+  for (CUdeviceptr p : keep) CHECK_CU(cuMemFree(p));
+  return 0;
+}
+
+int nccl_destroy() {
+  ncclUniqueId id;
+  ncclComm_t a, b;
+  out("nccl_id", ncclGetUniqueId(&id));
+  out("init_a", ncclCommInitRank(&a, 1, id, 0));
+  CUdeviceptr keep = cache_block(1 << 20);
+  out("destroy_a", ncclCommDestroy(a));
+  out("nccl_id2", ncclGetUniqueId(&id));
+  out("init_b", ncclCommInitRank(&b, 1, id, 0));
+  out("abort_b", ncclCommAbort(b));
+  CHECK_CU(cuMemFree(keep));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: resident_cases CASE [LOG]\n");
+    return 64;
+  }
+  const std::string c = argv[1];
+  if (c == "stray-device") return stray_device(false);
+  if (c == "stray-device-fixed") return stray_device(true);
+  if (c == "stray-comm") return stray_comm();
+  CHECK_CU(cuInit(0));
+  CUcontext ctx = nullptr;
+  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
+  CHECK_CU(cuCtxSetCurrent(ctx));
+  CUmemAllocationProp p = prop_on(0);
+  CHECK_CU(cuMemGetAllocationGranularity(&G, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  if (c == "graph-pool") return graph_pool(false);
+  if (c == "graph-pool-fixed") return graph_pool(true);
+  if (c == "wake-fail") return wake_fail(false);
+  if (c == "wake-fail-fixed") return wake_fail(true);
+  if (c == "busy-device") return busy_device(false);
+  if (c == "busy-device-fixed") return busy_device(true);
+  if (c == "snapshot-api") return snapshot_api();
+  if (c == "snapshot-signal") return snapshot_signal(argc > 2 ? argv[2] : nullptr);
+  if (c == "nccl-destroy") return nccl_destroy();
+  std::fprintf(stderr, "unknown case %s\n", c.c_str());
+  return 64;
+}
