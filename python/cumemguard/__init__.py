@@ -8,6 +8,7 @@
     with cumemguard.expandable_segments(False):   # e.g. custom all-reduce graph capture
         ...
     assert cumemguard.findings() == {}       # a run under the shim had no findings
+    cumemguard.snapshot("after load")        # what is resident now, to the event log
 
 Everything works with and without the shim loaded (docs/python.md says what differs). Importing
 this package imports nothing beyond the standard library's os, sys and threading; torch is imported
@@ -20,7 +21,7 @@ from . import _native
 
 __all__ = ["ShimInfo", "active", "maybe_empty_cache", "suppress_opportunistic_cleanup",
            "opportunistic_cleanup_suppressed", "release_deferred", "expandable_segments",
-           "allocator_settings", "ConfigError", "findings", "stats", "torch_alloc_conf"]
+           "allocator_settings", "ConfigError", "findings", "snapshot", "stats", "torch_alloc_conf"]
 
 
 class ShimInfo:
@@ -67,6 +68,19 @@ def findings():
     ``assert cumemguard.findings() == {}`` fails rather than passes without it."""
     s = stats()
     return None if s is None else s["findings"]
+
+
+def snapshot(label=""):
+    """Writes a snapshot of what is resident now to the shim's event log (cumemguard_snapshot in
+    include/cumemguard.h): linear and VMM memory by device, kind, state and creating stack, this
+    call's own stack with its Python frames. `cumemguard report` shows it in its "Resident"
+    section, `cumemguard report --diff` compares two. Returns the snapshot's number in this
+    process (1, 2, ...), 0 when none was written (no event log); None when the shim is not
+    loaded."""
+    api = _native.shim()
+    if api is None:
+        return None
+    return int(api.snapshot(_native.encode(str(label))))
 
 
 def torch_alloc_conf(overrides, base=None, torch_version=None):

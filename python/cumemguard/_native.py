@@ -71,6 +71,8 @@ class _ShimApi(_Api):
         self.settings_applied = lib.cumemguard_torch_settings_applied
         self.settings_applied.argtypes = [ctypes.c_char_p]
         self.settings_applied.restype = ctypes.c_int
+        self.snapshot = lib.cumemguard_snapshot
+        self.snapshot.argtypes, self.snapshot.restype = [ctypes.c_char_p], ctypes.c_size_t
 
 
 def shim():

@@ -630,6 +630,51 @@ class Findings(unittest.TestCase):
                          ["{}", "{'double-free': 1}", "[(0, 'linear', 2097152, 3145728, 3145728)]"])
         self.assertIn("double-free", out.stderr)
 
+    def test_snapshot(self):
+        """cumemguard.snapshot(label) writes a snapshot record with the label, the memory live
+        then (1 MiB from cudaMalloc, its row by stack) and the caller's stack with this script's
+        Python frame; its number is returned. None without the shim."""
+        if not SHIM:
+            self.assertIsNone(cumemguard.snapshot("x"))
+            return
+        import json
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "py.log")
+            code = (
+                "import ctypes, cumemguard\n"
+                "rt = ctypes.CDLL('libcudart.so.13')\n"
+                "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+                "rt.cudaFree.argtypes = [ctypes.c_void_p]\n"
+                "a = ctypes.c_void_p()\n"
+                "assert rt.cudaMalloc(ctypes.byref(a), 1 << 20) == 0\n"
+                "def take():\n"
+                "    return cumemguard.snapshot('weights loaded')\n"
+                "print(take())\n"
+                "assert rt.cudaFree(a) == 0\n"
+                "print(cumemguard.snapshot(''))\n")
+            out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env=child_env(CUMEMGUARD_LOG=log), check=True, timeout=120)
+            self.assertEqual(out.stdout.split(), ["1", "2"])
+            with open(log) as f:
+                recs = [json.loads(line) for line in f]
+        snaps = [r for r in recs if r.get("k") == "snapshot"]
+        self.assertEqual([(r["id"], r["part"], r["label"], r["trigger"], r.get("end"))
+                          for r in snaps],
+                         [(1, 0, "weights loaded", "api", True), (2, 0, "", "api", True)])
+        alloc = next(r for r in recs if r.get("api") == "cudaMalloc")
+        self.assertEqual(snaps[0]["rows"], [[0, "linear", "live", alloc.get("stack", 0), 0, 1,
+                                             1 << 20]])
+        self.assertEqual(snaps[1]["rows"], [])
+        stacks = {r["id"]: r for r in recs if r.get("k") == "stack"}
+        codes = {r["id"]: r for r in recs if r.get("k") == "pycode"}
+        py = stacks[snaps[0]["stack"]].get("py", [])
+        # The package's own function, then the caller's.
+        names = [codes[c]["name"] for _at, c, _line in py if c in codes]
+        self.assertEqual(names[:3], ["snapshot", "take", "<module>"])
+
     def test_path_check_follows_the_block(self):
         """Under the shim, a cudaMalloc from PyTorch's allocator inside expandable_segments(False)
         is the asked path; after the block it is a config finding."""
