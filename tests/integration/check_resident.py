@@ -276,7 +276,8 @@ def main():
             return 77
         expect(rc == 0, f"without the shim: exit {rc}\n{err}")
         senv = dict(env)
-        shim = os.path.join(build, "shim", "libcumemguard.so")
+        # CMG_TEST_SHIM: another build of the shim (an older commit's, to see a case fail there).
+        shim = os.environ.get("CMG_TEST_SHIM") or os.path.join(build, "shim", "libcumemguard.so")
         senv["LD_PRELOAD"] = f"{first}:{shim}" if first else shim
         senv["CUMEMGUARD_LOG"] = log
         senv["CUMEMGUARD_STACKS"] = "16"
