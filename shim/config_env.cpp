@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "diag.h"
 #include "state.h"
@@ -22,7 +23,21 @@ namespace {
 namespace tc = cmg::torchconf;
 
 tc::Env *g_env_at_load = nullptr;  // leaked on purpose; read at the first CUDA call
-bool g_load_reported = false;      // the environment's errors were reported at load
+bool g_load_reported = false;      // the environment's errors were judged at load
+// What load found, said at the process's first CUDA call: a process under the shim that never
+// touches CUDA (the shell, ls, a pyenv wrapper of a launcher) prints nothing. Leaked on purpose.
+std::vector<Finding> *g_load_findings = nullptr;
+
+// Said now when this process is a PyTorch one already (libtorch linked, or the torch policy
+// asked for), kept for the first CUDA call otherwise.
+void load_finding(Finding f, bool now) {
+  if (now) {
+    report_finding_without_call(std::move(f), "(load)", true);
+    return;
+  }
+  if (!g_load_findings) g_load_findings = new std::vector<Finding>();
+  g_load_findings->push_back(std::move(f));
+}
 
 void config_record(const tc::Write &w, bool applied, const std::string &msg) {
   std::string buf(8192 + w.new_value.size() * 2, '\0');
@@ -66,19 +81,20 @@ void on_load() {
   State &s = state();
   try {
     tc::Env env = tc::Env::from_envp(environ);
+    const bool torch_process = c10_cuda_loaded() || !s.opts.torch_alloc_conf.empty();
     if (!s.opts.torch_alloc_conf.empty()) {
       // The release is not known before `import torch`: the newest grammar accepts every key a
       // release has, so a key of a newer release than the program's is written (PyTorch then
       // rejects it as it would without the shim) rather than refused for every user of it.
       tc::Plan p = tc::plan(env, s.opts.torch_alloc_conf, tc::newest_grammar());
       if (p.action == tc::PlanAction::Write && c10_cuda_loaded()) {
-        report_finding_without_call(
+        load_finding(
             config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
                            "' not applied: libc10_cuda.so was initialised before the shim (the "
                            "program links libtorch), so PyTorch already read " +
                            std::string(tc::var_name(p.writes.front().var)) +
                            "; set it before the program starts (cumemguard run does)"),
-            "(load)", true);
+            true);
       } else if (p.action == tc::PlanAction::Write) {
         for (const tc::Write &w : p.writes) {
           setenv(std::string(tc::var_name(w.var)).c_str(), w.new_value.c_str(), 1);
@@ -89,21 +105,30 @@ void on_load() {
         env = tc::Env::from_envp(environ);
       } else if (p.action == tc::PlanAction::Refuse) {
         // What was not applied first: the value and the reason may quote the environment at length.
-        report_finding_without_call(
+        load_finding(
             config_finding("CUMEMGUARD_TORCH_ALLOC_CONF not applied: " + p.reason + " (value '" +
                            shown(s.opts.torch_alloc_conf) + "')"),
-            "(load)", true);
+            true);
       }
     }
     // Problems PyTorch itself would hit: an abort at import or an exception at the first
     // allocation. Only errors are printed (every process of a job would repeat a warning), and
     // at load only those every modelled release has (the release is not known yet: a key of 2.12
-    // is no error there); the others come with the release, at the first CUDA call.
+    // is no error there); the others come with the release, at the first CUDA call. An error
+    // takes the hint `config` shows with it ("did you mean expandable_segments?").
     g_load_reported = tc::fails_in_every_release(env);
-    if (g_load_reported)
-      for (const tc::Problem &pr : tc::diagnose(env))
+    if (g_load_reported) {
+      const std::vector<tc::Problem> problems = tc::diagnose(env);
+      std::string hints;
+      for (const tc::Problem &pr : problems)
+        if (pr.severity == tc::Severity::Note &&
+            (pr.text.find("(did you mean ") != std::string::npos ||
+             pr.text.find("(keys are case-sensitive") != std::string::npos))
+          hints += "; " + pr.text;
+      for (const tc::Problem &pr : problems)
         if (pr.severity == tc::Severity::Error)
-          report_finding_without_call(config_finding(pr.text), "(load)", true);
+          load_finding(config_finding(pr.text + hints), torch_process);
+    }
     g_env_at_load = new tc::Env(std::move(env));
   } catch (...) {
     // A policy that cannot be evaluated is not applied; the host goes on untouched.
@@ -111,6 +136,11 @@ void on_load() {
 }
 
 void on_first_cuda_call() {
+  if (g_load_findings) {
+    std::vector<Finding> found = std::move(*g_load_findings);
+    g_load_findings->clear();
+    for (Finding &f : found) report_finding_without_call(std::move(f), "(first CUDA call)", true);
+  }
   if (!g_env_at_load) return;
   try {
     for (const tc::Problem &pr : tc::diagnose_change(*g_env_at_load, tc::Env::from_envp(environ)))

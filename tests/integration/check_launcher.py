@@ -349,6 +349,27 @@ def log_target(e):
               left[0].endswith(".log"), f"--log {name}: rc {p.returncode} {left} {p.stderr!r}")
 
 
+def alloc_conf_once(e):
+    # A PYTORCH_CUDA_ALLOC_CONF that PyTorch would reject is said by the process that touches
+    # CUDA, once, with the hint `config` gives; the shell and the commands that never touch CUDA
+    # print nothing (they used to print one copy each).
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"}
+    want = ("PYTORCH_CUDA_ALLOC_CONF: the first CUDA allocation would raise ValueError: "
+            "Unrecognized key 'expandable_segment' in CUDA allocator config. (parser C, at "
+            "'expandable_segment:True'); PYTORCH_CUDA_ALLOC_CONF: 'expandable_segment:True': "
+            "unknown key (did you mean expandable_segments?)")
+    p = e.run(["run", "--no-log", "--no-summary", "--", "sh", "-c",
+               "ls >/dev/null; cat /dev/null; date >/dev/null"], extra=conf)
+    check(p.returncode == 0 and p.stderr == "",
+          f"bad alloc conf, no CUDA: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["run", "--no-log", "--no-summary", "--brief", "--", "sh", "-c",
+               f"ls >/dev/null; {e.rt} basic; cat /dev/null"], extra=conf)
+    lines = [l for l in p.stderr.splitlines() if "PYTORCH_CUDA_ALLOC_CONF" in l]
+    check(p.returncode == 0 and len(lines) == 1 and lines[0].endswith(want) and
+          "(first CUDA call)" in lines[0], f"bad alloc conf, one CUDA process: rc {p.returncode} "
+          f"{p.stderr!r}")
+
+
 def frames_of(lines, start):
     """The stacks printed under lines[start]: (heading or None for the call's own, [functions])."""
     stacks = []
@@ -502,7 +523,8 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, option_rule, log_target, live_stacks, sanitized, interpreter_fifo):
+                 suppressions, option_rule, log_target, alloc_conf_once, live_stacks, sanitized,
+                 interpreter_fifo):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed")
