@@ -213,11 +213,13 @@ def check(name, recs, steps, expect, real, build, log_path):
             out = subprocess.run([os.path.join(build, "tools", "cumemguard"), "report", log_path],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
             expect("graph" in out and "capture 1" in out, f"{name}: report:\n{out}")
-            trace = os.path.join(tempfile.mkdtemp(prefix="cmg-trace-"), "trace.json")
-            subprocess.run([os.path.join(build, "tools", "cumemguard"), "report", "--trace", trace,
-                            log_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
-            with open(trace) as fh:
-                events = json.load(fh)
+            with tempfile.TemporaryDirectory(prefix="cmg-trace-") as tdir:
+                trace = os.path.join(tdir, "trace.json")
+                subprocess.run([os.path.join(build, "tools", "cumemguard"), "report", "--trace",
+                                trace, log_path], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, check=False)
+                with open(trace) as fh:
+                    events = json.load(fh)
             events = events["traceEvents"] if isinstance(events, dict) else events
             spans = [e for e in events if e.get("name", "").startswith("capture 1")]
             expect(spans and spans[0].get("dur", 0) > 0 and spans[0]["ph"] == "X",

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,10 @@ def main():
     if FAILURES:
         print(f"{len(FAILURES)} failed (files kept in {tmp})")
         sys.exit(1)
+    if os.environ.get("CMG_KEEP_TMP") == "1":
+        print(f"files kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     print("ok")
 
 

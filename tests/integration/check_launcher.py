@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -527,8 +528,12 @@ def main():
                  interpreter_fifo):
         step(e)
     if FAILURES:
-        print(f"{len(FAILURES)} failed")
+        print(f"{len(FAILURES)} failed (files kept in {e.tmp})")
         sys.exit(1)
+    if os.environ.get("CMG_KEEP_TMP") == "1":
+        print(f"files kept in {e.tmp}")
+    else:
+        shutil.rmtree(e.tmp, ignore_errors=True)
     print("ok")
 
 

@@ -1167,6 +1167,7 @@ def main():
         return 77
     steps = parse_steps(out)
     base, shim_want, findings = variants(a.case, c, steps, a.real)
+    tmp = None
     try:
         expect(rc == 0, f"without shim: exit {rc}\n{err}")
         compare_steps(steps, base, "without shim", a.real)
@@ -1190,7 +1191,6 @@ def main():
             reused, srecs = strict_reuse(a.case, c, tmp, a.real)
             if not reused:
                 check_strict_fresh(a.case, rc2, out2, err2, srecs)
-                shutil.rmtree(tmp, ignore_errors=True)
                 print(f"ok {a.case} (value not re-issued: strict mode aborted at release-unknown)")
                 return 0
             if steps.get("reused") != "1":
@@ -1242,10 +1242,15 @@ def main():
             check_flushes(a.case, recs, steps, parse_steps(out2), a.real, build, top[0])
         if a.case in capture_checks.CASE_NAMES:
             capture_checks.check(a.case, recs, parse_steps(out2), expect, a.real, build, top[0])
-        shutil.rmtree(tmp, ignore_errors=True)
     except Failure as e:
         print(f"FAIL {a.case}: {e}")
         return 1
+    finally:
+        # Nothing is left in TMPDIR (check_tmp_clean.py): CMG_KEEP_TMP=1 keeps the logs.
+        if tmp and os.environ.get("CMG_KEEP_TMP") == "1":
+            print(f"{a.case}: files kept in {tmp}")
+        elif tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"ok {a.case}")
     return 0
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,7 @@ def main():
                                          if os.environ.get("LD_LIBRARY_PATH") else "")
     failures = 0
     totals = [0] * 6
+    made = not a.out
     out = a.out or tempfile.mkdtemp(prefix="cmg-vmm-race-")
     os.makedirs(out, exist_ok=True)
     for i in range(a.runs):
@@ -93,6 +95,11 @@ def main():
     if not a.real and (c is None or p.returncode != 1 or not (c[1] or c[3])):
         print("FAIL: the control run without the shim did not fail; the test cannot see the race")
         failures += 1
+    # The logs of failed runs are kept where the lines above say; nothing else is left in TMPDIR.
+    if made and (failures or os.environ.get("CMG_KEEP_TMP") == "1"):
+        print(f"files kept in {out}")
+    elif made:
+        shutil.rmtree(out, ignore_errors=True)
     return 1 if failures else 0
 
 

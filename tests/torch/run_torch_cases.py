@@ -5,6 +5,7 @@
 # release found loaded (torch/version.py beside torch/lib). Each case runs torch_path_cases without
 # and with the shim and checks the steps, the exact findings and their messages.
 #   run_torch_cases.py BUILD CASE
+import atexit
 import glob
 import json
 import os
@@ -116,6 +117,11 @@ def main():
     build, name = os.path.abspath(sys.argv[1]), sys.argv[2]
     c = CASES[name]
     tmp = tempfile.mkdtemp(prefix=f"cmg-{name}-")
+    # Removed on every way out, fail() included; CMG_KEEP_TMP=1 keeps it.
+    if os.environ.get("CMG_KEEP_TMP") == "1":
+        print(f"{name}: files kept in {tmp}")
+    else:
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     lib = os.path.join(build, "tests", "torch", "libc10_cuda.so")
     if c.get("release"):
         # A wheel's layout: site-packages/torch/lib/libc10_cuda.so beside torch/version.py.
@@ -198,7 +204,6 @@ def main():
         notes = [r for r in recs if r.get("k") == "note" and c["note"] in r.get("msg", "")]
         if not notes:
             fail(f"{name}: no note {c['note']!r} in the log")
-    shutil.rmtree(tmp, ignore_errors=True)
     print(f"ok {name}")
     return 0
 
