@@ -67,6 +67,25 @@ def main():
                 check(doc[1] == docdir and os.path.isfile(dest + os.path.join(docdir, doc[0])),
                       f"installed {label} --help names {doc[0]} in {doc[1]}: not installed there "
                       f"(docdir {docdir})")
+        # Every docs/NAME.md an installed document or --help cites is in the documentation
+        # directory, as NAME.md (the installed directory is the docs/ tree).
+        cited = {}
+        texts = {label: subprocess.run([cg] + label.split()[1:] + ["--help"],
+                                       stdout=subprocess.PIPE, text=True).stdout
+                 for label in ("cumemguard", "cumemguard run", "cumemguard report",
+                               "cumemguard config")}
+        for base, _, names in os.walk(dest + docdir):
+            for n in names:
+                if n.endswith(".md"):
+                    with open(os.path.join(base, n), errors="replace") as fh:
+                        texts[os.path.join(base, n)] = fh.read()
+        for where, text in texts.items():
+            for doc in re.findall(r"docs/([\w/.-]+?\.md)", text):
+                cited.setdefault(doc, where)
+        check(len(cited) > 10, f"installed documents cite {sorted(cited)}")
+        for doc, where in sorted(cited.items()):
+            check(os.path.isfile(dest + os.path.join(docdir, doc)),
+                  f"{where} cites docs/{doc}: not in the installed {docdir}")
         helps = [subprocess.run([cg, c, "--help"], stdout=subprocess.PIPE, text=True).stdout
                  for c in ("report", "config")]
         check(all(docdir in " ".join(t.split()) for t in helps),
