@@ -534,7 +534,7 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
   std::vector<std::string_view> order_seen;
   std::optional<std::string_view> options_var;
   for (const auto &[name, value] : env) {
-    if (name.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
+    if (!has_option_prefix(name)) continue;
     auto [it, fresh] = seen.try_emplace(name, Seen{value, 0});
     if (++it->second.times > 1) continue;
     order_seen.push_back(name);
@@ -542,8 +542,11 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
       options_var = value;
       continue;
     }
+    // Names are exact, prefix included: cumemguard_stacks is a misspelt CUMEMGUARD_STACKS (it
+    // used to pass without a word, neither read nor reported).
+    const bool exact_prefix = name.substr(0, kOptionPrefix.size()) == kOptionPrefix;
     const std::string_view key = name.substr(kOptionPrefix.size());
-    const std::size_t row = row_of(key, true);
+    const std::size_t row = exact_prefix ? row_of(key, true) : rows;
     if (row == rows) {
       if (unknown.room())
         unknown.add(unknown_message(name, key, true));
@@ -702,7 +705,7 @@ ParsedOptions parse_options(char *const *envp) {
   std::vector<std::pair<std::string_view, std::string_view>> env;
   for (char *const *e = envp; e && *e; ++e) {
     std::string_view kv(*e);
-    if (kv.substr(0, kOptionPrefix.size()) != kOptionPrefix) continue;
+    if (!has_option_prefix(kv)) continue;
     std::size_t eq = kv.find('=');
     if (eq == std::string_view::npos) continue;
     env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));

@@ -27,6 +27,16 @@ enum class ActionOverride : unsigned char { Default, Skip, Forward, Abort };
 enum class OptionKind : unsigned char { Bool, Int, Size, String, Enum };
 
 inline constexpr std::string_view kOptionPrefix = "CUMEMGUARD_";
+// A variable the options are read from or checked against: the prefix in any case, so that
+// cumemguard_stacks is reported as a misspelt CUMEMGUARD_STACKS (names themselves are exact).
+constexpr bool has_option_prefix(std::string_view name) {
+  if (name.size() < kOptionPrefix.size()) return false;
+  for (std::size_t i = 0; i < kOptionPrefix.size(); ++i) {
+    const char c = name[i] >= 'a' && name[i] <= 'z' ? static_cast<char>(name[i] - 32) : name[i];
+    if (c != kOptionPrefix[i]) return false;
+  }
+  return true;
+}
 // One variable holding many options, NAME=VALUE entries separated by ':' (ASan's and jemalloc's
 // habit: CUMEMGUARD_OPTIONS=mode=strict:stacks=16). Names are the table's, any case, with or
 // without the prefix; a value holding ':' is quoted ('...' or "..."). A separate CUMEMGUARD_<NAME>

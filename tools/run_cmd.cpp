@@ -183,7 +183,7 @@ std::vector<std::pair<std::string_view, std::string_view>> environment_options()
   for (char **e = environ; e && *e; ++e) {
     std::string_view s(*e);
     const std::size_t eq = s.find('=');
-    if (s.starts_with(kOptionPrefix) && eq != std::string_view::npos)
+    if (has_option_prefix(s) && eq != std::string_view::npos)
       kv.emplace_back(s.substr(0, eq), s.substr(eq + 1));
   }
   return kv;
@@ -357,7 +357,7 @@ int run_main(int argc, char **argv) {
     sets.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
   for (const auto &[name, value] : sets)
-    if (name.starts_with(kOptionPrefix) &&
+    if (has_option_prefix(name) &&
         !check_options({{name, value}}, "-e " + name + "=" + shown(value)))
       return kUsage;
   std::string why;

@@ -294,6 +294,12 @@ def option_rule(e):
     cases = [(["-e", "CUMEMGUARD_STAKS=3"], None,
               "-e CUMEMGUARD_STAKS=3: unknown option CUMEMGUARD_STAKS (did you mean "
               "CUMEMGUARD_STACKS?); the program was not started"),
+             (["-e", "cumemguard_stacks=4"], None,
+              "-e cumemguard_stacks=4: unknown option cumemguard_stacks (did you mean "
+              "CUMEMGUARD_STACKS?); the program was not started"),
+             ([], {"Cumemguard_Stacks": "4"},
+              "environment: unknown option Cumemguard_Stacks (did you mean CUMEMGUARD_STACKS?); "
+              "the program was not started"),
              ([], {"CUMEMGUARD_STAKS": "3"},
               "environment: unknown option CUMEMGUARD_STAKS (did you mean CUMEMGUARD_STACKS?); "
               "the program was not started"),
