@@ -187,6 +187,15 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+std::size_t closest_name(std::string_view key, std::span<const std::string_view> names) {
+  std::size_t best = std::max<std::size_t>(2, key.size() / 3 + 1), best_i = names.size();
+  for (std::size_t i = 0; i < names.size() && key.size() <= kMaxSuggestLength; ++i) {
+    const std::size_t d = edit_distance(key, names[i]);
+    if (d < best) best = d, best_i = i;
+  }
+  return best_i;
+}
+
 // Typed application of one raw value (outside the anonymous namespace for the macro above).
 namespace detail {
 template <typename T>
@@ -433,12 +442,10 @@ std::size_t row_of(std::string_view key, bool exact) {
 std::string unknown_message(std::string_view shown_as, std::string_view key, bool upper) {
   std::string msg = "unknown option ";
   msg += shown(shown_as);
-  // Suggest only close names: a third of the name's letters may differ (typos, not guesses).
-  std::size_t best = std::max<std::size_t>(2, key.size() / 3 + 1), best_row = specs().size();
-  for (std::size_t i = 0; i < specs().size() && key.size() <= kMaxSuggestLength; ++i) {
-    std::size_t d = edit_distance(key, specs()[i].name);
-    if (d < best) best = d, best_row = i;
-  }
+  std::vector<std::string_view> names;
+  names.reserve(specs().size());
+  for (const auto &spec : specs()) names.push_back(spec.name);
+  const std::size_t best_row = closest_name(key, names);
   if (best_row < specs().size()) {
     msg += " (did you mean ";
     if (upper) {

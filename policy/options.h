@@ -139,6 +139,10 @@ std::size_t escape_controls_to(std::string_view s, std::size_t max_out, char *ou
 // Case-insensitive edit distance (optimal string alignment: an adjacent swap counts one), for
 // "did you mean" hints on misspelt names.
 std::size_t edit_distance(std::string_view a, std::string_view b);
+// The index in `names` of the one closest to `key` (a third of its letters may differ: typos, not
+// guesses), or names.size() when none is that close: the "did you mean" of option and variable
+// names alike.
+std::size_t closest_name(std::string_view key, std::span<const std::string_view> names);
 
 }  // namespace cmg
 

@@ -59,6 +59,9 @@ struct Command {
 std::span<const Command> commands();  // `cumemguard` first, then run, report, config
 const Command &command(std::string_view name);
 
+// " (did you mean --log?)" for an unknown option `arg` close to one of the command's, or "".
+std::string option_hint(const Command &c, std::string_view arg);
+
 // `COMMAND --help`.
 std::string help_text(const Command &c);
 // The man page (roff), NAME, SYNOPSIS, DESCRIPTION, OPTIONS, EXIT STATUS, ENVIRONMENT, NOTES,

@@ -2,9 +2,12 @@
 // The table of the commands' options, operands, exit statuses and environment (see cli.h). A new
 // option of a command goes here and in its parser; check_cli.py fails when one side lacks it.
 #include <array>
+#include <string>
+#include <vector>
 
 #include "cli.h"
 #include "cmg_config.h"
+#include "options.h"
 
 namespace cmg::tools::cli {
 namespace {
@@ -252,6 +255,24 @@ const Command &command(std::string_view name) {
   for (const Command &c : kCommands)
     if (c.name == name) return c;
   return kCommands[0];
+}
+
+std::string option_hint(const Command &c, std::string_view arg) {
+  // A long option typed with its value (--lgo=x.log) is judged by its name.
+  if (!arg.starts_with("--")) return "";
+  arg = arg.substr(0, arg.find('='));
+  std::vector<std::string_view> names;
+  for (const Option &o : c.options) {
+    std::string_view rest = o.names;  // "-o, --output"
+    while (!rest.empty()) {
+      const std::size_t comma = rest.find(", ");
+      const std::string_view n = rest.substr(0, comma);
+      if (n.starts_with("--")) names.push_back(n);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 2);
+    }
+  }
+  const std::size_t i = closest_name(arg, names);
+  return i < names.size() ? " (did you mean " + std::string(names[i]) + "?)" : "";
 }
 
 }  // namespace cmg::tools::cli

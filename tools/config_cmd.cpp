@@ -115,7 +115,7 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
                                                 : std::optional<std::string>(v.substr(eq + 1)));
     } else {
       err = (arg.starts_with('-') ? "unknown option '" : "unexpected argument '") + shown(arg) +
-            "'";
+            "'" + tools::cli::option_hint(tools::cli::command("config"), arg);
       return false;
     }
   }

@@ -120,7 +120,8 @@ int report_main(int argc, char **argv) {
         return usage_error("--slow-us needs a number of microseconds");
       opt.slow_ns = n * 1000;
     } else {
-      return usage_error("unknown option '" + std::string(a) + "'");
+      return usage_error("unknown option '" + std::string(a) + "'" +
+                         tools::cli::option_hint(tools::cli::command("report"), a));
     }
   }
   if (diff) {

@@ -271,8 +271,8 @@ RunArgs parse_args(int argc, char **argv) {
       }
     }
     if (!o) {
-      std::fprintf(stderr, "cumemguard run: unknown option '%s' (see cumemguard run --help)\n",
-                   argv[i]);
+      std::fprintf(stderr, "cumemguard run: unknown option '%s'%s (see cumemguard run --help)\n",
+                   argv[i], cli::option_hint(cli::command("run"), a).c_str());
       r.done = kUsage;
       return r;
     }
@@ -281,7 +281,16 @@ RunArgs parse_args(int argc, char **argv) {
       return r;
     }
     switch (o->id) {
-      case Opt::log: r.log = value; break;
+      case Opt::log:
+        if (value.empty()) {
+          // Not the default log, which an empty path used to give: an empty CUMEMGUARD_LOG means
+          // no log, so the user asked for one of the two without saying which.
+          std::fprintf(stderr, "cumemguard run: --log needs a path (use --no-log for no log)\n");
+          r.done = kUsage;
+          return r;
+        }
+        r.log = value;
+        break;
       case Opt::no_log: r.no_log = true; break;
       case Opt::mode: r.mode = value; break;
       case Opt::stacks: r.stacks = value; break;

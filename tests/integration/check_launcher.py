@@ -96,6 +96,21 @@ def usage_errors(e):
         lines = p.stderr.splitlines()
         check(p.returncode == 64 and len(lines) == 1 and words in lines[0],
               f"run {args}: rc {p.returncode} {p.stderr!r}")
+    # A misspelt long option is named with the closest one, by each command.
+    for sub, arg, want in ((["run"], "--lgo", "--log"), (["run"], "--no-sumary", "--no-summary"),
+                           (["report"], "--jsno", "--json"), (["config"], "--jsno", "--json")):
+        p = e.run(sub + [arg, "--", "true"])
+        want_line = (f"cumemguard {sub[0]}: unknown option '{arg}' (did you mean {want}?) (see "
+                     f"cumemguard {sub[0]} --help)")
+        check(p.returncode == 64 and p.stderr.splitlines()[:1] == [want_line],
+              f"{sub} {arg}: rc {p.returncode} {p.stderr!r}")
+    # --log '' is no path: a usage error that names --no-log (an empty CUMEMGUARD_LOG means no log,
+    # and the default log used to be written).
+    d = e.logdir()
+    p = e.run(["run", "--log", "", "--", e.rt, "basic"], cwd=d)
+    check(p.returncode == 64 and p.stderr == "cumemguard run: --log needs a path (use --no-log for "
+          "no log)\n" and not os.listdir(d), f"--log '': rc {p.returncode} {p.stderr!r} "
+          f"{os.listdir(d)}")
     p = e.run(["run", "--", "true"], extra={"CUMEMGUARD_SHIM_PATH": "/nonexistent/lib.so"})
     check(p.returncode == 66 and "CUMEMGUARD_SHIM_PATH=/nonexistent/lib.so is not a file" in p.stderr,
           f"missing CUMEMGUARD_SHIM_PATH: rc {p.returncode} {p.stderr!r}")
