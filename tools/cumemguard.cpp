@@ -27,6 +27,17 @@ int main(int argc, char **argv, char **envp) {
   if (cmd == "run") return cmg::tools::run_main(argc - 2, argv + 2);
   if (cmd == "report") return cmg::tools::report_entry(argc - 1, argv + 1);
   if (cmd == "config") return cmg::tools::config_entry(argc - 1, argv + 1, envp);
+  if (cmd == "version" && argc > 2) {
+    // `version --help` used to print the version: it has no options of its own.
+    const std::string arg = argv[2];
+    if (arg == "--help" || arg == "-h") {
+      std::printf("Usage: cumemguard version\n\nPrints the version of cumemguard.\n");
+      return 0;
+    }
+    std::fprintf(stderr, "cumemguard version: unexpected argument '%s' (see cumemguard --help)\n",
+                 arg.c_str());
+    return 64;
+  }
   if (cmd == "version" || cmd == "--version") {
     std::printf("cumemguard %s\n", CMG_VERSION);
     return 0;

@@ -74,6 +74,12 @@ def versions(e):
         want = "cumemguard " + (sub[0] + " " if sub else "")
         check(p.returncode == 0 and p.stdout.startswith(want) and p.stdout.count("\n") == 1,
               f"{sub} --version: rc {p.returncode} {p.stdout!r} {p.stderr!r}")
+    p = e.run(["version", "--help"])
+    check(p.returncode == 0 and p.stdout.startswith("Usage: cumemguard version\n"),
+          f"version --help: {p.stdout!r}")
+    p = e.run(["version", "--bogus"])
+    check(p.returncode == 64 and "unexpected argument '--bogus'" in p.stderr,
+          f"version --bogus: rc {p.returncode} {p.stderr!r}")
     p = e.run(["run", "--help"])
     check(p.returncode == 0 and "Exit status:" in p.stdout and "--error-exitcode N" in p.stdout,
           f"run --help lists exit codes: {p.stdout[:200]!r}")
