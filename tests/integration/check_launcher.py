@@ -387,11 +387,11 @@ def alloc_conf_once(e):
             "'expandable_segment:True'); PYTORCH_CUDA_ALLOC_CONF: 'expandable_segment:True': "
             "unknown key (did you mean expandable_segments?)")
     p = e.run(["run", "--no-log", "--no-summary", "--", "sh", "-c",
-               "ls >/dev/null; cat /dev/null; date >/dev/null"], extra=conf)
+               "/bin/true; /bin/true; /bin/echo >/dev/null"], extra=conf)
     check(p.returncode == 0 and p.stderr == "",
           f"bad alloc conf, no CUDA: rc {p.returncode} {p.stderr!r}")
     p = e.run(["run", "--no-log", "--no-summary", "--brief", "--", "sh", "-c",
-               f"ls >/dev/null; {e.rt} basic; cat /dev/null"], extra=conf)
+               f"/bin/true; {e.rt} basic; /bin/true"], extra=conf)
     lines = [l for l in p.stderr.splitlines() if "PYTORCH_CUDA_ALLOC_CONF" in l]
     check(p.returncode == 0 and len(lines) == 1 and lines[0].endswith(want) and
           "(first CUDA call)" in lines[0], f"bad alloc conf, one CUDA process: rc {p.returncode} "
