@@ -83,11 +83,14 @@ struct Reg {
 };
 
 // A window of ncclCommWindowRegister: its local registration, the user's allocation retained and
-// mapped a second time into NCCL's own range (2.28.9 src/dev_runtime.cc, symMemoryObtain).
+// mapped a second time into the communicator's flat range (2.28.9 src/dev_runtime.cc,
+// symMemoryObtain, symMemoryMapLsaTeam).
 struct Window {
   void *user = nullptr;
   size_t size = 0;
   void *reg = nullptr;
+  // Where in the flat range (ncclSpaceAlloc of devr->bigSpace).
+  size_t big_offset = 0;
   Buffer flat;  // NCCL's mapping of the user's memory; flat.handle is the retained handle
 };
 
@@ -106,7 +109,12 @@ struct ncclComm {
   std::vector<fakenccl::Buffer> dynamic;   // handle kept: what NCCL_SUSPEND_MEM releases
   std::vector<fakenccl::Buffer> peer_mem;  // imported from peers by the NET proxy
   std::vector<fakenccl::Reg *> regs;       // by beg
+  // By big_offset.
   std::vector<fakenccl::Window *> windows;
+  // The windows' flat range (2.28.9 devr->lsaFlatBase): reserved at the first window, kept when
+  // the windows go, unmapped whole and freed at the communicator's end (ncclDevrFinalize).
+  CUdeviceptr flat_base = 0;
+  size_t flat_size = 0;
   bool finalized = false;
   bool revoked = false;
   bool suspended = false;

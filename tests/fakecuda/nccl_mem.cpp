@@ -10,7 +10,15 @@
 //    registration made through the global scope (libnccl 2.28.9 calls ncclCommRegister and
 //    ncclCommDeregister through its PLT: `readelf -r` lists JUMP_SLOT relocations for both), the
 //    user's allocation found with cuMemGetAddressRange (offset 4096-aligned, else
-//    ncclInvalidArgument), retained and mapped again into NCCL's own range;
+//    ncclInvalidArgument), retained and mapped again into the communicator's flat range. That
+//    range (symMemoryMapLsaTeam) is reserved at the first window, lsaSize x bigSize bytes aligned
+//    to NCCL_MAX_PAGE_SIZE (512 MiB), bigSize the device's memory rounded up to 4 GiB
+//    (ncclDevrInitOnce; NCCL_WIN_STRIDE overrides it); a deregister unmaps the window's part and
+//    releases the retained handle (symMemoryDropRef) and keeps the range; the communicator's end
+//    unmaps the whole range, mapped or not, and frees it (ncclDevrFinalize, called by commFree
+//    for destroy and abort). On the H200 with 2.28.9: 0x4900000000 +150323855360 bytes (140 GiB),
+//    docs/gpu/nccl-window/. The fake maps only its own rank's memory (it has no peers), so its
+//    range is one bigSize;
 //  * suspend, resume and memory statistics (v2.29.7-1 src/mem_manager.cc): NCCL_SUSPEND_MEM
 //    synchronizes the device, copies an offload buffer to host memory, unmaps and releases each
 //    suspendable buffer and keeps its address range; a second suspend and a resume of a running
@@ -40,6 +48,8 @@ namespace fakenccl {
 namespace {
 
 constexpr size_t kGran = size_t{2} << 20;
+// NCCL_MAX_PAGE_SIZE (2.28.9 src/include/transport.h).
+constexpr size_t kMaxPageSize = size_t{512} << 20;
 constexpr unsigned char kOffloadPattern = 0xa7;
 
 uintptr_t page_size() {
@@ -134,12 +144,47 @@ Reg *find_reg(ncclComm *c, void *handle) {
   return nullptr;
 }
 
+// symMemoryDropRef: the window's part of the flat range unmapped, the retained handle released.
 ncclResult_t unmap_window(const Window &w) {
   Driver &d = driver();
   CU_TRY(d.memUnmap(w.flat.va, w.flat.size));
   CU_TRY(d.memRelease(w.flat.handle));
-  CU_TRY(d.memAddressFree(w.flat.va, w.flat.size));
   return ncclSuccess;
+}
+
+// ncclDevrFinalize: the whole flat range unmapped (whatever is still mapped in it) and freed.
+ncclResult_t free_flat(ncclComm *c) {
+  if (!c->flat_base) return ncclSuccess;
+  Driver &d = driver();
+  const CUdeviceptr va = c->flat_base;
+  const size_t size = c->flat_size;
+  c->flat_base = 0;
+  c->flat_size = 0;
+  CU_TRY(d.memUnmap(va, size));
+  CU_TRY(d.memAddressFree(va, size));
+  return ncclSuccess;
+}
+
+// devr->bigSize (ncclDevrInitOnce): NCCL_WIN_STRIDE, else the device's memory, up to 4 GiB.
+size_t big_size(int dev) {
+  constexpr size_t k4G = size_t{1} << 32;
+  size_t big = static_cast<size_t>(env_u64("NCCL_WIN_STRIDE", 0));
+  if (!big) {
+    CUdevice cd = 0;
+    if (driver().deviceGet(&cd, dev) != CUDA_SUCCESS || driver().deviceTotalMem(&big, cd)) big = 1;
+  }
+  return (big + k4G - 1) / k4G * k4G;
+}
+
+// ncclSpaceAlloc: the first gap of `size` bytes, granularity-aligned, among the windows (by
+// offset); the range's size if none.
+size_t space_alloc(const ncclComm *c, size_t size) {
+  size_t at = 0;
+  for (const Window *w : c->windows) {
+    if (w->big_offset >= at + size) break;
+    at = std::max(at, (w->big_offset + w->flat.size + kGran - 1) / kGran * kGran);
+  }
+  return at + size <= c->flat_size ? at : c->flat_size;
 }
 
 ncclResult_t first_error(ncclResult_t a, ncclResult_t b) {
@@ -180,6 +225,7 @@ ncclResult_t release_holdings(ncclComm *c, bool abort) {
     delete w;
   }
   c->windows.clear();
+  res = first_error(res, free_flat(c));
   for (Reg *r : c->regs) delete r;
   c->regs.clear();
   for (const Buffer &b : c->dynamic) res = first_error(res, cumem_free(b));
@@ -291,19 +337,36 @@ FAKENCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff
     delete w;
     return fail(cu_fail("cuMemRetainAllocationHandle", r));
   }
-  CUresult rr = d.memAddressReserve(&w->flat.va, mem_size, kGran, 0, 0);
-  ncclResult_t m = rr ? cu_fail("cuMemAddressReserve", rr)
-                      : map_at(w->flat.va, mem_size, w->flat.handle, c->dev);
-  if (m != ncclSuccess) {
-    if (!rr) d.memAddressFree(w->flat.va, mem_size);
+  std::unique_lock<std::mutex> lk(c->mu);
+  ncclResult_t m = ncclSuccess;
+  if (!c->flat_base) {  // created on first need, as symMemoryMapLsaTeam does
+    const size_t flat = big_size(c->dev);
+    if (CUresult rr = d.memAddressReserve(&c->flat_base, flat, kMaxPageSize, 0, 0))
+      m = cu_fail("cuMemAddressReserve", rr);
+    else
+      c->flat_size = flat;
+  }
+  if (m == ncclSuccess) {
+    w->big_offset = space_alloc(c, mem_size);
+    if (w->big_offset + mem_size > c->flat_size) {
+      set_error("fake NCCL: symmetric space exhausted");
+      m = ncclInternalError;
+    }
+  }
+  if (m == ncclSuccess) {
+    w->flat.va = c->flat_base + w->big_offset;
+    m = map_at(w->flat.va, mem_size, w->flat.handle, c->dev);
+  }
+  if (m != ncclSuccess) {  // the flat range stays for the communicator's end
+    lk.unlock();
     d.memRelease(w->flat.handle);
     delete w;
     return fail(m);
   }
-  {
-    std::lock_guard<std::mutex> lk(c->mu);
-    c->windows.push_back(w);
-  }
+  c->windows.insert(std::find_if(c->windows.begin(), c->windows.end(),
+                                 [&](const Window *o) { return o->big_offset > w->big_offset; }),
+                    w);
+  lk.unlock();
   *win = reinterpret_cast<ncclWindow_t>(w);
   return ncclSuccess;
 }
