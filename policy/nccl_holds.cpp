@@ -91,7 +91,31 @@ void NcclHolds::on_comm_end(std::uint64_t comm) {
   for (auto it = holds_.begin(); it != holds_.end();)
     it = is_comm_hold(it->second) && it->second.owner == comm ? holds_.erase(it) : std::next(it);
   sleeping_.erase(comm);
+  // What NCCL did not free of its own ranges is no longer known to be NCCL's.
+  for (auto it = own_.begin(); it != own_.end();)
+    it = it->second.comm == comm ? own_.erase(it) : std::next(it);
+  own_count_.store(own_.size(), std::memory_order_relaxed);
   count_locked();
+}
+
+void NcclHolds::on_own_reserve(std::uint64_t comm, std::uint64_t base, std::uint64_t size) {
+  if (comm == 0 || size == 0) return;
+  std::lock_guard lk(mu_);
+  own_[base] = OwnReservation{comm, size};
+  own_count_.store(own_.size(), std::memory_order_relaxed);
+}
+
+void NcclHolds::on_address_freed(std::uint64_t base) {
+  std::lock_guard lk(mu_);
+  own_.erase(base);
+  own_count_.store(own_.size(), std::memory_order_relaxed);
+}
+
+bool NcclHolds::own_teardown(std::uint64_t comm, std::uint64_t va, std::uint64_t size) const {
+  if (comm == 0 || !has_own()) return false;
+  std::lock_guard lk(mu_);
+  const auto it = own_.find(va);
+  return it != own_.end() && it->second.comm == comm && it->second.size == size;
 }
 
 void NcclHolds::on_bind(const Hold &binding) {
@@ -183,6 +207,8 @@ void NcclHolds::clear() {
   holds_.clear();
   sleeping_.clear();
   imports_.clear();
+  own_.clear();
+  own_count_.store(0, std::memory_order_relaxed);
   count_locked();
 }
 

@@ -94,6 +94,18 @@ class NcclHolds {
   std::vector<SleepingRange> sleeping(std::uint64_t comm) const;
   void on_resumed(std::uint64_t comm);
 
+  // ---- NCCL's own reservations ----
+  // A reservation NCCL made inside one of its calls naming `comm` (a window's flat range: 2.28.9
+  // src/dev_runtime.cc symMemoryMapLsaTeam reserves it at the communicator's first window).
+  void on_own_reserve(std::uint64_t comm, std::uint64_t base, std::uint64_t size);
+  bool has_own() const { return own_count_.load(std::memory_order_relaxed) != 0; }
+  void on_address_freed(std::uint64_t base);  // the driver freed a reservation at `base`
+  // NCCL ending `comm` unmaps [va, va+size): true when that is exactly a reservation NCCL made for
+  // that communicator. 2.28.9's ncclDevrFinalize unmaps the whole flat range, whatever is still
+  // mapped in it, before it frees it (docs/gpu/nccl-window/: nothing is mapped there by then):
+  // NCCL's own teardown, not a second unmap of the program's sleeping memory.
+  bool own_teardown(std::uint64_t comm, std::uint64_t va, std::uint64_t size) const;
+
   // ---- peer imports ----
   void on_import(const PeerImport &imp);
   // Imports on `dev` (or on no known device) made at or after `since` (seq) and not reported, for
@@ -117,6 +129,11 @@ class NcclHolds {
   std::atomic<std::size_t> count_{0};
   std::map<std::uint64_t, std::vector<SleepingRange>> sleeping_;  // by communicator
   std::deque<PeerImport> imports_;
+  struct OwnReservation {
+    std::uint64_t comm = 0, size = 0;
+  };
+  std::map<std::uint64_t, OwnReservation> own_;  // by base
+  std::atomic<std::size_t> own_count_{0};
 };
 
 template <class Mapped>

@@ -332,7 +332,7 @@ void VmmModel::end_map_locked(VmmTicket &t, bool ok) {
 // Unmap.
 
 VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
-                                ThreadVmmState &ts, const Options &o) {
+                                ThreadVmmState &ts, const Options &o, bool owner_teardown) {
   VmmTicket t;
   t.op = VmmTicket::Op::Unmap;
   t.va = va;
@@ -356,6 +356,12 @@ VmmTicket VmmModel::begin_unmap(std::uint64_t va, std::uint64_t size, const Even
     if (it->second.off != cur) exact = false;
     cur = it->second.off + it->second.size;
     ++hits;
+  }
+  if (hits == 0 && owner_teardown && off == 0 && size == r->size) {
+    // The reservation's maker ending it (see begin_unmap in vmm_model.h): the driver does nothing
+    // (D3/D4), and none of its sleeping ranges is the program's to pair with a release.
+    ts.pending = false;
+    return t;
   }
   if (hits == 0) {
     // real-driver.md D3/D4: the driver answers SUCCESS and does nothing; the call is redundant.

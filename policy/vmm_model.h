@@ -226,8 +226,12 @@ class VmmModel {
   VmmTicket begin_map(std::uint64_t va, std::uint64_t size, std::uint64_t offset,
                       std::uint64_t handle, const EventRef &ev, ThreadVmmState &ts,
                       const Options &o);
+  // `owner_teardown`: the caller proved [va, va+size) is a reservation the code unmapping it made
+  // for an object it is now tearing down (NCCL's window range at ncclCommDestroy,
+  // NcclHolds::own_teardown). An unmap of the whole of such a reservation with nothing mapped is
+  // that teardown, forwarded without a finding; any other unmap is judged as usual.
   VmmTicket begin_unmap(std::uint64_t va, std::uint64_t size, const EventRef &ev,
-                        ThreadVmmState &ts, const Options &o);
+                        ThreadVmmState &ts, const Options &o, bool owner_teardown = false);
   VmmTicket begin_release(std::uint64_t handle, const EventRef &ev, ThreadVmmState &ts,
                           const Options &o);
   VmmTicket begin_address_free(std::uint64_t base, std::uint64_t size, const EventRef &ev,

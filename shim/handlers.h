@@ -473,6 +473,24 @@ struct NcclFindings {
 // its ranges put to sleep (2.29.7 unmaps on the calling thread, src/mem_manager.cc).
 CMG_HOT_TLS inline std::uint64_t t_suspending = 0;
 
+// The communicator of the NCCL call this thread is inside, when that call names one and makes
+// memory for it (ncclCommWindowRegister): a reservation made meanwhile is NCCL's own for it.
+CMG_HOT_TLS inline std::uint64_t t_nccl_comm = 0;
+// The communicator this thread is inside ncclCommDestroy, ncclCommAbort or ncclCommFinalize of:
+// an unmap of a whole reservation NCCL made for it is NCCL's teardown (NcclHolds::own_teardown).
+CMG_HOT_TLS inline std::uint64_t t_nccl_ending = 0;
+
+// Sets a thread-local for the scope of a call and puts back what it was.
+template <class T>
+struct ThreadScope {
+  T &slot;
+  T prev;
+  ThreadScope(T &s, T v) : slot(s), prev(s) { slot = v; }
+  ~ThreadScope() { slot = prev; }
+  ThreadScope(const ThreadScope &) = delete;
+  ThreadScope &operator=(const ThreadScope &) = delete;
+};
+
 // Runs `real` marked as inside an NCCL call of this thread (t_in_nccl), and returns its status.
 template <class Real>
 int inside_nccl(Real &&real) {

@@ -113,6 +113,8 @@ int nccl_call(Api api, CommEvent ev, std::uint64_t named, FnRef<int()> real,
     // Suppression begins before NCCL starts any background work (nccl-and-cleanup.md 6.1), and
     // waits for a cumemguard_maybe_empty_cache() flush that is already running.
     const bool turned_on = ev == CommEvent::Create && s.transport.on_create_enter(c.ev());
+    const bool ending = ev == CommEvent::Destroy || ev == CommEvent::Finalize;
+    const ThreadScope<std::uint64_t> ending_scope(t_nccl_ending, ending ? named : t_nccl_ending);
     const int r = inside_nccl(fwd);
     std::vector<CommOnDevice> comms;
     if (r == ncclSuccess || r == ncclInProgress) after(args, comms);

@@ -66,6 +66,7 @@ int nccl_window_register(std::uint64_t comm, std::uint64_t buff, std::uint64_t s
   return shielded<int>(Api::ncclCommWindowRegister, real, [&](auto &fwd) -> int {
     Call c(Api::ncclCommWindowRegister, StackWhen::Always, Nested::Recorded);
     if (!c.tracked()) return fwd();
+    const ThreadScope<std::uint64_t> comm_scope(t_nccl_comm, comm);
     const int r = inside_nccl(fwd);
     NcclFields x;
     x.buff = buff;

@@ -168,6 +168,7 @@ CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr ad
     }
     args.hex("ptr", *ptr);
     state().vmm.on_reserve(*ptr, size, c.ev(), t_vmm);
+    if (t_nccl_comm) state().nccl.on_own_reserve(t_nccl_comm, *ptr, size);
     Call::Extra x;
     x.mem = MemKind::Va;
     x.delta = static_cast<std::int64_t>(size);
@@ -187,6 +188,7 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size, decltype(&::cuMemAddress
     Args args;
     args.hex("ptr", ptr).u("size", size);
     const CUresult r = run(c, t, args, fwd);
+    if (r == CUDA_SUCCESS && s.nccl.has_own()) s.nccl.on_address_freed(ptr);
     // A registration or window of addresses no longer reserved (when no unmap reported it before).
     if (r == CUDA_SUCCESS && !s.nccl.empty())
       if (auto held = s.nccl.take_overlapping(ptr, size); !held.empty())
@@ -215,7 +217,8 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size, decltype(&::cuMemUnmap) drv) {
     Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
     State &s = state();
-    VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts);
+    const bool nccl_own = t_nccl_ending && s.nccl.own_teardown(t_nccl_ending, ptr, size);
+    VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts, nccl_own);
     // Asked before the driver unmaps: afterwards the kernels would already have lost the range.
     const BusyResult busy = t.noted ? busy_check(s.opts.busy_check, t.dev) : BusyResult{};
     // Bridge exports of these pages stop serving before the driver unmaps them (docs/ipc-bridge.md).

@@ -133,6 +133,35 @@ int window_free(bool fixed) {
   return 0;
 }
 
+// The program's own VMM buffer in a window, deregistered, then unmapped twice by the program: the
+// second unmap is of a whole reservation with nothing mapped, the shape of NCCL's own teardown of
+// its window range (ncclDevrFinalize), but made by the program outside any NCCL call.
+int window_double_unmap() {
+  ncclComm_t comm = init();
+  CUdeviceptr base = 0;
+  CHECK_CU(cuMemAddressReserve(&base, G, 0, 0, 0));
+  CUmemAllocationProp prop = device_prop();
+  CUmemGenericAllocationHandle h = 0;
+  CHECK_CU(cuMemCreate(&h, G, &prop, 0));
+  CHECK_CU(cuMemMap(base, G, 0, h, 0));
+  CUmemAccessDesc acc{};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CHECK_CU(cuMemSetAccess(base, G, &acc, 1));
+  void *buf = reinterpret_cast<void *>(base);
+  ncclWindow_t win = nullptr;
+  out("window", ncclCommWindowRegister(comm, buf, G, &win, NCCL_WIN_DEFAULT));
+  std::printf("bytes_ok %d\n", fill_and_check(buf, 4096, 0x6b) ? 1 : 0);
+  out("window_deregister", ncclCommWindowDeregister(comm, win));
+  cu("unmap", cuMemUnmap(base, G));
+  cu("unmap_again", cuMemUnmap(base, G));
+  out("destroy", ncclCommDestroy(comm));
+  cu("release", cuMemRelease(h));
+  cu("addrfree", cuMemAddressFree(base, G));
+  return 0;
+}
+
 // Memory bound to a multicast object, by handle or by address; `fixed`: unbound first.
 int multicast(bool by_addr, bool fixed) {
   init_primary();
@@ -253,6 +282,7 @@ int main(int argc, char **argv) {
   if (c == "register-cudafree-ok") return register_cudafree(true);
   if (c == "window-free") return window_free(false);
   if (c == "window-ok") return window_free(true);
+  if (c == "window-double-unmap") return window_double_unmap();
   if (c == "bind-mem") return multicast(false, false);
   if (c == "bind-mem-ok") return multicast(false, true);
   if (c == "bind-addr") return multicast(true, false);

@@ -12,6 +12,7 @@ using namespace cmg;
 namespace {
 
 constexpr std::uint64_t MiB = 1 << 20;
+constexpr std::uint64_t G2 = 2 * MiB;
 
 EventRef ev(std::uint64_t seq, const char *api) {
   EventRef e;
@@ -84,6 +85,33 @@ TEST_CASE("Windows: the window is named, deregistration drops it") {
       "\"size\":2097152}}");
   CHECK(h.on_window_deregister(0xc0, 0xee));
   CHECK(h.empty());
+}
+
+TEST_CASE("NCCL's own reservations: its teardown is told by communicator, base and size") {
+  NcclHolds h;
+  const std::uint64_t V = 0x4900000000, S = 150323855360;  // 2.28.9 on the H200
+  CHECK_FALSE(h.has_own());
+  CHECK_FALSE(h.own_teardown(0xc0, V, S));
+  h.on_own_reserve(0, 0x5000000000, S);  // no communicator known: not NCCL's for any
+  CHECK_FALSE(h.has_own());
+  h.on_own_reserve(0xc0, V, S);
+  h.on_own_reserve(0xd0, V + S, S);
+  CHECK(h.has_own());
+  CHECK(h.empty());  // nothing of the program's is held: the free paths stay cheap
+  CHECK(h.own_teardown(0xc0, V, S));
+  CHECK_FALSE(h.own_teardown(0xd0, V, S));       // another communicator's end
+  CHECK_FALSE(h.own_teardown(0, V, S));          // no communicator ending
+  CHECK_FALSE(h.own_teardown(0xc0, V, S / 2));   // a part of it
+  CHECK_FALSE(h.own_teardown(0xc0, V + G2, S));  // not its base
+  h.on_address_freed(V);
+  CHECK_FALSE(h.own_teardown(0xc0, V, S));
+  CHECK(h.own_teardown(0xd0, V + S, S));
+  h.on_comm_end(0xd0);  // what NCCL left of its ranges is no longer known to be its own
+  CHECK_FALSE(h.own_teardown(0xd0, V + S, S));
+  CHECK_FALSE(h.has_own());
+  h.on_own_reserve(0xc0, V, S);
+  h.clear();
+  CHECK_FALSE(h.own_teardown(0xc0, V, S));
 }
 
 TEST_CASE("Multicast bindings: by handle at the last reference, by address at the unmap") {

@@ -89,6 +89,10 @@ struct Vmm {
   Result unmap(std::uint64_t v, std::uint64_t size, bool driver_ok = true) {
     return run(m.begin_unmap(v, size, clk.next("cuMemUnmap", tid), ts, opts), driver_ok);
   }
+  // An unmap the caller proved is the reservation's maker tearing it down (NcclHolds).
+  Result unmap_owner_teardown(std::uint64_t v, std::uint64_t size) {
+    return run(m.begin_unmap(v, size, clk.next("cuMemUnmap", tid), ts, opts, true), true);
+  }
   Result release(std::uint64_t h, bool driver_ok = true) {
     return run(m.begin_release(h, clk.next("cuMemRelease", tid), ts, opts), driver_ok);
   }
@@ -109,6 +113,38 @@ FindingClass cls(const Result &v) {
 }
 
 }  // namespace
+
+TEST_CASE("A reservation's maker unmapping all of it with nothing mapped is its teardown") {
+  // NCCL 2.28.9's window range (docs/gpu/nccl-window/): reserved, a window mapped and unmapped in
+  // it, then unmapped whole and freed by ncclDevrFinalize.
+  Vmm t;
+  const std::uint64_t V = 0x4900000000, S = 64 * G, H = 0x55d0c0b0;
+  t.reserve(V, S);
+  t.create(H);
+  REQUIRE_FALSE(t.map(V, G, H));
+  CHECK_FALSE(t.unmap(V, G).finding);
+  CHECK_FALSE(t.release(H).finding);
+  SECTION("judged as usual without the proof") {
+    auto u = t.unmap(V, S);
+    CHECK(cls(u) == FindingClass::UnmapUnmapped);
+    CHECK(u.skipped);
+    CHECK(t.ts.pending);
+  }
+  SECTION("a part of it, even with the proof, is still a second unmap of a sleeping range") {
+    auto u = t.unmap_owner_teardown(V, G);
+    CHECK(cls(u) == FindingClass::UnmapUnmapped);
+    CHECK(u.skipped);
+  }
+  SECTION("the whole of it with the proof: forwarded, no finding, nothing to pair") {
+    auto u = t.unmap_owner_teardown(V, S);
+    CHECK_FALSE(u.finding);
+    CHECK_FALSE(u.skipped);
+    CHECK(u.status == 0);
+    CHECK_FALSE(t.ts.pending);
+    CHECK_FALSE(t.address_free(V, S).finding);
+    CHECK(t.m.counts().reservations == 0);
+  }
+}
 
 TEST_CASE("P01: free while asleep - second unmap and release are proven redundant") {
   Vmm t;

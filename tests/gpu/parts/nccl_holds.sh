@@ -35,7 +35,7 @@ esac
 status=0
 ok=0
 for c in reg-free reg-ok reg-segment reg-segment-ok reg-cudafree reg-cudafree-ok window-free \
-         window-ok bind-mem bind-mem-ok bind-addr bind-addr-ok; do
+         window-ok window-double-unmap bind-mem bind-mem-ok bind-addr bind-addr-ok; do
   python3 "$here/../integration/run_case.py" --build "$build" --real "$c"
   rc=$?
   if [ $rc -eq 0 ]; then ok=$((ok + 1)); elif [ $rc -ne 77 ]; then status=1; fi
