@@ -102,6 +102,46 @@ TEST_CASE("windows map the user's allocation a second time and register it", "[n
   require_nothing_live();
 }
 
+TEST_CASE("windows share one flat range, kept until the communicator's end unmaps it whole",
+          "[nccl-mem]") {
+  // 2.28.9 src/dev_runtime.cc: symMemoryMapLsaTeam reserves it at the first window,
+  // symMemoryDropRef unmaps a window's part, ncclDevrFinalize unmaps all of it and frees it.
+  ncclComm_t comm = init();
+  void *a = nullptr, *b = nullptr;
+  REQUIRE(ncclMemAlloc(&a, G) == ncclSuccess);
+  REQUIRE(ncclMemAlloc(&b, 2 * G) == ncclSuccess);
+  const fakecuda_state before = state();
+  const unsigned long long reserves = fakecuda_calls("cuMemAddressReserve");
+  const unsigned long long frees = fakecuda_calls("cuMemAddressFree");
+  const unsigned long long unmaps = fakecuda_calls("cuMemUnmap");
+  ncclWindow_t wa = nullptr, wb = nullptr;
+  REQUIRE(ncclCommWindowRegister(comm, a, G, &wa, NCCL_WIN_DEFAULT) == ncclSuccess);
+  REQUIRE(ncclCommWindowRegister(comm, b, 2 * G, &wb, NCCL_WIN_DEFAULT) == ncclSuccess);
+  CHECK(fakecuda_calls("cuMemAddressReserve") == reserves + 1);
+  size_t total = 0;
+  REQUIRE(cuDeviceTotalMem(&total, 0) == CUDA_SUCCESS);
+  const size_t big = (total + (size_t{1} << 32) - 1) / (size_t{1} << 32) * (size_t{1} << 32);
+  CHECK(state().reservations == before.reservations + 1);
+  CHECK(state().reserved_bytes == before.reserved_bytes + big);
+  CHECK(state().mappings == before.mappings + 2);
+  REQUIRE(ncclCommWindowDeregister(comm, wa) == ncclSuccess);
+  REQUIRE(ncclCommWindowDeregister(comm, wb) == ncclSuccess);
+  // The windows' parts unmapped; the range stays with the communicator.
+  CHECK(fakecuda_calls("cuMemUnmap") == unmaps + 2);
+  CHECK(fakecuda_calls("cuMemAddressFree") == frees);
+  CHECK(state().reservations == before.reservations + 1);
+  CHECK(state().mappings == before.mappings);
+  REQUIRE(ncclMemFree(a) == ncclSuccess);
+  REQUIRE(ncclMemFree(b) == ncclSuccess);
+  const unsigned long long frees_before_end = fakecuda_calls("cuMemAddressFree");
+  const unsigned long long unmaps_before_end = fakecuda_calls("cuMemUnmap");
+  REQUIRE(ncclCommDestroy(comm) == ncclSuccess);
+  // The communicator's four buffers and the flat range, unmapped whole with nothing mapped.
+  CHECK(fakecuda_calls("cuMemUnmap") == unmaps_before_end + 5);
+  CHECK(fakecuda_calls("cuMemAddressFree") == frees_before_end + 5);
+  require_nothing_live();
+}
+
 TEST_CASE("suspend releases the suspendable buffer, keeps its range; resume maps it back",
           "[nccl-mem]") {
   ncclComm_t comm = init(2, 0);
