@@ -83,7 +83,7 @@ one() {  # NAME CASE HOW: HOW is run, preload or plain
     echo "$1: $why $hard"; head -20 "$d/err"; bad=$((bad + 1))
   elif [ -n "$why" ]; then
     echo "$1: $why"
-    [ -f "$d/stacks" ] && grep -E "^#|^Thread|^TID|libcumemguard" "$d/stacks" | head -40
+    [ -f "$d/stacks" ] && head -60 "$d/stacks"  # gdb's, eu-stack's or each thread's system call
     fails[$4]=$(( ${fails[$4]:-0} + 1 ))
   fi
 }
