@@ -674,6 +674,10 @@ class Findings(unittest.TestCase):
         # The package's own function, then the caller's.
         names = [codes[c]["name"] for _at, c, _line in py if c in codes]
         self.assertEqual(names[:3], ["snapshot", "take", "<module>"])
+        # The caller's sites: file, function and line of the -c program (take's return on line 8,
+        # the call of take() on line 9).
+        sites = [(codes[c]["file"], codes[c]["name"], line) for _at, c, line in py if c in codes]
+        self.assertEqual(sites[1:3], [("<string>", "take", 8), ("<string>", "<module>", 9)])
 
     def test_path_check_follows_the_block(self):
         """Under the shim, a cudaMalloc from PyTorch's allocator inside expandable_segments(False)
