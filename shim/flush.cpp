@@ -85,8 +85,17 @@ int site_for(const FrameSym *const *fs, const Captured &stack_of, const FlushVer
     Site row;
     row.flush =
         cap(flush.demangled.empty() ? frame_text(flush, pc[v.flush_frame]) : flush.demangled);
-    row.text = row.flush + " <- " +
-               cap(caller >= 0 ? frame_text(*fs[caller], caller_pc) : std::string("?"));
+    // The caller's text is the frame the key names: a Python caller by its function, file and
+    // line (caller_pc is then a key, not an address), a native one by its symbol and offset.
+    std::string caller_text("?");
+    py::CodeInfo ci;
+    if (py_at >= 0)
+      caller_text = py::code_info(stack_of.py.f[py_at].code, ci)
+                        ? ci.name + " (" + ci.file + ":" + std::to_string(stack_of.py.f[py_at].line) + ")"
+                        : "<python code " + std::to_string(stack_of.py.f[py_at].code) + ">";
+    else if (caller >= 0)
+      caller_text = frame_text(*fs[caller], caller_pc);
+    row.text = row.flush + " <- " + cap(std::move(caller_text));
     row.stack = stack;
     s.rows.push_back(std::move(row));
   }

@@ -382,6 +382,15 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
             got = [(f["function"], f["line"]) for g in flush for f in py_frames(g["stack"])[:1]]
             check(got == [("case_nccl_free", m["flush-call"])],
                   f"{label}: the flush names the Python line that asked for it: {got}")
+            # The flush's call site (the finding's state and the summary's sites) names the same
+            # Python caller by function, file and line, not a native frame at a made-up offset.
+            want = f" <- case_nccl_free ({script}:{m['flush-call']})"
+            sites = [r["state"]["site"] for r in records
+                     if r.get("k") == "finding" and r.get("class") == "opportunistic-flush"]
+            sites += [x["site"] for r in records if r.get("k") == "summary"
+                      for x in r.get("transport", {}).get("sites", [])]
+            check(sites and all(x.endswith(want) for x in sites),
+                  f"{label}: flush sites {sites}, want each to end with {want!r}")
     # A crash: the crash record's stack has the Python frames, the exit status is the signal's.
     log = os.path.join(tmp, f"crash-{it.version}-{int(it.shared)}.log")
     env = sanitizer_env(env, it, crash=True)
