@@ -454,6 +454,7 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
   else if (key == "range_bytes"sv)
     f.range_bytes = u64_of(v);
   else if (key == "blocked_ns"sv) f.blocked_ns = i64_of(v);
+  else if (key == "call_seq"sv) f.call_seq = u64_of(v);
   else if (key == "suppressed"sv) {
     if (!typed()) return false;
     if (t == od::json_type::string) f.suppressed_rule = str_of(v);

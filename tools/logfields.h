@@ -37,7 +37,7 @@ struct ArgsInfo {
 // forward only), then interpreted by kind.
 struct Fields {
   std::string k;
-  std::optional<std::uint64_t> seq, stack, id, base, addr, mod_size, ret_seq, capture;
+  std::optional<std::uint64_t> seq, stack, id, base, addr, mod_size, ret_seq, capture, call_seq;
   std::optional<std::int64_t> ts, tid, res, dur, dev, delta, bytes, blocked_ns, rank, nranks, live,
       size, signal, cumemguard_log;
   std::optional<std::int64_t> flags, stat;                 // nccl: suspend, revoke; memstats

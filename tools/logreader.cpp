@@ -413,6 +413,7 @@ struct LogReader::Impl {
         if (f.have_state) x.state_json = std::move(f.state_json);
         x.bytes = f.bytes;
         x.blocked_ns = f.blocked_ns;
+        x.call_seq = f.call_seq;
         x.suppressed = f.suppressed_rule.value_or("");
         e.body = std::move(x);
       } else if (k == "nccl"sv) {

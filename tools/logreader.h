@@ -127,6 +127,8 @@ struct Finding {
   std::string state_json;  // compact JSON, bounded; empty when absent
   std::optional<std::int64_t> bytes;
   std::optional<std::int64_t> blocked_ns;
+  std::optional<std::uint64_t> call_seq;  // the seq of the call it is about (no call record when
+                                          // strict mode stopped it)
   std::string suppressed;  // "CLASS:PATTERN" of the rule that suppressed it; empty when not
 };
 

@@ -181,8 +181,10 @@ void outcomes_html(const Model &m, std::ostream &out) {
       stack_html(out, m.stack(i, first->stack));
     }
     if (!o.lifecycle.empty()) {
-      out << "<div>memory lifecycle calls before "
-          << (o.lifecycle_before_error ? "the first sticky CUDA error" : "the end of the log")
+      out << "<div>memory lifecycle calls "
+          << (o.lifecycle_before_error ? "before the first sticky CUDA error"
+              : o.lifecycle_to_abort   ? "up to strict mode's abort"
+                                       : "before the end of the log")
           << ":</div><table><tr><th>seq</th><th>thread</th><th>call</th><th>res</th></tr>";
       for (const auto &l : o.lifecycle)
         out << fmt::format("<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td><code>{}</code>"

@@ -84,7 +84,9 @@ Json outcome_json(const Model &m, std::size_t li) {
                          {"api", l.api},
                          {"args", l.args},
                          {"res", l.res},
-                         {"skipped", l.skipped}});
+                         {"skipped", l.skipped},
+                         {"stopped_by",
+                          l.stopped_by.empty() ? Json(nullptr) : Json(l.stopped_by)}});
   Json asleep = Json::array();
   if (o.explain())
     for (const auto &a : o.asleep)
@@ -103,7 +105,9 @@ Json outcome_json(const Model &m, std::size_t li) {
           {"first_sticky_error",
            o.first_sticky ? error_point_json(m, li, *o.first_sticky) : Json(nullptr)},
           {"cuda_errors", std::move(errors)},
-          {"lifecycle_before", o.lifecycle_before_error ? "first_sticky_error" : "end"},
+          {"lifecycle_before", o.lifecycle_before_error ? "first_sticky_error"
+                               : o.lifecycle_to_abort ? "abort"
+                                                      : "end"},
           {"lifecycle", std::move(lifecycle)},
           {"asleep_total", o.explain() ? o.asleep_total : 0},
           {"asleep_at", o.asleep_at_error ? "first_sticky_error" : "end"},

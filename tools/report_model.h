@@ -217,6 +217,9 @@ struct LifeEvent {
   std::uint64_t seq = 0;
   std::int64_t tid = 0, t = 0, res = 0;
   bool skipped = false;
+  // The call strict mode stopped (from its finding: it was never forwarded, so it has no call
+  // record of its own); the class of that finding.
+  std::string stopped_by;
 };
 
 // A VMM range mapped, then unmapped, whose reservation was not freed: asleep when the call that
@@ -246,6 +249,7 @@ struct Outcome {
   std::optional<ErrorPoint> first_sticky;
   std::vector<LifeEvent> lifecycle;  // oldest first, at most 8
   bool lifecycle_before_error = false;
+  bool lifecycle_to_abort = false;  // ends with the call strict mode stopped
   std::vector<AsleepRange> asleep;  // the last sleep first, at most 16
   std::size_t asleep_total = 0;
   bool asleep_at_error = false;  // taken when the first sticky error was returned

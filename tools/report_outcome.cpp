@@ -50,6 +50,14 @@ struct OutcomeTracker::Impl {
   }
   std::vector<LifeEvent> before_error;
   bool have_sticky = false;
+  // Strict mode's abort: the calls before it are the story; a call another thread made while
+  // the process was dying (a higher seq, logged before the abort landed) is not.
+  bool aborted = false;
+  void remember(const LifeEvent &l) {
+    ring[ring_next] = l;
+    ring_next = (ring_next + 1) % kLifecycleShown;
+    ring_size = std::min(ring_size + 1, kLifecycleShown);
+  }
   std::vector<ErrorPoint> errors;
   std::optional<ErrorPoint> first_sticky;
   std::map<std::uint64_t, Reservation> reservations;
@@ -107,7 +115,7 @@ void OutcomeTracker::event(const Event &e, std::int64_t t) {
     d.pending_until.reset();
   }
   if (const auto *c = std::get_if<Call>(&e.body)) {
-    if (lifecycle_call(c->api)) {
+    if (lifecycle_call(c->api) && !d.aborted) {
       LifeEvent &l = d.ring[d.ring_next];
       l.api = c->api;
       l.args = c->args;
@@ -116,10 +124,17 @@ void OutcomeTracker::event(const Event &e, std::int64_t t) {
       l.t = t;
       l.res = c->res;
       l.skipped = c->skipped;
+      l.stopped_by.clear();
       d.ring_next = (d.ring_next + 1) % kLifecycleShown;
       d.ring_size = std::min(d.ring_size + 1, kLifecycleShown);
     }
     d.vmm(e, *c);
+  } else if (const auto *f = std::get_if<Finding>(&e.body);
+             f && f->action == "abort" && f->suppressed.empty() && !d.aborted) {
+    // The call strict mode stopped is the last one of the process's story, whatever its API.
+    d.aborted = true;
+    d.remember(LifeEvent{f->api, f->args, f->call_seq.value_or(e.seq), e.tid, t, f->res, false,
+                         f->cls});
   } else if (const auto *ce = std::get_if<CudaError>(&e.body)) {
     ErrorPoint p{e.seq, e.tid, t, e.stack, *ce};
     if (ce->sticky && !d.have_sticky) {
@@ -159,6 +174,7 @@ Outcome OutcomeTracker::finish(const Log &log) {
     o.lifecycle_before_error = true;
   } else {
     o.lifecycle = d.recent();
+    o.lifecycle_to_abort = d.aborted;
   }
   if (d.pending_until) d.at_error = d.reservations;  // the log ended first
   o.asleep_at_error = d.at_error.has_value();

@@ -176,16 +176,50 @@ void write_logs(const Model &m, std::ostream &out) {
   }
 }
 
-void write_findings(const Model &m, std::ostream &out) {
-  std::size_t classes = 0;
+// The leak records of processes strict mode stopped: what they held when the abort came (the
+// shim writes them as it aborts, and its exit summary and the run's status count them as
+// `leak`, like any process's leaks at exit), not memory a finished program forgot.
+std::size_t leaks_at_abort(const Model &m) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < m.logs.size() && i < m.log_leaks.size(); ++i)
+    if (m.outcomes[i].status == Status::Aborted) n += m.log_leaks[i].first;
+  return n;
+}
+
+// "leak 2", "leak 2 live at the abort", "leak 5 (2 live at the abort)".
+std::string leak_class_text(const Model &m) {
+  const std::size_t aborted = leaks_at_abort(m);
+  if (aborted == 0) return fmt::format("leak {}", m.leak_count);
+  if (aborted == m.leak_count) return fmt::format("leak {} live at the abort", m.leak_count);
+  return fmt::format("leak {} ({} live at the abort)", m.leak_count, aborted);
+}
+
+// By class as the exit summary counts them: leaks at exit are findings of class `leak` there
+// too (policy/findings.def lists it last), so "findings: leak 3", the first line and the
+// Findings heading agree; the leaks themselves are listed under "Leaks at exit".
+std::vector<std::string> finding_classes(const Model &m, std::size_t &total) {
+  std::vector<std::string> classes;
+  total = 0;
   for (const auto &c : m.findings)
-    if (c.count) ++classes;
-  if (m.findings.empty()) {
+    if (c.cls != "leak" && c.count) {
+      classes.push_back(fmt::format("{} {}", c.cls, c.count));
+      total += c.count;
+    }
+  if (m.leak_count) classes.push_back(leak_class_text(m));
+  total += m.leak_count;
+  return classes;
+}
+
+void write_findings(const Model &m, std::ostream &out) {
+  std::size_t total = 0;
+  const std::vector<std::string> classes = finding_classes(m, total);
+  if (total == 0) {
     out << "\n== Findings: none\n";
     return;
   }
-  out << fmt::format("\n== Findings: {} in {}\n", m.finding_count,
-                     plural(classes, "class", "classes"));
+  out << fmt::format("\n== Findings: {} in {} ({}){}\n", total,
+                     plural(classes.size(), "class", "classes"), join(classes, ", "),
+                     m.leak_count ? "; the leaks under Leaks at exit" : "");
   for (const auto &c : m.findings) {
     std::string exit_note;
     if (c.at_exit && *c.at_exit != static_cast<std::int64_t>(c.count))
@@ -249,9 +283,15 @@ std::string live_at_end(const Model &m, std::size_t li) {
 void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
   // A process that crashed, aborted or was cut off wrote no leak records: what it held at exit
   // is not known, and "none" would be a claim the log cannot support.
-  std::vector<std::size_t> unknown;
-  for (std::size_t i = 0; i < m.logs.size(); ++i)
-    if (m.outcomes[i].status != Status::Complete) unknown.push_back(i);
+  // Strict mode's abort writes what is live as it aborts: known, and said so below.
+  std::vector<std::size_t> unknown, aborted;
+  for (std::size_t i = 0; i < m.logs.size(); ++i) {
+    const bool wrote = i < m.log_leaks.size() && m.log_leaks[i].first > 0;
+    if (m.outcomes[i].status == Status::Aborted && wrote)
+      aborted.push_back(i);
+    else if (m.outcomes[i].status != Status::Complete)
+      unknown.push_back(i);
+  }
   const std::string why = "not known: the process did not exit normally";
   if (m.leaks.empty() && !unknown.empty()) {
     if (m.logs.size() == 1) {
@@ -289,6 +329,12 @@ void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
       print_stack(out, m.stack(g.stack), "        ");
     }
   }
+  for (std::size_t li : aborted)
+    out << fmt::format(
+        "  {}: stopped by strict mode; live at the abort: {} ({}), counted as leaks as its exit "
+        "summary counts them\n",
+        m.label(li), plural(m.log_leaks[li].first, "object", "objects"),
+        bytes_text(m.log_leaks[li].second));
   for (std::size_t li : unknown)
     out << fmt::format("  {}: {} (live at the end of the log: {})\n", m.label(li), why,
                        live_at_end(m, li));
@@ -526,12 +572,20 @@ void write_outcomes(const Model &m, std::ostream &out) {
         out << fmt::format("  other CUDA errors (first of each): {}\n", join(others, "; "));
     }
     if (!o.lifecycle.empty()) {
-      out << fmt::format("  memory lifecycle calls before {} (last {}):\n",
-                         o.lifecycle_before_error ? "the first sticky CUDA error" : "the end of the log",
+      out << fmt::format("  memory lifecycle calls {} (last {}):\n",
+                         o.lifecycle_before_error ? "before the first sticky CUDA error"
+                         : o.lifecycle_to_abort   ? "up to strict mode's abort"
+                                                  : "before the end of the log",
                          o.lifecycle.size());
-      for (const auto &l : o.lifecycle)
+      for (const auto &l : o.lifecycle) {
+        if (!l.stopped_by.empty()) {
+          out << fmt::format("    seq {} thread {} at {}: {}: stopped ({}), not passed to CUDA\n",
+                             l.seq, l.tid, fmt_time(l.t), call_text(l.api, l.args), l.stopped_by);
+          continue;
+        }
         out << fmt::format("    seq {} thread {} at {}: {} -> {}{}\n", l.seq, l.tid, fmt_time(l.t),
                            call_text(l.api, l.args), l.res, l.skipped ? " (skipped)" : "");
+      }
     }
     if (!o.asleep.empty()) {
       out << fmt::format(
@@ -578,17 +632,8 @@ void write_headline(const Model &m, std::ostream &out) {
                                                        : "";
     if (*word && state.find(word) == std::string::npos) state += word;
   }
-  // By class as the exit summary counts them: leaks at exit are findings of class `leak` there
-  // too (policy/findings.def lists it last), so "findings: leak 3" and this line agree.
-  std::vector<std::string> classes;
   std::size_t total = 0;
-  for (const auto &c : m.findings)
-    if (c.cls != "leak" && c.count) {
-      classes.push_back(fmt::format("{} {}", c.cls, c.count));
-      total += c.count;
-    }
-  if (m.leak_count) classes.push_back(fmt::format("leak {}", m.leak_count));
-  total += m.leak_count;
+  const std::vector<std::string> classes = finding_classes(m, total);
   std::string findings = total == 0 ? std::string("no findings")
                                     : fmt::format("{} ({})", plural(total, "finding", "findings"),
                                                   join(classes, ", "));
