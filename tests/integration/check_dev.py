@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # tools/dev as a command: help, -h and --help print the usage on stdout and exit 0; an unknown
 # command, a sanitizer it does not know and a stress run without its seed range exit 64 with one
-# line on stderr, before building anything. The demo (tests/demo/run-demo) removes its directory
+# line on stderr, before building anything (a typo such as `demo --kep` or `tset` too, with a
+# did-you-mean). The demo (tests/demo/run-demo) removes its directory
 # of logs when it ends, and with --keep keeps it and names it with the log's path.
 #   check_dev.py --source SOURCE_ROOT --build BUILD
 import argparse
@@ -50,6 +51,19 @@ def main():
             if c.startswith("-"):
                 continue
             check(f"tools/dev {c}" in p.stdout, f"tools/dev {arg} does not list '{c}'")
+    # A typo of an option or a command stops before anything is configured or built (the build
+    # directory named is never made), with a did-you-mean.
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = os.path.join(tmp, "never-built")
+        for argv, says in ((["demo", "--kep"],
+                            "demo takes only --keep, not '--kep' (did you mean --keep?)"),
+                           (["tset"], "unknown command 'tset' (did you mean test?)")):
+            p = run([dev] + argv, env=dict(os.environ, CMG_BUILD_DIR=fresh))
+            lines = p.stderr.splitlines()
+            check(p.returncode == 64 and p.stdout == "" and len(lines) == 1 and
+                  says in lines[0] and not os.path.exists(fresh),
+                  f"tools/dev {' '.join(argv)}: exit {p.returncode}, stdout {p.stdout[:200]!r}, "
+                  f"stderr {p.stderr[-300:]!r}, build dir made: {os.path.exists(fresh)}")
     for argv, says in ((["no-such-command"], "unknown command 'no-such-command'"),
                        (["sanitize", "msan"], "sanitize needs asan or tsan, not 'msan'"),
                        (["stress"], "stress needs a seed range FIRST:LAST"),
