@@ -95,6 +95,16 @@ def _default_flush():
 
 
 def maybe_empty_cache(flush=None):
+    """Runs an optional cache flush unless opportunistic cleanup is suppressed; returns True if it
+    ran, False if it was declined (never how many bytes it released).
+
+    flush: a callable with no arguments; None (the default) runs torch.cuda.empty_cache(), which
+    needs PyTorch (ImportError saying so without it). An exception the flush raises reaches the
+    caller. Use it for flushes that are safe to omit (between steps, after an evaluation); a
+    release the program needs keeps calling torch.cuda.empty_cache() directly. With the shim
+    loaded the shim decides, and it declines once it has seen an NCCL communicator set up;
+    without it, once suppress_opportunistic_cleanup() was called or an imported torch.distributed
+    has an initialised NCCL or UCC process group. Several threads may call it at once."""
     flush = _default_flush if flush is None else flush
     api = _native.shim()
     if api is not None:
@@ -117,6 +127,14 @@ def maybe_empty_cache(flush=None):
 
 
 def suppress_opportunistic_cleanup():
+    """Turns opportunistic cleanup off for the rest of the process: every later
+    maybe_empty_cache() declines and returns False. Returns None once every flush already running
+    under maybe_empty_cache() on other threads has finished (called from inside a flush, it does
+    not wait for itself). Takes no arguments; nothing turns it back on.
+
+    Call it before a transport the shim cannot see (UCXX, a custom one) starts background work,
+    or before torch.distributed.init_process_group() without the shim, so that no flush overlaps
+    the transport's start. NCCL communicator setup does the same by itself under the shim."""
     api = _native.shim()
     if api is not None:
         api.suppress()
@@ -125,6 +143,8 @@ def suppress_opportunistic_cleanup():
 
 
 def opportunistic_cleanup_suppressed():
+    """True once opportunistic cleanup is suppressed in this process (maybe_empty_cache() then
+    declines), False before. Takes no arguments."""
     api = _native.shim()
     if api is not None:
         return bool(api.suppressed())
@@ -134,5 +154,7 @@ def opportunistic_cleanup_suppressed():
 
 
 def release_deferred():
+    """Under CUMEMGUARD_OPPORTUNISTIC=defer, hands the frees the shim holds back to the driver now
+    and returns their bytes (an int); 0 without the shim or with nothing held. Takes no arguments."""
     api = _native.shim()
     return int(api.release_deferred()) if api is not None else 0

@@ -44,6 +44,23 @@ def settings():
 
 
 class Import(unittest.TestCase):
+    def test_every_public_function_has_a_docstring(self):
+        # help(cumemguard) shows them: each name of __all__, and each public method of a class.
+        import inspect
+        for name in cumemguard.__all__:
+            obj = getattr(cumemguard, name)
+            doc = obj.__doc__ or ""  # its own, not one inherited
+            self.assertGreater(len(doc.split()), 5, f"cumemguard.{name} has no docstring")
+            if inspect.isclass(obj) and not issubclass(obj, BaseException):
+                for m, f in vars(obj).items():
+                    if not m.startswith("_") and callable(f):
+                        self.assertTrue(inspect.getdoc(f), f"cumemguard.{name}.{m}")
+        text = subprocess.run([sys.executable, "-c", "import cumemguard; help(cumemguard)"],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PAGER="cat"),
+                              check=True).stdout
+        for phrase in ("returns True if it", "Turns opportunistic cleanup off"):
+            self.assertIn(phrase, text)
+
     def test_import_is_light(self):
         code = ("import sys, cumemguard\n"
                 "print(sorted(m for m in ('torch', 'ctypes', 'json') if m in sys.modules))")
