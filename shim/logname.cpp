@@ -5,6 +5,7 @@
 #include <sys/auxv.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -96,6 +97,11 @@ LogName expand_log_name(std::string_view pattern, const LogNameInputs &in) {
     if (close != std::string_view::npos && close > i + 2) {
       const std::string var(pattern.substr(i + 2, close - i - 2));
       const char *v = in.getenv ? in.getenv(var.c_str()) : nullptr;
+      if (!v && std::find(out.unset.begin(), out.unset.end(), var) == out.unset.end()) {
+        out.unset.push_back(var);
+        say_once("CUMEMGUARD_LOG: %q{" + var + "}: the environment variable " + var +
+                 " is not set; written as nothing (set it, or leave %q{" + var + "} out)");
+      }
       value("%q{" + var + "}", v ? v : "");
       i = close;
       continue;

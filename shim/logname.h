@@ -22,10 +22,13 @@ struct LogName {
   std::string path;
   // One line per placeholder kept as written (unknown, or a malformed %q{...}), each named once.
   std::vector<std::string> problems;
+  // The variables of %q{VAR} that are not set (each once): valgrind refuses such a --log-file;
+  // `cumemguard run` refuses it too, and the shim, which never stops a program, says so.
+  std::vector<std::string> unset;
 };
 
 // %p pid, %r rank, %l local rank, %h host name, %e program, %q{VAR} the value of VAR (empty when
-// unset), %% a percent sign. Anything else after '%' is kept as written, with a problem line.
+// unset, with a problem line), %% a percent sign. Anything else after '%' is kept as written, with a problem line.
 // Substituted values never add a directory: '/' and control characters in them become '_'.
 LogName expand_log_name(std::string_view pattern, const LogNameInputs &in);
 

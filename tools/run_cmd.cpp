@@ -25,6 +25,7 @@
 
 #include "cli.h"
 #include "cmg_config.h"
+#include "logname.h"
 #include "options.h"
 #include "run_files.h"
 #include "run_preload.h"
@@ -429,6 +430,18 @@ int run_main(int argc, char **argv) {
   // cannot be written stops the run before it starts, rather than a run whose findings reach no
   // file. The default name in the current directory is left to the shim's warning.
   if (!eff.log.empty() && (!a.log.empty() || set_by_user("LOG"))) {
+    // valgrind stops at a --log-file whose %q{VAR} names a variable that is not set
+    // ("environment variable VAR is not set"); so does run, in the program's environment (-e
+    // included), where the shim alone could only say so and write the name without it.
+    cmg::shim::LogNameInputs in;
+    in.getenv = [](const char *n) -> const char * { return std::getenv(n); };
+    if (const auto unset = cmg::shim::expand_log_name(eff.log, in).unset; !unset.empty()) {
+      std::fprintf(stderr, "cumemguard run: the event log %s: %%q{%s}: the environment variable "
+                           "%s is not set; the program was not started (set it, with -e %s=VALUE "
+                           "if need be)\n",
+                   shown(eff.log).c_str(), unset[0].c_str(), unset[0].c_str(), unset[0].c_str());
+      return kUsage;
+    }
     if (const std::string p = log_target_problem(eff.log); !p.empty()) {
       std::fprintf(stderr, "cumemguard run: cannot write the event log %s: %s; the program was "
                            "not started (give --log a writable place, or --no-log)\n",

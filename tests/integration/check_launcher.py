@@ -5,7 +5,8 @@
 # SIGQUIT and SIGHUP passed on, `--log --` refused, -e values that cannot apply refused, the exit
 # summary after the program's own output on a pipe and naming leaks, suppressions (a vendor's
 # finding silenced and counted, the program's own kept; --suppressions; an unreadable file stops
-# the run), one rule for -e and the environment, each finding's stacks under its line (a Python
+# the run), one rule for -e and the environment, a log name whose %q{VAR} is not set refused
+# (64), each finding's stacks under its line (a Python
 # program's own frames in them; not with --brief or a plain LD_PRELOAD), a program built with
 # -fsanitize=address whose runtime the launcher puts first, and a script whose interpreter is a
 # FIFO.
@@ -47,6 +48,7 @@ class Env:
         b = os.path.abspath(a.build)
         self.rt = os.path.join(b, "tests", "integration", "runtime_cases")
         self.supp = os.path.join(b, "tests", "integration", "suppress_cases")
+        self.shim = os.path.join(b, "shim", "libcumemguard.so")
         self.sanitized = os.path.abspath(a.sanitized) if a.sanitized else None
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
         self.env["LD_LIBRARY_PATH"] = os.path.join(b, "tests", "fakecuda")
@@ -377,6 +379,37 @@ def log_target(e):
               left[0].endswith(".log"), f"--log {name}: rc {p.returncode} {left} {p.stderr!r}")
 
 
+def log_unset_variable(e):
+    # %q{VAR} with VAR not set: valgrind's --log-file stops ("environment variable VAR is not
+    # set"); run does too, with 64 and one line, before the program starts. With -e VAR=... it
+    # runs and the log carries the value. A plain LD_PRELOAD never stops the program: the shim says
+    # in one line that VAR is not set (the name used to lose the value without a word).
+    d = e.logdir()
+    marker = os.path.join(d, "ran")
+    e.env.pop("CMG_UNSET_JOB", None)
+    pattern = os.path.join(d, "x.%q{CMG_UNSET_JOB}.log")
+    p = e.run(["run", "--log", pattern, "--", "sh", "-c", f"touch {marker}"], cwd=d)
+    lines = p.stderr.splitlines()
+    check(p.returncode == 64 and len(lines) == 1 and
+          "%q{CMG_UNSET_JOB}: the environment variable CMG_UNSET_JOB is not set" in lines[0] and
+          "the program was not started" in lines[0] and not os.path.exists(marker) and
+          os.listdir(d) == [], f"--log with an unset %q{{}}: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["run", "--no-summary", "-e", "CMG_UNSET_JOB=j7", "--log", pattern, "--", e.rt,
+               "basic"], cwd=d)
+    check(p.returncode == 0 and os.listdir(d) == ["x.j7.log"],
+          f"-e CMG_UNSET_JOB=j7: rc {p.returncode} {os.listdir(d)} {p.stderr!r}")
+    plain = dict(e.env, LD_PRELOAD=":".join(
+        x for x in (e.env.get("LD_PRELOAD", ""), e.shim) if x),
+        CUMEMGUARD_LOG=os.path.join(d, "y.%q{CMG_UNSET_JOB}.log"))
+    p = subprocess.run([e.rt, "basic"], env=plain, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=120)
+    said = [l for l in p.stderr.splitlines() if "CMG_UNSET_JOB" in l]
+    check(p.returncode == 0 and len(said) == 1 and
+          "%q{CMG_UNSET_JOB}: the environment variable CMG_UNSET_JOB is not set" in said[0] and
+          os.path.exists(os.path.join(d, "y..log")),
+          f"LD_PRELOAD with an unset %q{{}}: rc {p.returncode} {p.stderr[-600:]!r} {os.listdir(d)}")
+
+
 def alloc_conf_once(e):
     # A PYTORCH_CUDA_ALLOC_CONF that PyTorch would reject is said by the process that touches
     # CUDA, once, with the hint `config` gives; the shell and the commands that never touch CUDA
@@ -551,7 +584,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, option_rule, log_target, alloc_conf_once, live_stacks, sanitized,
+                 suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once, live_stacks, sanitized,
                  interpreter_fifo):
         step(e)
     if FAILURES:

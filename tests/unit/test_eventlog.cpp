@@ -262,12 +262,16 @@ TEST_CASE("Log names: every placeholder, values as one file-name component, unkn
   in.getenv = test_env;
   auto n = cmg::shim::expand_log_name("cg.%p.%r.%l.%h.%e.%q{JOB}.%q{NONE}.%%", in);
   CHECK(n.path == "cg.42.3.na.node_7.python3.a_b_c..%");
-  // Each value that had to be changed is named once.
-  REQUIRE(n.problems.size() == 2);
+  // Each value that had to be changed is named once, and so is a variable that is not set.
+  REQUIRE(n.problems.size() == 3);
   CHECK(n.problems[0] ==
         "CUMEMGUARD_LOG: the value of %h ('node/7') holds '/' or control characters; written "
         "with '_' for them (a value is one file-name component, never a directory)");
   CHECK(n.problems[1].find("the value of %q{JOB} ('a/b\\x01c')") != std::string::npos);
+  CHECK(n.problems[2] ==
+        "CUMEMGUARD_LOG: %q{NONE}: the environment variable NONE is not set; written as nothing "
+        "(set it, or leave %q{NONE} out)");
+  CHECK(n.unset == std::vector<std::string>{"NONE"});
   n = cmg::shim::expand_log_name("x.%x.%x.%q.%q{}.%", in);
   CHECK(n.path == "x.%x.%x.%q.%q{}.%");
   REQUIRE(n.problems.size() == 3);  // %x once, %q (both forms) once, the lone % once
@@ -299,7 +303,8 @@ TEST_CASE("Log names: a value never makes a '.' or '..' component") {
   // Dots the pattern itself writes are the user's: kept.
   n = cmg::shim::expand_log_name("/l/../%q{NONE}./x", in);
   CHECK(n.path == "/l/.././x");
-  CHECK(n.problems.empty());
+  REQUIRE(n.problems.size() == 1);  // only that NONE is not set
+  CHECK(n.problems[0].find("NONE is not set") != std::string::npos);
 }
 
 TEST_CASE("Local rank comes from LOCAL_RANK, then the launchers' variables") {
