@@ -71,5 +71,8 @@ std::string man_page(const Command &c, std::string_view version);
 std::string page_name(const Command &c);
 // The bash completion script for every command.
 std::string bash_completion();
+// The exit statuses of `cumemguard` itself (every command's convention) as the README's markdown
+// table, header included.
+std::string exit_table_markdown();
 
 }  // namespace cmg::tools::cli

@@ -93,6 +93,13 @@ std::string upper(std::string_view s) {
 
 }  // namespace
 
+std::string exit_table_markdown() {
+  std::string out = "| status | meaning |\n|---|---|\n";
+  for (const ExitStatus &e : command("").exits)
+    out += "| `" + std::string(e.code) + "` | " + std::string(e.meaning) + " |\n";
+  return out;
+}
+
 std::string page_name(const Command &c) {
   return c.name.empty() ? std::string("cumemguard") : "cumemguard-" + std::string(c.name);
 }

@@ -23,19 +23,36 @@ constexpr Option kTopOptions[] = {
     {"-h, --help", "", Value::None, "", "print this help"},
     {"--version", "", Value::None, "", "print the version"},
 };
+// The one convention of every command, in cumemguard --help, cumemguard(1) and the README's
+// "Exit status" table (gen_cli exits-md writes it; check_cli.py fails when the README's differs,
+// or when a command's own table has a code this one lacks).
 constexpr ExitStatus kTopExits[] = {
     {"0", "success"},
-    {"1", "findings (report; config: PyTorch would fail on the environment)"},
-    {"64", "a usage error: an unknown command or option, a bad argument"},
-    {"66", "an input file cannot be read"},
-    {"71", "run: the program could not be started (fork failed)"},
+    {"1",
+     "findings: report when the logs hold findings (leaks only with --fail-on-leaks) or a "
+     "process crashed or was aborted; config when PyTorch would fail on the environment"},
+    {"N",
+     "run --error-exitcode N when a process of the run had findings that are not suppressed "
+     "(leaks only with --fail-on-leaks), unless the program was killed by a signal"},
+    {"64",
+     "a usage error: an unknown command or option, a bad argument or value; for run, a "
+     "CUMEMGUARD_* setting (from -e or the environment) that cannot apply, a suppressions file "
+     "that cannot be read, or an event log name whose %q{VAR} is not set"},
+    {"66",
+     "an input cannot be read: a log for report; the shim for run (CUMEMGUARD_SHIM_PATH names "
+     "no file)"},
+    {"71", "run could not start the program (fork failed)"},
     {"73",
-     "an output file cannot be written (report), or the event log that run --log names "
-     "cannot be opened (the program is not started)"},
+     "an output cannot be written: a file report writes; for run, the event log (no such "
+     "directory, not writable, a FIFO, a link or a directory at its path), or no status "
+     "directory can be made for --error-exitcode; the program is not started"},
+    {"126", "run: PROGRAM is not executable"},
+    {"127", "run: PROGRAM is not found"},
+    {"other", "run passes the program's own status, or dies of the signal that killed it"},
 };
 constexpr sv kTopNotes[] = {
-    "`cumemguard COMMAND --help` describes each command; each takes --version too. run passes "
-    "the program's own status otherwise (see cumemguard run --help).",
+    "`cumemguard COMMAND --help` describes each command and its own exit statuses; each takes "
+    "--version too.",
 };
 
 // The environment the shim reads, in every page that starts or explains it.
@@ -109,7 +126,7 @@ constexpr ExitStatus kRunExits[] = {
      "killed by a signal: the launcher then dies of the same signal)"},
     {"64",
      "bad options or arguments, or a CUMEMGUARD_* setting (from -e or the environment) that "
-     "cannot apply; an unreadable suppressions file"},
+     "cannot apply; an unreadable suppressions file; an event log name whose %q{VAR} is not set"},
     {"66", "the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)"},
     {"71", "the program could not be started (fork failed)"},
     {"73",

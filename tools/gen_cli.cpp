@@ -2,6 +2,7 @@
 // Build-time writer of the man pages and the bash completion from the commands' table (cli.h):
 //   gen_cli man COMMAND VERSION OUT     (COMMAND "-" for cumemguard itself)
 //   gen_cli completion OUT
+//   gen_cli exits-md OUT                (the README's exit status table)
 // Not installed; the build runs it.
 #include <cstdio>
 #include <cstring>
@@ -20,8 +21,12 @@ int main(int argc, char **argv) {
   } else if (argc == 3 && std::strcmp(argv[1], "completion") == 0) {
     text = bash_completion();
     out = argv[2];
+  } else if (argc == 3 && std::strcmp(argv[1], "exits-md") == 0) {
+    text = exit_table_markdown();
+    out = argv[2];
   } else {
-    std::fprintf(stderr, "Usage: gen_cli man COMMAND VERSION OUT | gen_cli completion OUT\n");
+    std::fprintf(stderr, "Usage: gen_cli man COMMAND VERSION OUT | gen_cli completion OUT | "
+                         "gen_cli exits-md OUT\n");
     return 64;
   }
   std::FILE *f = std::fopen(out, "we");

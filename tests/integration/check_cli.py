@@ -167,6 +167,29 @@ def main():
         check(p.returncode == 64 and p.stderr == want and not p.stdout,
               f"{cmd} --bogus: rc {p.returncode} {p.stderr!r} {p.stdout[:200]!r}")
 
+    # One exit-status table: cumemguard --help, cumemguard(1) and the README list the same codes
+    # with the same meanings (the README's table is gen_cli's output, word for word), and every
+    # code a command's own --help lists is among them.
+    def exit_codes(text):
+        block = text.split("Exit status", 1)[1].split("\n\n", 1)[0]
+        return re.findall(r"^  (\S+) ", block, re.M)
+    top = run([a.cg, "--help"]).stdout
+    codes = exit_codes(top)
+    want = run([os.path.join(tools, "gen_cli"), "exits-md", "/dev/stdout"]).stdout
+    readme = open(os.path.join(a.source, "README.md")).read()
+    check(want and want in readme, "README.md's exit status table is not gen_cli exits-md's:\n" +
+          want)
+    check([r.split("`")[1] for r in want.splitlines()[2:]] == codes,
+          f"cumemguard --help lists exit statuses {codes}, the README table others")
+    page = open(os.path.join(tools, "cumemguard.1")).read()
+    man_exits = page.split('.SH "EXIT STATUS"\n', 1)[1].split(".SH", 1)[0]
+    man_codes = re.findall(r"^\.TP\n\.B (\S+)", man_exits, re.M)
+    check(man_codes == codes, f"cumemguard(1) EXIT STATUS {man_codes}, --help {codes}")
+    for cmd in ("run", "report", "config"):
+        own = exit_codes(run([a.cg, cmd, "--help"]).stdout)
+        check(set(own) <= set(codes), f"cumemguard {cmd} --help has exit statuses "
+                                      f"{sorted(set(own) - set(codes))} that cumemguard --help lacks")
+
     # Exit status 73 is in the tables of the commands that use it.
     for cmd in ("", "run", "report"):
         h = run([a.cg] + ([cmd] if cmd else []) + ["--help"]).stdout
