@@ -2,8 +2,12 @@
 // The PyTorch allocator-config policy in the host: applied once at load, before any library reads
 // the environment (PyTorch's parser L runs in libc10_cuda.so's static initialisation, i.e. during
 // `import torch`), and checked again at the first CUDA call (bug-patterns.md P21).
+#include <errno.h>
 #include <link.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,7 +15,9 @@
 
 #include "diag.h"
 #include "state.h"
+#include "stderr_out.h"
 #include "summary.h"
+#include "textbuf.h"
 #include "torch_conf.h"
 #include "torch_host.h"
 
@@ -28,6 +34,66 @@ bool g_load_reported = false;      // the environment's errors were judged at lo
 // touches CUDA (the shell, ls, a pyenv wrapper of a launcher) prints nothing. Leaked on purpose.
 std::vector<Finding> *g_load_findings = nullptr;
 
+// The kept findings as stderr lines, for a process that never reaches CUDA: `import torch`
+// aborts inside libc10_cuda.so's static initialisation on some values (SIGABRT during import
+// torch, docs/torch-alloc-conf-observed.md), before any CUDA call, and the shim's crash handlers
+// come only with the first one. So while findings are kept, a SIGABRT handler of this file says
+// them (installed only where SIGABRT has its default action, and given back at the first CUDA
+// call), and so does the exit of a process that loaded libc10_cuda.so without calling CUDA (an
+// import that raised). Made at load, written with write(2): nothing allocates at either moment.
+char g_unsaid[8192];
+std::size_t g_unsaid_len = 0;
+std::atomic<bool> g_unsaid_pending{false};
+struct sigaction g_abort_before {};
+std::atomic<bool> g_abort_ours{false};
+
+void say_unsaid() {
+  if (!g_unsaid_pending.exchange(false, std::memory_order_acq_rel)) return;
+  const int rank = state().rank;
+  for (std::size_t at = 0; at < g_unsaid_len;) {
+    const void *nl = std::memchr(g_unsaid + at, '\n', g_unsaid_len - at);
+    const std::size_t end = nl ? static_cast<const char *>(nl) - g_unsaid : g_unsaid_len;
+    char line[sizeof g_unsaid + 96];
+    TextBuf t(line, sizeof line);
+    t.s("cumemguard[").i(getpid());
+    if (rank >= 0) t.s(" rank ").i(rank);
+    t.s("]: warning: ").s(std::string_view(g_unsaid + at, end - at)).c('\n');
+    stderr_write(t.view());
+    at = end + 1;
+  }
+}
+
+void on_abort_unsaid(int sig) {
+  const int saved = errno;
+  say_unsaid();
+  // Then as without the shim: the default action, and the signal again (abort() raises it once
+  // more itself; a kill -ABRT from outside is delivered when this handler returns).
+  sigaction(sig, &g_abort_before, nullptr);
+  raise(sig);
+  errno = saved;
+}
+
+void keep_line(const Finding &f) {
+  if (!enabled(LogLevel::Warn)) return;
+  char esc[2048];
+  std::size_t used = 0;
+  const std::size_t n = escape_controls_to(f.msg, sizeof esc - 8, esc, sizeof esc, used);
+  TextBuf t(g_unsaid + g_unsaid_len, sizeof g_unsaid - g_unsaid_len);
+  t.s(finding_id(f.cls)).s(" in (load): ").s(std::string_view(esc, n)).c('\n');
+  if (t.full()) return;  // a cut line is not said; the first CUDA call still says the finding
+  g_unsaid_len += t.size();
+  g_unsaid_pending.store(true, std::memory_order_release);
+  struct sigaction old {};
+  if (g_abort_ours.load() || sigaction(SIGABRT, nullptr, &old) != 0) return;
+  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;  // someone else's
+  struct sigaction sa {};
+  sa.sa_handler = on_abort_unsaid;
+  sa.sa_flags = SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  g_abort_before = old;
+  if (sigaction(SIGABRT, &sa, nullptr) == 0) g_abort_ours.store(true);
+}
+
 // Said now when this process is a PyTorch one already (libtorch linked, or the torch policy
 // asked for), kept for the first CUDA call otherwise.
 void load_finding(Finding f, bool now) {
@@ -35,6 +101,7 @@ void load_finding(Finding f, bool now) {
     report_finding_without_call(std::move(f), "(load)", true);
     return;
   }
+  keep_line(f);
   if (!g_load_findings) g_load_findings = new std::vector<Finding>();
   g_load_findings->push_back(std::move(f));
 }
@@ -135,7 +202,22 @@ void on_load() {
   }
 }
 
+void release_load_abort_handler() {
+  g_unsaid_pending.store(false, std::memory_order_release);  // the first CUDA call says them
+  if (!g_abort_ours.exchange(false)) return;
+  struct sigaction cur {};
+  if (sigaction(SIGABRT, nullptr, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+      cur.sa_handler == on_abort_unsaid)
+    sigaction(SIGABRT, &g_abort_before, nullptr);
+}
+
+void say_load_findings_at_exit() {
+  if (!active() && g_unsaid_pending.load(std::memory_order_acquire) && c10_cuda_loaded())
+    say_unsaid();
+}
+
 void on_first_cuda_call() {
+  release_load_abort_handler();
   if (g_load_findings) {
     std::vector<Finding> found = std::move(*g_load_findings);
     g_load_findings->clear();

@@ -63,11 +63,6 @@ const char *level_word(LogLevel l) {
   return "";
 }
 
-bool enabled(LogLevel l) {
-  if (!options_ready()) return l <= LogLevel::Warn;
-  return static_cast<int>(l) <= static_cast<int>(state().opts.log_level);
-}
-
 void write_note_record(LogLevel level, std::string_view msg) {
   char buf[4096];
   JsonLine j(buf, sizeof buf);
@@ -92,6 +87,11 @@ void prefix(TextBuf &t) {
 }
 
 }  // namespace
+
+bool enabled(LogLevel l) {
+  if (!options_ready()) return l <= LogLevel::Warn;
+  return static_cast<int>(l) <= static_cast<int>(state().opts.log_level);
+}
 
 void diag_line(LogLevel level, std::string_view msg, std::string_view more) {
   if (!enabled(level)) return;

@@ -12,6 +12,8 @@
 
 namespace cmg::shim {
 
+// Whether lines of this level are printed (CUMEMGUARD_LOG_LEVEL; warnings before options are read).
+bool enabled(LogLevel l);
 // `more`: whole lines ('\n'-terminated, already prefixed) printed right under the line, in the
 // same write (a finding's stacks): another process's lines cannot come between them.
 void diag_line(LogLevel level, std::string_view msg, std::string_view more = {});

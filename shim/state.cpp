@@ -235,6 +235,7 @@ void activate_slow() {
   flush_reserve();
   bridge::exports();
   g_active.store(true, std::memory_order_release);
+  release_load_abort_handler();
   if (s.opts.crash_summary) install_crash_handlers();
   snapshot_signal_start();
   flush_pending_notes();
@@ -367,7 +368,10 @@ extern "C" int __cxa_atexit(void (*fn)(void *), void *arg, void *dso_handle);
 
 namespace {
 
-void final_summary(void *) { cmg::shim::exit_summary(/*from_abort=*/false); }
+void final_summary(void *) {
+  cmg::shim::say_load_findings_at_exit();
+  cmg::shim::exit_summary(/*from_abort=*/false);
+}
 
 // Whether the shim was loaded with the program (LD_PRELOAD, or a library it links), not by a later
 // dlopen: such objects come before libc in the loader's list, those dlopen'ed after it.

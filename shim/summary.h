@@ -14,5 +14,10 @@ void exit_summary(bool from_abort);
 void on_load();
 // At the first CUDA call: did the environment change since load (bug-patterns.md P21)?
 void on_first_cuda_call();
+// Before the crash handlers are installed: gives SIGABRT back from the handler that says the
+// load's findings when `import torch` aborts before any CUDA call (config_env.cpp).
+void release_load_abort_handler();
+// At exit of a process that loaded libc10_cuda.so and never called CUDA: the load's findings.
+void say_load_findings_at_exit();
 
 }  // namespace cmg::shim

@@ -431,6 +431,33 @@ def alloc_conf_once(e):
           f"{p.stderr!r}")
 
 
+def alloc_conf_before_cuda(e):
+    # A value on which `import torch` aborts (SIGABRT in libc10_cuda.so's static initialisation,
+    # before any CUDA call) is still said, once, by the process that dies of it; and at the exit of
+    # a process that loaded libc10_cuda.so without calling CUDA. An abort with a good value, and a
+    # process that neither aborts nor loads it, print nothing; the exit status is the program's.
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments=True"}
+    want = ("config in (load): PYTORCH_CUDA_ALLOC_CONF='expandable_segments=True': import torch "
+            "would abort (std::terminate in the static initialisation of libc10_cuda.so)")
+    py = sys.executable
+    c10 = os.path.join(os.path.dirname(os.path.dirname(e.rt)), "torch", "libc10_cuda.so")
+    for label, code, extra, rc, said in (
+            ("abort, bad value", "import os; os.abort()", conf, -6, 1),
+            ("kill -ABRT, bad value", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)",
+             conf, -6, 1),
+            ("abort, no value", "import os; os.abort()", None, -6, 0),
+            ("libc10_cuda loaded, bad value", f"import ctypes; ctypes.CDLL({c10!r})", conf, 0, 1),
+            ("nothing loaded, bad value", "pass", conf, 0, 0)):
+        p = e.run(["run", "--no-log", "--no-summary", "--", py, "-c", code], extra=extra)
+        alone = subprocess.run([py, "-c", code], env=dict(e.env, **(extra or {})),
+                               capture_output=True, timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("cumemguard[")]
+        ok = p.returncode == rc == alone.returncode and len(lines) == said and all(
+            re.match(r"cumemguard\[\d+\]: warning: ", l) and want in l for l in lines)
+        check(ok, f"{label}: rc {p.returncode} (want {rc}; the program alone {alone.returncode}), "
+                  f"{said} line(s) wanted: {p.stderr!r}")
+
+
 def frames_of(lines, start):
     """The stacks printed under lines[start]: (heading or None for the call's own, [functions])."""
     stacks = []
@@ -584,8 +611,8 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once, live_stacks, sanitized,
-                 interpreter_fifo):
+                 suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once,
+                 alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed (files kept in {e.tmp})")
