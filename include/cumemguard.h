@@ -18,7 +18,7 @@
  *
  * docs/transport.md describes the cleanup feature, docs/python.md the whole API.
  *
- * The contract (the one of seed 000, kept as it was proposed):
+ * The contract (opt-in opportunistic cleanup that steps aside once a transport starts):
  *  - Opportunistic cleanup becomes *suppressed* when an NCCL communicator setup begins (seen by the
  *    shim, counted from the entry of the init call) or when the program announces another
  *    transport with cumemguard_suppress_opportunistic_cleanup(). It stays suppressed for the rest

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The scoped allocator-settings change of seed 002, on the one parser of the product. The seed's
+// The scoped allocator-settings change, on the one parser of the product. Its first
 // review found the two ways such guards go wrong: a partial string passed to the setter resets
 // max_split_size, roundup_power2_divisions and garbage_collection_threshold (A.parseArgs resets
 // them, reference §5), and a guard that reads only PYTORCH_CUDA_ALLOC_CONF misses the unified

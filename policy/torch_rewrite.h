@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A scoped change of PyTorch's allocator settings at run time (the seed-002 guard): the full
+// A scoped change of PyTorch's allocator settings at run time (the scoped allocator-settings guard): the full
 // configuration in effect with one override applied, for torch.cuda.memory._set_allocator_settings,
 // and the string that restores the original afterwards. Both are checked against the model of the
 // setter (torch_conf: A.parseArgs then C.parseArgs, resets of three fields only, not

@@ -29,7 +29,7 @@ std::string source_of(const Outcome &o, Key k) {
 // ---- pytorch#183387: on 2.9.1 the CUDA allocator takes expandable_segments only from
 // PYTORCH_CUDA_ALLOC_CONF; PYTORCH_ALLOC_CONF=expandable_segments:True leaves it False (the
 // report's snapshot shows False). Honoured by 2.11.0 (verified by the reporter,
-// karpathy/autoresearch#588) and by 2.10.0 (seed 002's snapshot with the unified variable only).
+// karpathy/autoresearch#588) and by 2.10.0 (the scoped guard's snapshot with the unified variable only).
 bool unified_ignored_applies(const Env &, const Outcome &o, const TorchVersion &) {
   return o.source[slot(Key::ExpandableSegments)] == Var::Alloc && o.settings.expandable_segments;
 }

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Transport-aware opportunistic cleanup, the pure half: the registry of live NCCL communicators
 // (and transports announced through the C API), the sticky "opportunistic cleanup suppressed"
-// state with the seed's flush contract, the classification of a free's stack as a cache flush,
+// state with the cleanup contract, the classification of a free's stack as a cache flush,
 // and what the policy does with one.
 //
 // A communicator counts from the *entry* of its init call: NCCL starts proxy threads and lazily
 // connects peers inside collectives (NCCL_RUNTIME_CONNECT, nccl-and-cleanup.md 1.2 and 6.1), so
 // device work may be in flight before the init returns. Suppression is sticky: an empty
-// communicator list does not prove the transports are quiet (seed 000's contract).
+// communicator list does not prove the transports are quiet (the cleanup contract).
 #pragma once
 
 #include <atomic>
@@ -86,7 +86,7 @@ class Transport {
   std::optional<EventRef> ended(std::uint64_t comm) const;
 
   // Whether an optional flush must be suppressed now: from the first communicator's init on
-  // (sticky: seed 000), except while every communicator the process made is live and suspended
+  // (sticky: the cleanup contract), except while every communicator the process made is live and suspended
   // (proven quiet, see on_suspended) and no other transport was announced.
   bool suppressed() const { return suppressed_.load(std::memory_order_acquire); }
   // Whether suppression was ever turned on (sticky; suppressed() may be lifted meanwhile).
@@ -95,7 +95,7 @@ class Transport {
   // the first caller publishes it right after the flag).
   EventRef suppressed_by() const;
 
-  // The seed's contract (cumemguard_maybe_empty_cache): runs flush(arg) only while not
+  // The cleanup contract (cumemguard_maybe_empty_cache): runs flush(arg) only while not
   // suppressed and returns whether it ran. Flushes run concurrently with each other; a transition
   // to suppressed waits for the ones running, and every request after the transition declines.
   bool run_flush(void (*flush)(void *), void *arg);

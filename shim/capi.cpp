@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The C API of include/cumemguard.h: the seed's flush contract on the shim's transport registry,
+// The C API of include/cumemguard.h: the cleanup contract on the shim's transport registry,
 // the counters a test suite asserts on, and the PyTorch allocator-settings rewrite of the shim's
 // own policy (policy/torch_rewrite). It works whether or not the program makes CUDA calls, and
 // with CUMEMGUARD_DISABLE (then it writes nothing and only explicit suppression counts, since

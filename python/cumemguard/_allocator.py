@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Scoped changes of PyTorch's allocator settings (seed 002's guard), on the shim's own parser.
+"""Scoped changes of PyTorch's allocator settings (the scoped allocator-settings guard), on the shim's own parser.
 
 The allocator's settings belong to the process, and blocks may be open on several threads at once.
 So the settings in effect are always the composition of every open block, in the order they were

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Optional cache flushes that step aside once a transport is live (seed 000's contract).
+"""Optional cache flushes that step aside once a transport is live (the cleanup contract).
 
 With the shim preloaded the shim decides: it sees NCCL communicator setup itself and serialises the
 transition with a running flush (include/cumemguard.h). Without it, this module keeps the same

@@ -333,7 +333,7 @@ CASES = {
                        shim_env={"CUMEMGUARD_OPPORTUNISTIC": "defer"},
                        base={"init": "0", "trim": "cudaSuccess", "destroy": "0"},
                        shim={}, findings=[("opportunistic-flush", "skip")]),
-    # A suspended communicator is not live for suppression (seed 000 with vLLM's sleep mode).
+    # A suspended communicator is not live for suppression (the cleanup contract with vLLM's sleep mode).
     "suspend-flush": dict(prog="flush_cases", args=["suspend"],
                           base={"capi": "absent", "init": "0", "live.released": "1", "suspend": "0",
                                 "suspended.released": "1", "resume": "0",

@@ -394,7 +394,7 @@ int capi_race() {
 
 }  // namespace
 
-// Seed 000 with NCCL's suspend (vLLM's sleep mode): a rank's communicator is suspended, then the
+// The cleanup contract with NCCL's suspend (vLLM's sleep mode): a rank's communicator is suspended, then the
 // program flushes its cache to hand the memory to another process. The suspended communicator is
 // quiet (NCCL synchronized the device and passed a barrier before it released its memory), so
 // the flush is not an opportunistic one and the C API runs the optional flush; once resumed, a

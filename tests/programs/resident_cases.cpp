@@ -126,7 +126,7 @@ struct SleepPool {
     for (Block *b : made) b->asleep = false;
     return CUDA_SUCCESS;
   }
-  // The allocator's free: a block it counts as asleep has nothing mapped (seed 001's fix), so
+  // The allocator's free: a block it counts as asleep has nothing mapped (the sleep allocator's fix), so
   // only its reservation is freed.
   void free_all() {
     for (Block &b : blocks) {

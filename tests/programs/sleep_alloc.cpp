@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A faithful sleep-mode allocator (vLLM's CuMemAllocator / cumem_allocator.cpp): my_malloc
 // reserves, creates, maps and sets access; my_free unmaps, releases and frees the range whatever
-// the allocation's state (the bug of seed 001); sleep copies out or discards, then unmaps and
+// the allocation's state (vLLM's sleep-mode bug: unmapping memory freed while asleep); sleep copies out or discards, then unmaps and
 // releases; wake_up creates, maps, sets access and copies back. Like vLLM, a failing driver call
 // leaves its status in a process-global error code that is kept until the next operation reads it.
 //
@@ -80,7 +80,7 @@ CUdeviceptr my_malloc(size_t size, const std::string &tag) {
   return v;
 }
 
-// The allocator's free callback: unmap + release + address free, asleep or not (seed 001's bug).
+// The allocator's free callback: unmap + release + address free, asleep or not (vLLM's sleep-mode bug).
 void my_free(CUdeviceptr v) {
   auto it = g_allocs.find(v);
   if (it == g_allocs.end()) return;

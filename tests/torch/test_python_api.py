@@ -105,7 +105,7 @@ class Import(unittest.TestCase):
 
 
 class ExpandableSegments(unittest.TestCase):
-    """Seed 002's cases: the setter gets the full configuration, one token changed, and the full
+    """The scoped guard's cases: the setter gets the full configuration, one token changed, and the full
     original back; the allocator state after the block equals the state before it."""
 
     def run_block(self, env, expect_inside, expect_after=None):
@@ -544,7 +544,7 @@ class Fork(unittest.TestCase):
 
 
 class Cleanup(unittest.TestCase):
-    """Seed 000's contract; the process-wide suppression is sticky, so this class runs its tests
+    """The cleanup contract; the process-wide suppression is sticky, so this class runs its tests
     in order inside one test method."""
 
     def test_contract(self):

@@ -458,7 +458,7 @@ TEST_CASE("PyTorch hint: the variable PyTorch reads and the token as written") {
   CHECK(h.var == "PYTORCH_ALLOC_CONF");
   CHECK(h.token == "expandable_segments : True");
 
-  // PyTorch 2.10 precedence (seed 002): a present PYTORCH_CUDA_ALLOC_CONF wins, even empty.
+  // PyTorch 2.10 precedence (the scoped allocator-settings guard): a present PYTORCH_CUDA_ALLOC_CONF wins, even empty.
   torchconf::Env shadowed;
   shadowed.cuda = "";
   shadowed.alloc = "expandable_segments:True";

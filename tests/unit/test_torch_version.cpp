@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // policy/torch_version, torch_rules and torch_rewrite: version strings and where torch keeps them,
 // every row of the version table (applies in its range, not outside, with its bug), and the scoped
-// settings change of seed 002 checked against the setter model.
+// settings change checked against the setter model.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -246,11 +246,11 @@ TEST_CASE("version rules: every row names its bug or reason and a fix state", "[
   }
 }
 
-// ---- the scoped rewrite (seed 002)
+// ---- the scoped rewrite (the scoped allocator-settings guard)
 
 namespace {
 
-// The Python stand-in's and seed 002's cases: what the setter gets inside and after the block.
+// The Python stand-in's and the scoped guard's cases: what the setter gets inside and after the block.
 Rewrite off(const Env &e, std::optional<std::string> base = std::nullopt) {
   RewriteRequest q;
   q.base = std::move(base);

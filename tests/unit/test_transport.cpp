@@ -149,7 +149,7 @@ TEST_CASE("A flush that itself starts a transport does not wait for itself") {
   CHECK(t.suppressed());
 }
 
-// The seed's startup race: an init that begins while a flush runs returns only after the flush
+// The cleanup contract's startup race: an init that begins while a flush runs returns only after the flush
 // has finished, and no flush request after the init's entry runs. Ordered by events, not by time:
 // the flush runs until it sees the init turn suppression on (the init has entered), then keeps
 // running while it watches for the init to return (it must not), and only then ends; the order of

@@ -2,7 +2,7 @@
 // policy/transport with suspended communicators: a communicator NCCL suspended is quiet (2.29.7
 // synchronizes the device and passes a barrier of all ranks before it releases its memory), so
 // while every communicator of the process is suspended an optional flush is not suppressed; an
-// ended communicator, a failed setup or an announced transport keep suppression sticky (seed 000);
+// ended communicator, a failed setup or an announced transport keep suppression sticky (the cleanup contract);
 // a resume is an init-like transition, serialized with a running flush. Also run under TSan.
 #include <catch2/catch.hpp>
 
