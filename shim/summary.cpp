@@ -382,7 +382,11 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
   suppressed_text(t);
   transport_summary_text(t);
   bridge::unrequested_summary_text(t);
-  if (s.log.is_open())
+  // Under `cumemguard run` the launcher's last line says how to read every log of the run (with
+  // the launcher's own path when `cumemguard` on PATH is not it).
+  if (s.log.is_open() && !s.opts.status_dir.empty())
+    t.s("  log: ").s(s.log.path()).s("\n");
+  else if (s.log.is_open())
     t.s("  log: ").s(s.log.path()).s(" (cumemguard report ").s(s.log.path()).s(")\n");
   t.flush();
 }

@@ -94,6 +94,25 @@ void apply_torch_override() {
   }
 }
 
+// How to name this program in the line that says how to read the logs: "cumemguard" when that
+// name on PATH is this program, else its own path (a build tree's tools/cumemguard, which a user
+// pasting `cumemguard report ...` would not find).
+std::string self_command() {
+  char self[PATH_MAX];
+  if (!realpath("/proc/self/exe", self)) return "cumemguard";
+  const char *path = std::getenv("PATH");
+  for (std::string_view rest = path ? path : ""; !rest.empty();) {
+    const std::size_t colon = rest.find(':');
+    const std::string dir(rest.substr(0, colon));
+    rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+    char found[PATH_MAX];
+    const std::string cand = (dir.empty() ? std::string(".") : dir) + "/cumemguard";
+    if (access(cand.c_str(), X_OK) == 0 && realpath(cand.c_str(), found))
+      return std::strcmp(found, self) == 0 ? "cumemguard" : std::string(self);
+  }
+  return self;
+}
+
 bool exists(const std::string &p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
@@ -528,8 +547,9 @@ int run_main(int argc, char **argv) {
   if (!t.logs.empty()) {
     std::string all;
     for (const auto &l : t.logs) all += " " + l;
-    std::fprintf(stderr, "cumemguard: %zu log%s:%s\ncumemguard: read with: cumemguard report%s\n",
-                 t.logs.size(), t.logs.size() == 1 ? "" : "s", all.c_str(), all.c_str());
+    std::fprintf(stderr, "cumemguard: %zu log%s:%s\ncumemguard: read with: %s report%s\n",
+                 t.logs.size(), t.logs.size() == 1 ? "" : "s", all.c_str(),
+                 self_command().c_str(), all.c_str());
   }
   if (t.unreadable)
     std::fprintf(stderr, "cumemguard: warning: %zu entr%s of the run's status directory %s not a "

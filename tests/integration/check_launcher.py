@@ -241,6 +241,23 @@ def summary_order(e):
           f"a leaking run's summary: {fl} {p.stderr!r}")
 
 
+def read_with(e):
+    # The last line says how to read the logs with a command that works when pasted: the plain
+    # name when `cumemguard` on PATH is this launcher, else the launcher's own path. The shim's
+    # summary under `run` names the log and leaves the command to that line.
+    d = e.logdir()
+    log = os.path.join(d, "r.log")
+    for label, path, want in (("not on PATH", "/usr/bin:/bin", os.path.realpath(e.cg)),
+                              ("on PATH", d + ":/usr/bin:/bin", "cumemguard")):
+        if want == "cumemguard" and not os.path.exists(os.path.join(d, "cumemguard")):
+            os.symlink(e.cg, os.path.join(d, "cumemguard"))
+        p = e.run(["run", "--log", log, "--", e.rt, "basic"], extra={"PATH": path})
+        lines = p.stderr.splitlines()
+        check(p.returncode == 0 and lines[-1] == f"cumemguard: read with: {want} report {log}" and
+              f"  log: {log}" in lines,
+              f"read-with line, cumemguard {label}: rc {p.returncode} {lines[-3:]}")
+
+
 def suppressions(e):
     d = e.logdir()
     supp = os.path.join(d, "supp.txt")
@@ -611,7 +628,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once,
+                 read_with, suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:
