@@ -354,7 +354,13 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
   switch (o.cls) {
     case tc::OutcomeClass::Ok:
       if (!o.error)
-        out << "ok (PyTorch accepts this environment)\n";
+        // Which release accepts it: the judged one, which is the default when no torch is
+        // installed for the interpreter asked (the judged line says so).
+        out << "ok (torch " << jd.version.text << " accepts this environment"
+            << (jd.source.starts_with("default") ? "; no installed torch release was found, so this is the "
+                                                   "default release's answer"
+                                                 : "")
+            << ")\n";
       else
         out << "ok at allocations (backend:cudaMallocAsync does not read the other keys there); "
                "the first allocator-settings call raises "

@@ -272,3 +272,18 @@ TEST_CASE("config: --version, and _mb keys shown in MiB", "[config_cmd]") {
         std::string::npos);
   CHECK(t.out.find(" 134217728 ") == std::string::npos);
 }
+
+TEST_CASE("config's outcome names the release that accepts, and says when none was found",
+          "[config_cmd]") {
+  // A named release answers for itself; without one found (an empty environment: no python,
+  // no torch), the default release answers, and the line says so instead of "PyTorch accepts".
+  Run named = run({"--torch-version", "2.11.0"});
+  REQUIRE(named.status == 0);
+  CHECK(named.out.find("\n  outcome: ok (torch 2.11.0 accepts this environment)\n") !=
+        std::string::npos);
+  Run none = run({});
+  REQUIRE(none.status == 0);
+  CHECK(none.out.find("accepts this environment; no installed torch release was found, so this "
+                      "is the default release's answer)\n") != std::string::npos);
+  CHECK(none.out.find("PyTorch accepts") == std::string::npos);
+}
