@@ -121,6 +121,9 @@ struct SignalPipe {
 SignalPipe g_pipe;  // set before the handler is installed; the handler only reads it
 std::atomic<bool> g_thread_started{false};
 std::atomic<std::uint64_t> g_signals{0};
+// A forked child whose parent took snapshots: its thread runs from the fork on, before the child's
+// first CUDA call (a data-loader worker may never make one), and the signal is taken there too.
+std::atomic<bool> g_forked_thread{false};
 
 int signal_number(SnapshotSignal s) {
   switch (s) {
@@ -167,8 +170,9 @@ const char *signal_label(SnapshotSignal s) {
 void on_snapshot_signal(int) {
   const int saved = errno;
   g_signals.fetch_add(1, std::memory_order_relaxed);
-  // Before the first CUDA call there is no log and nothing to snapshot.
-  if (!active()) {
+  // Before the first CUDA call there is no log and nothing to snapshot; a forked child of a
+  // process that had them opens its own log at the snapshot.
+  if (!active() && !g_forked_thread.load(std::memory_order_relaxed)) {
     errno = saved;
     return;
   }
@@ -203,6 +207,8 @@ void *snapshot_thread(void *) {
     const ssize_t n = ::read(g_pipe.rd.fd, b, sizeof b);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return nullptr;
+    // A forked child's first use of the shim: its own log (NAME.<pid>), as at a first CUDA call.
+    if (!active()) activate();
     snapshot_requested(label, SnapshotTrigger::Signal);
   }
 }
@@ -335,14 +341,23 @@ void resident_fork_child() {
   g_limit_said.store(false);
   boundaries().fork_child();
   device_use().fork_child();
-  // The parent's pipe and thread are the parent's: the child gets its own at its first CUDA call.
-  // Under ThreadSanitizer a forked child of a threaded parent cannot start a thread ("not
-  // supported"): its signals are counted, not taken.
-  g_thread_started.store(false);
+  // The parent's pipe and thread are the parent's: the child gets its own pipe now, and its own
+  // thread now when the parent had one (else at its first CUDA call). No lock of the shim is held
+  // here; pthread_create allocates its stack and thread state, and glibc has reset its
+  // allocator's and thread-stack locks before fork handlers run. Under ThreadSanitizer a forked child of a threaded parent cannot
+  // start a thread ("not supported"): its signals are counted, not taken.
+  const bool had_thread = g_thread_started.exchange(false);
+  g_forked_thread.store(false);
   if (g_pipe.rd.valid()) {
     g_pipe.rd.close();
     g_pipe.wr.close();
-    if (!__tsan_init) make_pipe();
+    if (!__tsan_init && make_pipe() && had_thread) {
+      g_thread_started.store(true);
+      if (start_detached_quiet(snapshot_thread, nullptr) == 0)
+        g_forked_thread.store(true);
+      else
+        g_thread_started.store(false);  // tried again at the child's first CUDA call
+    }
   }
 }
 

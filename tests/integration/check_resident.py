@@ -104,6 +104,7 @@ CASES = {
     "snapshot-signal": (["snapshot-signal", "@LOG@"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
     "snapshot-signal-off": (["snapshot-signal", "@LOG@"], {}, {}),
     "snapshot-limit": (["wake-fail-fixed"], {}, {"CUMEMGUARD_SNAPSHOTS": "1"}),
+    "snapshot-fork": (["snapshot-fork", "@LOG@"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
     "nccl-destroy": (["nccl-destroy"], {}, {}),
 }
 
@@ -116,7 +117,9 @@ def check(name, build, recs, log, plain, shim):
         by_label.setdefault(s["label"], []).append(s)
     # The program's answers are the same with the shim, but for what only the shim answers.
     own = {"snapshot-api": {"snapshot_before", "snapshot_after"},
-           "snapshot-signal": {"usr2_handled", "snapshot_seen"}}.get(name, set())
+           "snapshot-signal": {"usr2_handled", "snapshot_seen"},
+           "snapshot-fork": {"usr2_handled", "child_snapshot_seen", "parent_snapshot_seen"}
+           }.get(name, set())
     for k in set(plain) | set(shim):
         if k not in own:
             expect(plain.get(k) == shim.get(k),
@@ -235,6 +238,44 @@ def check(name, build, recs, log, plain, shim):
     elif name == "snapshot-signal-off":
         expect(shim["usr2_handled"] == ["0"], f"off by default, yet handled: {shim}")
         expect(not snaps, f"snapshots {snaps}")
+
+    elif name == "snapshot-fork":
+        expect(shim["usr2_handled"] == ["1"] and shim["child_status"] == ["0"] and
+               shim["child_went_on"] == ["1"], f"{shim}")
+        # Under ThreadSanitizer a forked child of a threaded parent cannot start a thread (the
+        # runtime dies: "not supported"): the child's signal is counted, not taken (snapshot.cpp).
+        tsan = "tsan" in os.environ.get("CMG_PRELOAD_FIRST", "")
+        expect(shim["child_snapshot_seen"] == (["0"] if tsan else ["1"]),
+               f"the child's signal {'was' if tsan else 'was not'} taken: {shim}")
+        expect(shim["parent_snapshot_seen"] == ["1"], f"{shim}")
+        # The parent's log: its own snapshot alone, of its own 1 MiB.
+        expect(len(snaps) == 1 and snaps[0]["label"] == "SIGUSR2" and
+               snaps[0]["trigger"] == "signal", f"parent's snapshots {snaps}")
+        expect(total(snaps[0], "linear", "live") == MIB, f"parent's rows {snaps[0]['rows']}")
+        header = recs[0]
+        children = [p for p in glob.glob(log + ".*") if not p.endswith(".status")]
+        expect(len(children) == 1, f"child logs {children}")
+        crecs = read_log(children[0])
+        chead = crecs[0]
+        expect(chead["pid"] != header["pid"], f"child header {chead}")
+        csnaps = snapshots(crecs)
+        if tsan:
+            expect(csnaps == [], f"child's snapshots under ThreadSanitizer {csnaps}")
+            return
+        # The child's: nothing (its allocation was refused; the parent's memory is the parent's).
+        expect(len(csnaps) == 1 and csnaps[0]["label"] == "SIGUSR2" and
+               csnaps[0]["trigger"] == "signal",
+               f"child's snapshots {csnaps}")
+        expect(csnaps[0]["rows"] == [] and csnaps[0]["end"]["objects"] == 0,
+               f"child's rows {csnaps[0]['rows']}")
+        # Its log goes on after the snapshot: the refused allocation (the child ends with _exit,
+        # so only what was written by then is there).
+        errs = [r for r in crecs if r.get("k") == "cuda_error"]
+        expect([(r["api"], r["res"]) for r in errs] == [("cuMemAlloc_v2", 3)], f"child's {errs}")
+        rep = report_json(build, children[0])
+        res = rep["resident"]["snapshots"]
+        expect(len(res) == 1 and res[0]["resident_bytes"] == 0 and res[0]["label"] == "SIGUSR2",
+               f"child's report {res}")
 
     elif name == "snapshot-limit":
         expect(len(snaps) == 1, f"{len(snaps)} snapshots with CUMEMGUARD_SNAPSHOTS=1")

@@ -19,11 +19,14 @@
 //                     communicator on device 1 makes this process a rank of device 1
 //   snapshot-api      two snapshots through the C API around an allocation
 //   snapshot-signal   a snapshot asked for with the signal CUMEMGUARD_SNAPSHOT_SIGNAL names
+//   snapshot-fork     a forked child asks for a snapshot with the signal: its own log has it, the
+//                     parent's log only the parent's
 //   nccl-destroy      a communicator destroyed and one aborted, each a boundary
 // Output: one "name value" line per observation, compared without and with the shim.
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -338,6 +341,46 @@ int snapshot_signal(const char *log) {
   return 0;
 }
 
+// Sends SIGUSR2 to this process and waits (bounded) for a complete snapshot in `log`.
+bool signal_and_wait(const std::string &log) {
+  kill(getpid(), SIGUSR2);
+  for (int i = 0; i < 2000; ++i) {
+    if (log_has_snapshot(log.c_str())) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// The parent holds 1 MiB and forks (a data-loader worker). The child asks for a snapshot with the
+// signal before any CUDA call of its own: it goes to the child's own log, LOG.<pid> (the parent's
+// name is taken). Its CUDA call after fails as a forked child's does (CUDA is not fork-safe:
+// NOT_INITIALIZED). Then the parent asks for one.
+int snapshot_fork(const char *log) {
+  struct sigaction sa {};
+  sigaction(SIGUSR2, nullptr, &sa);
+  const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+  out("usr2_handled", handled);
+  CUdeviceptr parent = cache_block(1 << 20);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) return 2;
+  if (pid == 0) {
+    if (handled && log && *log)
+      out("child_snapshot_seen", signal_and_wait(std::string(log) + "." + std::to_string(getpid())));
+    CUdeviceptr own = 0;
+    out_res("child_alloc", cuMemAlloc(&own, 3 << 20));
+    out("child_went_on", 1);
+    std::fflush(stdout);
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  out("child_status", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  if (handled && log && *log) out("parent_snapshot_seen", signal_and_wait(log));
+  CHECK_CU(cuMemFree(parent));
+  return 0;
+}
+
 int nccl_destroy() {
   ncclUniqueId id;
   ncclComm_t a, b;
@@ -377,6 +420,7 @@ int main(int argc, char **argv) {
   if (c == "busy-device-fixed") return busy_device(true);
   if (c == "snapshot-api") return snapshot_api();
   if (c == "snapshot-signal") return snapshot_signal(argc > 2 ? argv[2] : nullptr);
+  if (c == "snapshot-fork") return snapshot_fork(argc > 2 ? argv[2] : nullptr);
   if (c == "nccl-destroy") return nccl_destroy();
   std::fprintf(stderr, "unknown case %s\n", c.c_str());
   return 64;
