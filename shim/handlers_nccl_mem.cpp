@@ -141,8 +141,9 @@ int nccl_suspend(std::uint64_t comm, int flags, FnRef<int()> real) {
     nccl_record(c, event_name(c.api()), comm, device_of(comm), r, x);
     c.log(r, args);
     after_call.report(c, r, args);
-    // A suspend that released the communicator's memory is a boundary: what is still resident.
-    if (r == ncclSuccess && mem) snapshot_at_boundary("ncclCommSuspend");
+    // A suspend that released the communicator's memory is a boundary: what is still resident,
+    // with the suspend's unmaps as the sleep that ended there.
+    if (r == ncclSuccess && mem) snapshot_at_boundary("ncclCommSuspend", SnapshotTrigger::Suspend);
     return r;
   });
 }

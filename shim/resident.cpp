@@ -105,13 +105,20 @@ void close_wake(const WakeRun &w) {
   take_snapshot(w.failed ? "wake-up (failed)" : "wake-up", SnapshotTrigger::Wake, true, &run);
 }
 
-void close_sleep(const SleepRun &sr) {
+// `at`: the boundary the sleep ends at (its label and trigger), when it ends at one; false when
+// no snapshot was due (nothing was put to sleep).
+struct At {
+  const char *label = "sleep";
+  SnapshotTrigger trigger = SnapshotTrigger::Sleep;
+};
+
+bool close_sleep(const SleepRun &sr, At at = {}) {
   // Ranges whose reservations were freed before the run ended were freed, not put to sleep
   // (NCCL's and many allocators' free: unmap, release, address free).
   std::size_t asleep = 0;
   for (const auto &[va, size] : sr.seen)
     if (std::strcmp(state().vmm.range_state(va, size), "asleep") == 0) ++asleep;
-  if (asleep == 0 && sr.seen_all) return;
+  if (asleep == 0 && sr.seen_all) return false;
   if (boundaries().has_leftovers()) {
     std::vector<Leftover> stayed, back;
     for (Leftover &l : boundaries().take_leftovers()) {
@@ -129,12 +136,14 @@ void close_sleep(const SleepRun &sr) {
     if (!back.empty()) boundaries().keep(std::move(back));
   }
   SnapshotRun run{"sleep", sr.first, sr.ranges, sr.bytes, false};
-  take_snapshot("sleep", SnapshotTrigger::Sleep, true, &run);
+  take_snapshot(at.label, at.trigger, true, &run);
+  return true;
 }
 
-void close_runs(Boundaries::Ended e) {
+// True when a sleep ended at `at` took the boundary's snapshot.
+bool close_runs(Boundaries::Ended e, At at = {}) {
   if (e.wake) close_wake(*e.wake);
-  if (e.sleep) close_sleep(*e.sleep);
+  return e.sleep && close_sleep(*e.sleep, at);
 }
 
 // A rank by its environment (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK) or LOCAL_RANK.
@@ -259,10 +268,9 @@ CUresult context_retain(int dev, FnRef<CUresult()> real) {
   });
 }
 
-void snapshot_at_boundary(const char *label) {
+void snapshot_at_boundary(const char *label, SnapshotTrigger trigger) {
   if (exit_in_progress()) return;  // nothing allocates once exit began
-  close_runs(boundaries().end_all());
-  take_snapshot(label, SnapshotTrigger::Boundary, true);
+  if (!close_runs(boundaries().end_all(), At{label, trigger})) take_snapshot(label, trigger, true);
 }
 
 std::uint64_t snapshot_requested(const char *label, SnapshotTrigger trigger) {

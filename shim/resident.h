@@ -43,7 +43,7 @@ CUresult context_retain(int dev, FnRef<CUresult()> real);
 
 // ---- snapshots (snapshot.cpp) ---------------------------------------------------------------
 
-enum class SnapshotTrigger : std::uint8_t { Sleep, Wake, Boundary, Destroy, Signal, Api };
+enum class SnapshotTrigger : std::uint8_t { Sleep, Wake, Boundary, Suspend, Destroy, Signal, Api };
 // What a boundary adds to its snapshot record: the run that ended.
 struct SnapshotRun {
   const char *what = nullptr;  // "sleep", "wake-up"
@@ -56,8 +56,10 @@ struct SnapshotRun {
 std::uint64_t take_snapshot(const char *label, SnapshotTrigger trigger, bool automatic,
                             const SnapshotRun *run = nullptr);
 // Every open run ends (its own boundary snapshot and checks first), then a snapshot named `label`
-// (trigger Boundary): for other parts of the shim, the NCCL suspend hook among them.
-void snapshot_at_boundary(const char *label);
+// (trigger Boundary, or Suspend for the NCCL suspend hook): for other parts of the shim. A sleep
+// that ends here (the suspend's own unmaps) is this snapshot's run, not a snapshot of its own.
+void snapshot_at_boundary(const char *label,
+                          SnapshotTrigger trigger = SnapshotTrigger::Boundary);
 // A snapshot asked for (the C API, Python, the signal): open runs end first. Returns its id or 0.
 std::uint64_t snapshot_requested(const char *label, SnapshotTrigger trigger);
 

@@ -55,6 +55,8 @@ const char *trigger_name(SnapshotTrigger t) {
       return "wake-up";
     case SnapshotTrigger::Boundary:
       return "boundary";
+    case SnapshotTrigger::Suspend:
+      return "suspend";
     case SnapshotTrigger::Destroy:
       return "destroy";
     case SnapshotTrigger::Signal:

@@ -305,7 +305,7 @@ void write_resident_text(const Model &m, const ReportOptions &opt, std::ostream 
         parts.push_back(fmt::format("{} {} ({})", c.creator, human(c.bytes), c.count));
       out << "    by creator:         " << join(parts) << "\n";
     }
-    if (s.trigger == "sleep") {
+    if (after_sleep(s)) {
       out << fmt::format("  did not go to sleep: {} in {} at {}{}\n", human(v.resident),
                          plural(v.resident_count, "object", "objects"),
                          plural(v.sites.size(), "site", "sites"),
@@ -385,7 +385,7 @@ Json snapshot_json(const Model &m, const ReportOptions &opt, const Snapshot &s) 
     run = {{"what", s.run->what},     {"seq", s.run->seq},     {"tid", s.run->tid},
            {"ranges", s.run->ranges}, {"bytes", s.run->bytes}, {"failed", s.run->failed}};
   Json not_asleep = nullptr;
-  if (s.trigger == "sleep")
+  if (after_sleep(s))
     not_asleep = {{"bytes", v.resident},
                   {"count", v.resident_count},
                   {"sites_total", v.sites.size()},
@@ -501,7 +501,7 @@ void write_resident_html(const Model &m, const ReportOptions &opt, std::ostream 
         fmt_time(m.time(s.log, s.ts)), html_escape(trigger_text(s)), html_escape(human(v.resident)),
         html_escape(human(v.asleep)));
     write_snapshot_chart(out, s, v);
-    if (s.trigger == "sleep")
+    if (after_sleep(s))
       out << fmt::format("<div class=\"{}\">did not go to sleep: {}</div>",
                          v.resident ? "bad" : "ok", html_escape(bytes_text(v.resident)));
     sites_html(m, opt, out, v.sites);

@@ -70,12 +70,18 @@ std::string devs_text(const std::set<std::int64_t> &devs) {
   return (devs.size() == 1 ? "dev " : "devs ") + out;
 }
 
+bool after_sleep(const Snapshot &s) {
+  return s.trigger == "sleep" || s.trigger == "suspend";
+}
+
 std::string trigger_text(const Snapshot &s) {
   std::string run;
   if (s.run)
     run = fmt::format(": {} {}, {} from seq {}", s.run->ranges,
                       s.run->ranges == 1 ? "range" : "ranges", human(s.run->bytes), s.run->seq);
   if (s.trigger == "sleep") return "the end of a sleep" + run + " put to sleep";
+  if (s.trigger == "suspend")
+    return "an NCCL suspend (" + s.label + ")" + (s.run ? run + " put to sleep" : std::string());
   if (s.trigger == "wake-up")
     return std::string(s.run && s.run->failed ? "a wake-up that failed" : "a wake-up") + run +
            " mapped again";

@@ -49,6 +49,9 @@ SnapView view_of(const Model &m, const Snapshot &s);
 StackKey stack_key(const Model &m, std::size_t log, std::optional<std::uint64_t> id);
 // "libnccl.so.2", "resident_cases", "(no stack)".
 std::string creator_of(const StackKey &k);
+// Whether the snapshot was taken where memory went to sleep (the end of a sleep, an NCCL suspend):
+// its resident sites are what did not go to sleep.
+bool after_sleep(const Snapshot &s);
 // "end of a sleep: 4 ranges, 16.0 MiB put to sleep from seq 20", "asked for", ...
 std::string trigger_text(const Snapshot &s);
 std::string human(std::int64_t bytes);                      // "16.0 MiB"

@@ -106,6 +106,8 @@ CASES = {
     "snapshot-limit": (["wake-fail-fixed"], {}, {"CUMEMGUARD_SNAPSHOTS": "1"}),
     "snapshot-fork": (["snapshot-fork", "@LOG@"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
     "nccl-destroy": (["nccl-destroy"], {}, {}),
+    "nccl-suspend": (["nccl-suspend"], {}, {}),
+    "nccl-suspend-fixed": (["nccl-suspend-fixed"], {}, {}),
 }
 
 
@@ -288,6 +290,43 @@ def check(name, build, recs, log, plain, shim):
         a = by_label["ncclCommAbort"][0]
         expect(d["trigger"] == "destroy" and a["trigger"] == "destroy", f"{d} {a}")
         expect(total(d, "linear", "live") == MIB, f"destroy rows {d['rows']}")
+    elif name in ("nccl-suspend", "nccl-suspend-fixed"):
+        fixed = name.endswith("-fixed")
+        expect(found == [], f"findings {found}")
+        expect(shim["suspend"] == ["0"] and shim["resume"] == ["0"], f"{shim}")
+        # One snapshot at the suspend, its unmaps the sleep that ended there (not a second one).
+        sus = by_label.get("ncclCommSuspend", [])
+        expect(len(sus) == 1 and sus[0]["trigger"] == "suspend", f"{[x['label'] for x in snaps]}")
+        sus = sus[0]
+        expect(sus["run"] == {"what": "sleep", "seq": sus["run"]["seq"], "tid": sus["run"]["tid"],
+                              "ranges": 1, "bytes": G}, f"run {sus['run']}")
+        idx = snaps.index(sus)
+        expect(not any(x["label"] == "sleep" and x["after_seq"] == sus["after_seq"] for x in snaps),
+               f"a sleep snapshot at the suspend too: {[x['label'] for x in snaps]}")
+        # NCCL's proxy buffer asleep, its host copy live; the weights mapped (or asleep, fixed).
+        expect(total(sus, "host", "live") == G, f"host copy {sus['rows']}")
+        expect(total(sus, "vmm", "asleep") == (G + 2 * G if fixed else G), f"asleep {sus['rows']}")
+        rep = report_json(build, log)
+        rs = next(x for x in rep["resident"]["snapshots"] if x["label"] == "ncclCommSuspend")
+        expect(rs["trigger"] == "suspend" and rs["not_asleep"] is not None, f"report {rs}")
+        mine = [x for x in rs["not_asleep"]["sites"] if x["creator"] == "resident_cases"]
+        if fixed:
+            expect(mine == [], f"the program's memory did not sleep: {mine}")
+            expect(any(x["creator"] == "resident_cases" and x["bytes"] == 2 * G
+                       for x in rs["asleep_sites"]), f"asleep sites {rs['asleep_sites']}")
+        else:
+            expect(len(mine) == 1 and mine[0]["bytes"] == 2 * G and mine[0]["kind"] == "vmm" and
+                   mine[0]["state"] == "mapped", f"the weights that stayed mapped: {mine}")
+            names = [f.get("function", "") for f in mine[0]["stack"]["frames"]]
+            expect(any("weights" in n for n in names), f"site stack {names}")
+        # What the resume finds: its wake-up maps NCCL's buffer again, nothing of NCCL asleep.
+        wake = snaps[idx + 1]
+        expect(wake["trigger"] == "wake-up" and wake["run"]["ranges"] == 1 and
+               wake["run"]["bytes"] == G and not wake["run"].get("failed"), f"after resume {wake}")
+        expect(total(wake, "vmm", "asleep") == (2 * G if fixed else 0), f"asleep {wake['rows']}")
+        text = run([os.path.join(build, "tools", "cumemguard"), "report", log], dict(os.environ))[1]
+        expect("an NCCL suspend (ncclCommSuspend): 1 range, 2.0 MiB" in text and
+               "did not go to sleep" in text, f"text report {text[:2000]}")
 
 
 def main():

@@ -22,6 +22,9 @@
 //   snapshot-fork     a forked child asks for a snapshot with the signal: its own log has it, the
 //                     parent's log only the parent's
 //   nccl-destroy      a communicator destroyed and one aborted, each a boundary
+//   nccl-suspend      a rank suspends its communicator's memory (NCCL_SUSPEND_MEM) while its own
+//                     weights stay mapped, then resumes it
+//   nccl-suspend-fixed the rank puts its weights to sleep first and wakes them after the resume
 // Output: one "name value" line per observation, compared without and with the shim.
 #include <nccl.h>
 #include <pthread.h>
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "nccl_late.h"
 
 namespace {
 
@@ -395,6 +399,44 @@ int nccl_destroy() {
   return 0;
 }
 
+// ---- an NCCL suspend ---------------------------------------------------------------------------
+
+template <class F>
+F nccl_late(const char *name) {
+  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+__attribute__((noinline)) void weights(Block &b) {
+  b.size = 2 * G;
+  CHECK_CU(cuMemAddressReserve(&b.v, b.size, 0, 0, 0));
+  CHECK_CU(create_and_map(b));
+}
+
+// A rank of two (its proxy holds a buffer for the peer, which the suspend releases and the resume
+// maps again at the same address).
+int nccl_suspend(bool fixed) {
+  auto suspend = nccl_late<decltype(&ncclCommSuspend)>("ncclCommSuspend");
+  auto resume = nccl_late<decltype(&ncclCommResume)>("ncclCommResume");
+  if (!suspend || !resume) {
+    std::fprintf(stderr, "this libnccl has no ncclCommSuspend (NCCL 2.29.7 added it)\n");
+    return 77;
+  }
+  ncclUniqueId id;
+  ncclComm_t comm;
+  out("nccl_id", ncclGetUniqueId(&id));
+  out("init", ncclCommInitRank(&comm, 2, id, 0));
+  Block w;
+  weights(w);
+  if (fixed) unmap_and_release(w);  // the weights go to sleep with the communicator
+  out("suspend", suspend(comm, NCCL_SUSPEND_MEM));
+  out("resume", resume(comm));
+  if (fixed) CHECK_CU(create_and_map(w));
+  out("destroy", ncclCommDestroy(comm));
+  unmap_and_release(w);
+  CHECK_CU(cuMemAddressFree(w.v, w.size));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -422,6 +464,8 @@ int main(int argc, char **argv) {
   if (c == "snapshot-signal") return snapshot_signal(argc > 2 ? argv[2] : nullptr);
   if (c == "snapshot-fork") return snapshot_fork(argc > 2 ? argv[2] : nullptr);
   if (c == "nccl-destroy") return nccl_destroy();
+  if (c == "nccl-suspend") return nccl_suspend(false);
+  if (c == "nccl-suspend-fixed") return nccl_suspend(true);
   std::fprintf(stderr, "unknown case %s\n", c.c_str());
   return 64;
 }
