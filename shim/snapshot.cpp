@@ -285,11 +285,22 @@ std::uint64_t take_snapshot(const char *label, SnapshotTrigger trigger, bool aut
     write(false);
     table->add(k, bytes);
   };
+  // Memory made on a thread while its capture was open is that capture's graph's (PyTorch's graph
+  // private pools: cudaMalloc in relaxed mode, capture_model.h); `graph` names the capture.
   s.linear.for_each_live([&](const LinearRec &r) {
-    add(ResidentKey{r.dev, r.kind, Residence::Live, r.alloc.stack, 0}, r.size);
+    add(ResidentKey{r.dev, r.kind, Residence::Live, r.alloc.stack, r.capture}, r.size);
   });
+  // Graph allocations a launch made and nothing freed since (allocation nodes: a captured
+  // cudaMallocAsync, cudaGraphAddMemAllocNode), owned by the graph's memory pool; the linear model
+  // never holds them. `graph` is the capture that made the node (0 for an explicit node: the kind
+  // `graph` tells it).
+  incomplete |= !s.capture.for_each_live_within(
+      [&](const GraphAlloc &a) {
+        add(ResidentKey{a.dev, MemKind::Graph, Residence::Live, a.node.stack, a.capture}, a.size);
+      },
+      kSnapshotPatienceNs);
   VmmCounts counts;
-  incomplete = !s.vmm.visit_within(
+  incomplete |= !s.vmm.visit_within(
       kSnapshotPatienceNs,
       [&](const PhysAlloc &a) {
         add(ResidentKey{a.dev(), MemKind::Vmm, a.map_count ? Residence::Mapped : Residence::Held,

@@ -287,7 +287,8 @@ void write_resident_text(const Model &m, const ReportOptions &opt, std::ostream 
     if (!s.ended)
       out << "    incomplete: the log ends inside this snapshot (the process was cut off)\n";
     if (s.incomplete)
-      out << "    incomplete: the VMM model stayed locked while the snapshot was taken\n";
+      out << "    incomplete: the VMM model or the graph allocations stayed locked while the "
+             "snapshot was taken\n";
     if (s.stack) {
       out << "    asked for at\n";
       print_stack(out, m.stack(s.log, s.stack), "        ");
@@ -436,10 +437,11 @@ void sites_html(const Model &m, const ReportOptions &opt, std::ostream &out,
     const SiteView &x = sites[i];
     out << fmt::format(
         "<div class=\"group resident-site\"><b>{}</b> in {} {}: {} {} on {}, "
-        "created by <code>{}</code>",
+        "created by <code>{}</code>{}",
         html_escape(bytes_text(x.bytes)), x.count, x.count == 1 ? "object" : "objects",
         html_escape(x.kind), html_escape(x.state), html_escape(devs_text(x.devs)),
-        html_escape(x.creator));
+        html_escape(x.creator),
+        x.graph ? fmt::format(", for a CUDA graph (capture {})", x.graph) : std::string());
     stack_html(out, m.stack(x.log, x.stack));
     out << "</div>\n";
   }

@@ -104,6 +104,7 @@ CASES = {
     "snapshot-signal": (["snapshot-signal", "@LOG@"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
     "snapshot-signal-off": (["snapshot-signal", "@LOG@"], {}, {}),
     "snapshot-limit": (["wake-fail-fixed"], {}, {"CUMEMGUARD_SNAPSHOTS": "1"}),
+    "graph-owned": (["graph-owned"], {}, {}),
     "snapshot-fork": (["snapshot-fork", "@LOG@"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
     "nccl-destroy": (["nccl-destroy"], {}, {}),
     "nccl-suspend": (["nccl-suspend"], {}, {}),
@@ -120,6 +121,7 @@ def check(name, build, recs, log, plain, shim):
     # The program's answers are the same with the shim, but for what only the shim answers.
     own = {"snapshot-api": {"snapshot_before", "snapshot_after"},
            "snapshot-signal": {"usr2_handled", "snapshot_seen"},
+           "graph-owned": {"snapshot"},
            "snapshot-fork": {"usr2_handled", "child_snapshot_seen", "parent_snapshot_seen"}
            }.get(name, set())
     for k in set(plain) | set(shim):
@@ -240,6 +242,35 @@ def check(name, build, recs, log, plain, shim):
     elif name == "snapshot-signal-off":
         expect(shim["usr2_handled"] == ["0"], f"off by default, yet handled: {shim}")
         expect(not snaps, f"snapshots {snaps}")
+
+    elif name == "graph-owned":
+        expect(found == [], f"findings {found}")
+        expect(shim["snapshot"] == ["1"], f"{shim}")
+        snap = by_label["graphs"][0]
+        allocs = [r for r in recs if r.get("k") == "call" and
+                  r.get("api") in ("cudaMalloc", "cudaMallocAsync")]
+        expect(len(allocs) == 3, f"allocations {allocs}")
+        plain, pool, node = (r.get("stack", 0) for r in allocs)
+        # [dev, kind, state, stack, graph, count, bytes]: the capture (1) owns the pool's block
+        # and the launch's allocation; the plain block is no graph's.
+        expect(sorted(snap["rows"]) == sorted([[0, "linear", "live", plain, 0, 1, MIB],
+                                               [0, "linear", "live", pool, 1, 1, 2 * MIB],
+                                               [0, "graph", "live", node, 1, 1, 4 * MIB]]),
+               f"rows {snap['rows']}")
+        rep = report_json(build, log)
+        rs = next(x for x in rep["resident"]["snapshots"] if x["label"] == "graphs")
+        got = sorted((x["kind"], x["bytes"], x["graph"]) for x in rs["sites"])
+        expect(got == [("graph", 4 * MIB, 1), ("linear", MIB, None), ("linear", 2 * MIB, 1)],
+               f"report sites {got}")
+        text = run([os.path.join(build, "tools", "cumemguard"), "report", log], dict(os.environ))[1]
+        expect(text.count("for a CUDA graph (capture 1)") == 2, f"text report {text[-3000:]}")
+        page = log + ".html"
+        rc, _, err = run([os.path.join(build, "tools", "cumemguard"), "report", "--html", page, log],
+                         dict(os.environ))
+        expect(rc in (0, 1), f"report --html: exit {rc} {err}")
+        with open(page) as f:
+            html = f.read()
+        expect(html.count("for a CUDA graph (capture 1)") == 2, "html report: graph not shown")
 
     elif name == "snapshot-fork":
         expect(shim["usr2_handled"] == ["1"] and shim["child_status"] == ["0"] and

@@ -19,6 +19,9 @@
 //                     communicator on device 1 makes this process a rank of device 1
 //   snapshot-api      two snapshots through the C API around an allocation
 //   snapshot-signal   a snapshot asked for with the signal CUMEMGUARD_SNAPSHOT_SIGNAL names
+//   graph-owned       a snapshot while a plain allocation, a graph's private-pool block (cudaMalloc
+//                     in relaxed mode inside the capture) and a graph allocation a launch made
+//                     (a captured cudaMallocAsync) are live
 //   snapshot-fork     a forked child asks for a snapshot with the signal: its own log has it, the
 //                     parent's log only the parent's
 //   nccl-destroy      a communicator destroyed and one aborted, each a boundary
@@ -345,6 +348,54 @@ int snapshot_signal(const char *log) {
   return 0;
 }
 
+// ---- graph-owned memory -------------------------------------------------------------------------
+
+__attribute__((noinline)) void *plain_block(size_t size) {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, size));
+  return p;
+}
+
+// PyTorch's allocator making a segment of a graph's private pool while the capture is open.
+__attribute__((noinline)) void *private_pool_block(size_t size) {
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&m));
+  void *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, size));
+  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&m));
+  return p;
+}
+
+__attribute__((noinline)) void *graph_node(size_t size, cudaStream_t s) {
+  void *p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, size, s));
+  return p;
+}
+
+int graph_owned() {
+  auto snap = reinterpret_cast<snapshot_fn>(dlsym(RTLD_DEFAULT, "cumemguard_snapshot"));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void *plain = plain_block(1 << 20);
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  void *pool = private_pool_block(2 << 20);
+  void *node = graph_node(4 << 20, s);
+  cudaGraph_t g = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t x = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&x, g, 0));
+  CHECK_CUDA(cudaGraphLaunch(x, s));  // allocates the node's 4 MiB
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  out("snapshot", snap ? static_cast<long long>(snap("graphs")) : -1);
+  CHECK_CUDA(cudaFree(node));
+  CHECK_CUDA(cudaFree(pool));
+  CHECK_CUDA(cudaFree(plain));
+  CHECK_CUDA(cudaGraphExecDestroy(x));
+  CHECK_CUDA(cudaGraphDestroy(g));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
 // Sends SIGUSR2 to this process and waits (bounded) for a complete snapshot in `log`.
 bool signal_and_wait(const std::string &log) {
   kill(getpid(), SIGUSR2);
@@ -462,6 +513,7 @@ int main(int argc, char **argv) {
   if (c == "busy-device-fixed") return busy_device(true);
   if (c == "snapshot-api") return snapshot_api();
   if (c == "snapshot-signal") return snapshot_signal(argc > 2 ? argv[2] : nullptr);
+  if (c == "graph-owned") return graph_owned();
   if (c == "snapshot-fork") return snapshot_fork(argc > 2 ? argv[2] : nullptr);
   if (c == "nccl-destroy") return nccl_destroy();
   if (c == "nccl-suspend") return nccl_suspend(false);
