@@ -249,9 +249,9 @@ void print_sites(const Model &m, const ReportOptions &opt, std::ostream &out,
   const std::size_t n = shown(sites.size(), opt.top);
   for (std::size_t i = 0; i < n; ++i) {
     const SiteView &s = sites[i];
-    out << fmt::format("  [{}] {} in {}: {} {} on {}, created by {}{}\n", i + 1,
+    out << fmt::format("  [{}] {} in {}: {} {} on {}, created by {}{}{}\n", i + 1,
                        bytes_text(s.bytes), plural(s.count, "object", objects), s.kind, s.state,
-                       devs_text(s.devs), s.creator,
+                       devs_text(s.devs), s.creator, python_text(s),
                        s.graph ? fmt::format(", for a CUDA graph (capture {})", s.graph) : "");
     print_stack(out, m.stack(s.log, s.stack), "        ");
   }
@@ -362,6 +362,11 @@ Json sites_json(const Model &m, const std::vector<SiteView> &sites, std::size_t 
                    {"devs", Json(std::vector<std::int64_t>(s.devs.begin(), s.devs.end()))},
                    {"graph", s.graph ? Json(s.graph) : Json(nullptr)},
                    {"creator", s.creator},
+                   {"module", s.module},
+                   {"python", s.python ? Json{{"file", s.python->file},
+                                              {"function", s.python->function},
+                                              {"line", s.python->line}}
+                                       : Json(nullptr)},
                    {"stack", frames_json(m.stack(s.log, s.stack))}});
   }
   return out;
@@ -437,10 +442,10 @@ void sites_html(const Model &m, const ReportOptions &opt, std::ostream &out,
     const SiteView &x = sites[i];
     out << fmt::format(
         "<div class=\"group resident-site\"><b>{}</b> in {} {}: {} {} on {}, "
-        "created by <code>{}</code>{}",
+        "created by <code>{}</code>{}{}",
         html_escape(bytes_text(x.bytes)), x.count, x.count == 1 ? "object" : "objects",
         html_escape(x.kind), html_escape(x.state), html_escape(devs_text(x.devs)),
-        html_escape(x.creator),
+        html_escape(x.creator), html_escape(python_text(x)),
         x.graph ? fmt::format(", for a CUDA graph (capture {})", x.graph) : std::string());
     stack_html(out, m.stack(x.log, x.stack));
     out << "</div>\n";

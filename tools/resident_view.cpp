@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "program_frame.h"
 #include "units.h"
 
 namespace cmg::report {
@@ -17,6 +18,10 @@ std::string_view basename_of(std::string_view path) {
   const auto slash = path.rfind('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
+
+// How stack_key writes a Python frame: "\x01py FILE\x02FUNCTION" (the line as the offset), or for a
+// code object the log has no record of "\x01py CODE of log N" (as report_model.cpp's groups).
+constexpr std::string_view kPyFrame = "\x01py ";
 
 // The CUDA runtime, the driver and the shim itself: never the creator.
 bool cuda_or_shim(std::string_view base) {
@@ -44,19 +49,65 @@ StackKey stack_key(const Model &m, std::size_t log, std::optional<std::uint64_t>
   for (const auto &md : l.modules) mods.push_back(&md);
   std::stable_sort(mods.begin(), mods.end(),
                    [](const Module *a, const Module *b) { return a->base < b->base; });
-  for (std::uint64_t pc : it->second) k.push_back(module_offset(mods, pc));
+  const auto py = l.py_stacks.find(*id);
+  const PyStackRec *rec = py == l.py_stacks.end() ? nullptr : &py->second;
+  std::size_t next = 0;
+  auto python = [&](const PyFrameRef &r) {
+    auto c = l.pycodes.find(r.code);
+    k.emplace_back(c == l.pycodes.end()
+                       ? fmt::format("{}{} of log {}", kPyFrame, r.code, log)
+                       : fmt::format("{}{}\x02{}", kPyFrame, c->second.file, c->second.name),
+                   static_cast<std::uint64_t>(r.line));
+  };
+  for (std::size_t i = 0; i < it->second.size(); ++i) {
+    bool replaced = false;
+    while (rec && next < rec->frames.size() && rec->frames[next].at == i) {
+      python(rec->frames[next++]);
+      replaced = true;
+    }
+    if (!replaced) k.push_back(module_offset(mods, it->second[i]));
+  }
+  while (rec && next < rec->frames.size()) python(rec->frames[next++]);
   return k;
 }
 
-std::string creator_of(const StackKey &k) {
+std::string module_of(const StackKey &k) {
   if (k.empty()) return "(no stack)";
+  const std::string *last = nullptr;
   for (const auto &[path, off] : k) {
+    if (path.starts_with('\x01')) continue;  // a Python frame
     if (path.starts_with("<missing")) return "(stack not in the log)";
     const std::string_view base = basename_of(path);
     if (base.empty()) return "(no module)";
     if (!cuda_or_shim(base)) return std::string(base);
+    last = &path;
   }
-  return std::string(basename_of(k.back().first));
+  return last ? std::string(basename_of(*last)) : std::string("(no module)");
+}
+
+std::optional<PythonSite> python_site_of(const StackKey &k) {
+  std::optional<PythonSite> first;
+  for (const auto &[text, line] : k) {
+    if (!text.starts_with(kPyFrame)) continue;  // native, or a code object the log lacks
+    const std::string_view rest = std::string_view(text).substr(kPyFrame.size());
+    const auto sep = rest.find('\x02');
+    if (sep == std::string_view::npos) continue;
+    PythonSite p{std::string(rest.substr(0, sep)), std::string(rest.substr(sep + 1)),
+                 static_cast<std::int64_t>(line)};
+    if (python_program_file(p.file)) return p;
+    if (!first) first = std::move(p);
+  }
+  return first;
+}
+
+std::string creator_of(const StackKey &k) {
+  if (auto p = python_site_of(k)) return p->file;
+  return module_of(k);
+}
+
+std::string python_text(const SiteView &s) {
+  if (!s.python) return "";
+  return fmt::format(", at {} ({}:{})", s.python->function, s.python->file, s.python->line);
 }
 
 std::string human(std::int64_t bytes) {
@@ -119,7 +170,9 @@ SnapView view_of(const Model &m, const Snapshot &s) {
       site.kind = r.kind;
       site.state = r.state;
       site.graph = r.graph;
-      site.creator = creator_of(key);
+      site.module = module_of(key);
+      site.python = python_site_of(key);
+      site.creator = site.python ? site.python->file : site.module;
     }
     site.devs.insert(r.dev);
     site.bytes = sat_add(site.bytes, r.bytes);

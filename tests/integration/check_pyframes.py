@@ -309,6 +309,25 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
                                             {"CUMEMGUARD_SUPPRESSIONS": supp}, [it.ext_dir])
                 check(rep3 is not None and len(groups3) == 2,
                       f"{label}: the rule leaves other double frees alone: {len(groups3)} groups")
+    # What is resident, made from Python: the snapshot's site is the program's innermost Python
+    # frame (alloc's cudaMalloc line), and its creator this file; the native module is kept apart.
+    log, rep, _ = run_case(cg, it, script, "resident", env, tmp, {"CUMEMGUARD_STACKS": "16"})
+    if rep is not None:
+        label = f"{it.label} resident"
+        snaps = [x for x in rep["resident"]["snapshots"] if x["label"] == "resident"]
+        sites = [x for s in snaps for x in s["sites"]]
+        want = {"file": script, "function": "alloc", "line": mark["malloc"]}
+        got = [(x["creator"], x.get("python"), x["bytes"], x["kind"]) for x in sites]
+        check(len(snaps) == 1 and got == [(script, want, 1 << 20, "linear")],
+              f"{label}: the resident site {got}, want {want}")
+        check(len(sites) == 1 and sites[0].get("module") not in (None, "", script),
+              f"{label}: the native module {[x.get('module') for x in sites]}")
+        creators = [c["creator"] for s in snaps for c in s["by_creator"]]
+        check(creators == [script], f"{label}: by creator {creators}")
+        text = subprocess.run([cg, "report", log], capture_output=True, text=True,
+                              timeout=120 * SLOW).stdout
+        line = f"created by {script}, at alloc ({script}:{mark['malloc']})"
+        check(line in text, f"{label}: the text report says {line!r}")
     # Code objects made at the address of freed ones: each double free names its own function
     # (and the case must really have reused an address, or it shows nothing).
     log, rep, groups = run_case(cg, it, script, "reused-code", env, tmp)

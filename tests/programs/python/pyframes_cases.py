@@ -5,7 +5,7 @@
 # extension (the GIL held), a generator, deep recursion, an exception unwinding through the call,
 # threads exiting while another thread's stacks are captured, a native thread with no Python
 # frames, code objects made at the address of freed ones, and a crash (SIGSEGV) under Python
-# frames. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
+# frames; and a snapshot of what is resident, made from Python. Lines marked "# @NAME" are the sites tests/integration/check_pyframes.py expects.
 #   pyframes_cases.py CASE [EXTENSION_DIR | libfakecaching.so]
 import ctypes
 import gc
@@ -238,6 +238,18 @@ def case_nccl_free():
     cache.fakecache_free(p, ctypes.c_size_t(1 << 20))
     cache.fakecache_empty_cache()  # @flush-call
     assert nccl.ncclCommDestroy(comm) == 0
+
+
+def case_resident():
+    # A snapshot (the C API, through ctypes) while alloc()'s memory is live: its resident site is
+    # alloc's line, the innermost frame of this file.
+    p = alloc()  # @alloc-call
+    snap = getattr(ctypes.CDLL(None), "cumemguard_snapshot", None)  # None without the shim
+    if snap:
+        snap.restype = ctypes.c_size_t
+        snap.argtypes = [ctypes.c_char_p]
+        print("snapshot", snap(b"resident"))
+    free_buffer(p)
 
 
 def crash_here():
