@@ -58,8 +58,7 @@ std::uint64_t take_snapshot(const char *label, SnapshotTrigger trigger, bool aut
 // Every open run ends (its own boundary snapshot and checks first), then a snapshot named `label`
 // (trigger Boundary, or Suspend for the NCCL suspend hook): for other parts of the shim. A sleep
 // that ends here (the suspend's own unmaps) is this snapshot's run, not a snapshot of its own.
-void snapshot_at_boundary(const char *label,
-                          SnapshotTrigger trigger = SnapshotTrigger::Boundary);
+void snapshot_at_boundary(const char *label, SnapshotTrigger trigger = SnapshotTrigger::Boundary);
 // A snapshot asked for (the C API, Python, the signal): open runs end first. Returns its id or 0.
 std::uint64_t snapshot_requested(const char *label, SnapshotTrigger trigger);
 

@@ -357,8 +357,9 @@ void resident_fork_child() {
   // The parent's pipe and thread are the parent's: the child gets its own pipe now, and its own
   // thread now when the parent had one (else at its first CUDA call). No lock of the shim is held
   // here; pthread_create allocates its stack and thread state, and glibc has reset its
-  // allocator's and thread-stack locks before fork handlers run. Under ThreadSanitizer a forked child of a threaded parent cannot
-  // start a thread ("not supported"): its signals are counted, not taken.
+  // allocator's and thread-stack locks before fork handlers run. Under ThreadSanitizer a forked
+  // child of a threaded parent cannot start a thread ("not supported"): its signals are counted,
+  // not taken.
   const bool had_thread = g_thread_started.exchange(false);
   g_forked_thread.store(false);
   if (g_pipe.rd.valid()) {
@@ -366,10 +367,11 @@ void resident_fork_child() {
     g_pipe.wr.close();
     if (!__tsan_init && make_pipe() && had_thread) {
       g_thread_started.store(true);
-      if (start_detached_quiet(snapshot_thread, nullptr) == 0)
-        g_forked_thread.store(true);
-      else
+      g_forked_thread.store(true);
+      if (start_detached_quiet(snapshot_thread, nullptr) != 0) {
+        g_forked_thread.store(false);
         g_thread_started.store(false);  // tried again at the child's first CUDA call
+      }
     }
   }
 }

@@ -421,7 +421,8 @@ int snapshot_fork(const char *log) {
   if (pid < 0) return 2;
   if (pid == 0) {
     if (handled && log && *log)
-      out("child_snapshot_seen", signal_and_wait(std::string(log) + "." + std::to_string(getpid())));
+      out("child_snapshot_seen",
+          signal_and_wait(std::string(log) + "." + std::to_string(getpid())));
     CUdeviceptr own = 0;
     out_res("child_alloc", cuMemAlloc(&own, 3 << 20));
     out("child_went_on", 1);
