@@ -65,6 +65,38 @@ std::pair<std::string, std::uint64_t> module_offset(const std::vector<const Modu
   return {std::string(), pc};
 }
 
+StackKey stack_key_of(const Log &l, std::size_t log, std::uint64_t id,
+                      const std::vector<const Module *> &sorted) {
+  StackKey k;
+  auto it = l.stacks.find(id);
+  if (it == l.stacks.end()) {
+    // Keyed by log too: the same missing id in two processes is not the same stack.
+    k.emplace_back(fmt::format("<missing stack {} of log {}>", id, log), 0);
+    return k;
+  }
+  const auto py = l.py_stacks.find(id);
+  const PyStackRec *rec = py == l.py_stacks.end() ? nullptr : &py->second;
+  std::size_t next = 0;
+  auto python = [&](const PyFrameRef &r) {
+    auto c = l.pycodes.find(r.code);
+    k.emplace_back(c == l.pycodes.end()
+                       ? fmt::format("\x01py {} of log {}", r.code, log)
+                       : fmt::format("\x01py {}\x02{}", c->second.file, c->second.name),
+                   static_cast<std::uint64_t>(r.line));
+  };
+  for (std::size_t i = 0; i < it->second.size(); ++i) {
+    bool replaced = false;
+    while (rec && next < rec->frames.size() && rec->frames[next].at == i) {
+      python(rec->frames[next++]);
+      replaced = true;
+    }
+    if (!replaced) k.push_back(module_offset(sorted, it->second[i]));
+  }
+  while (rec && next < rec->frames.size()) python(rec->frames[next++]);
+  if (rec && !rec->end.empty()) k.emplace_back("\x01py_end " + rec->end, 0);
+  return k;
+}
+
 namespace {
 
 // Interned stack keys: groups compare small integers, not frame lists. -1: no stack.
@@ -75,42 +107,14 @@ class StackKeys {
     if (per_log_.size() <= log) per_log_.resize(log + 1);
     auto &cache = per_log_[log];
     if (auto it = cache.ids.find(*id); it != cache.ids.end()) return it->second;
-    StackKey k;
-    auto it = l.stacks.find(*id);
-    if (it == l.stacks.end()) {
-      // Keyed by log too: the same missing id in two processes is not the same stack.
-      k.emplace_back(fmt::format("<missing stack {} of log {}>", *id, log), 0);
-    } else {
-      if (cache.sorted_for != l.modules.size()) {
-        cache.modules.clear();
-        for (const auto &m : l.modules) cache.modules.push_back(&m);
-        std::stable_sort(cache.modules.begin(), cache.modules.end(),
-                         [](const Module *a, const Module *b) { return a->base < b->base; });
-        cache.sorted_for = l.modules.size();
-      }
-      const auto py = l.py_stacks.find(*id);
-      const PyStackRec *rec = py == l.py_stacks.end() ? nullptr : &py->second;
-      std::size_t next = 0;
-      // Python frames stand in for the eval frame that runs them, keyed by file, function and
-      // line: the same Python site in two processes (or at two addresses) is one key.
-      auto python = [&](const PyFrameRef &r) {
-        auto c = l.pycodes.find(r.code);
-        k.emplace_back(c == l.pycodes.end()
-                           ? fmt::format("\x01py {} of log {}", r.code, log)
-                           : fmt::format("\x01py {}\x02{}", c->second.file, c->second.name),
-                       static_cast<std::uint64_t>(r.line));
-      };
-      for (std::size_t i = 0; i < it->second.size(); ++i) {
-        bool replaced = false;
-        while (rec && next < rec->frames.size() && rec->frames[next].at == i) {
-          python(rec->frames[next++]);
-          replaced = true;
-        }
-        if (!replaced) k.push_back(module_offset(cache.modules, it->second[i]));
-      }
-      while (rec && next < rec->frames.size()) python(rec->frames[next++]);
-      if (rec && !rec->end.empty()) k.emplace_back("\x01py_end " + rec->end, 0);
+    if (cache.sorted_for != l.modules.size()) {
+      cache.modules.clear();
+      for (const auto &m : l.modules) cache.modules.push_back(&m);
+      std::stable_sort(cache.modules.begin(), cache.modules.end(),
+                       [](const Module *a, const Module *b) { return a->base < b->base; });
+      cache.sorted_for = l.modules.size();
     }
+    StackKey k = stack_key_of(l, log, *id, cache.modules);
     auto [kit, fresh] = index_.try_emplace(k, static_cast<long>(keys_.size()));
     if (fresh) keys_.push_back(std::move(k));
     cache.ids.emplace(*id, kit->second);

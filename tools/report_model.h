@@ -59,6 +59,14 @@ using StackKey = std::vector<std::pair<std::string, std::uint64_t>>;
 // base wins), and the offset in it; ("", pc) when none holds it.
 std::pair<std::string, std::uint64_t> module_offset(const std::vector<const Module *> &sorted,
                                                     std::uint64_t pc);
+// The stack `id` of log `l` (number `log` of the report) as a key: native frames by (module path,
+// offset) with `sorted` as above; Python frames, in place of the eval frames that ran them, as
+// ("\x01py FILE\x02FUNCTION", line), or ("\x01py CODE of log N", line) for a code object the log
+// has no record of, and a truncated or unreadable Python stack's ("\x01py_end WHAT", 0): the same
+// Python site in two processes (or at two addresses) is one key. ("<missing stack ...>", 0) for
+// an id the log has no stack record of.
+StackKey stack_key_of(const Log &l, std::size_t log, std::uint64_t id,
+                      const std::vector<const Module *> &sorted);
 
 // A stack of one log, symbolized when a writer asks for it.
 struct StackRef {

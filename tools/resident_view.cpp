@@ -19,8 +19,8 @@ std::string_view basename_of(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-// How stack_key writes a Python frame: "\x01py FILE\x02FUNCTION" (the line as the offset), or for a
-// code object the log has no record of "\x01py CODE of log N" (as report_model.cpp's groups).
+// How stack_key_of (report_model.h) writes a Python frame whose code the log has:
+// "\x01py FILE\x02FUNCTION", the line as the offset.
 constexpr std::string_view kPyFrame = "\x01py ";
 
 // The CUDA runtime, the driver and the shim itself: never the creator.
@@ -40,35 +40,11 @@ StackKey stack_key(const Model &m, std::size_t log, std::optional<std::uint64_t>
   StackKey k;
   if (!id) return k;
   const Log &l = m.logs[log];
-  auto it = l.stacks.find(*id);
-  if (it == l.stacks.end()) {
-    k.emplace_back(fmt::format("<missing stack {} of log {}>", *id, log), 0);
-    return k;
-  }
   std::vector<const Module *> mods;
   for (const auto &md : l.modules) mods.push_back(&md);
   std::stable_sort(mods.begin(), mods.end(),
                    [](const Module *a, const Module *b) { return a->base < b->base; });
-  const auto py = l.py_stacks.find(*id);
-  const PyStackRec *rec = py == l.py_stacks.end() ? nullptr : &py->second;
-  std::size_t next = 0;
-  auto python = [&](const PyFrameRef &r) {
-    auto c = l.pycodes.find(r.code);
-    k.emplace_back(c == l.pycodes.end()
-                       ? fmt::format("{}{} of log {}", kPyFrame, r.code, log)
-                       : fmt::format("{}{}\x02{}", kPyFrame, c->second.file, c->second.name),
-                   static_cast<std::uint64_t>(r.line));
-  };
-  for (std::size_t i = 0; i < it->second.size(); ++i) {
-    bool replaced = false;
-    while (rec && next < rec->frames.size() && rec->frames[next].at == i) {
-      python(rec->frames[next++]);
-      replaced = true;
-    }
-    if (!replaced) k.push_back(module_offset(mods, it->second[i]));
-  }
-  while (rec && next < rec->frames.size()) python(rec->frames[next++]);
-  return k;
+  return stack_key_of(l, log, *id, mods);
 }
 
 std::string module_of(const StackKey &k) {
