@@ -986,6 +986,31 @@ bool blocked_in_poll(long tid) {
   return tid && (nr == SYS_poll || nr == SYS_ppoll);
 }
 
+// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat): kill()
+// returns before a SIGSTOP has taken effect, and the exporter's broker thread could still answer an
+// open that arrives meanwhile.
+bool all_stopped(pid_t pid) {
+  char dir[64];
+  std::snprintf(dir, sizeof dir, "/proc/%d/task", static_cast<int>(pid));
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  bool all = true, any = false;
+  while (dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char path[128], buf[512] = {};
+    std::snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+    FILE *f = std::fopen(path, "r");
+    if (!f) continue;
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const char *close = n ? std::strrchr(buf, ')') : nullptr;  // "pid (comm) S ..."
+    any = true;
+    if (!close || close[1] != ' ' || (close[2] != 'T' && close[2] != 't')) all = false;
+  }
+  closedir(d);
+  return any && all;
+}
+
 // A thread opens a handle of an exporter that was stopped (SIGSTOP): it waits for the answer. A
 // fork() from another thread meanwhile must not wait for that open (the shim's fork handler takes
 // the importer's table lock, which the open must not hold across its socket wait).
@@ -993,7 +1018,10 @@ int fork_stall() {
   Peer p = spawn("exporter-stall", "fork-stall");
   Job j;
   if (!read_all(p.from, &j, sizeof j)) return 3;
-  out_n("exporter_stopped", kill(p.pid, SIGSTOP) == 0 ? 1 : 0);
+  bool stopped = kill(p.pid, SIGSTOP) == 0;
+  const auto stop_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (stopped && !all_stopped(p.pid) && std::chrono::steady_clock::now() < stop_by) usleep(1000);
+  out_n("exporter_stopped", stopped && all_stopped(p.pid) ? 1 : 0);
   std::atomic<int> done{0};
   std::atomic<long> opener{0};
   CUresult r = CUDA_ERROR_UNKNOWN;
