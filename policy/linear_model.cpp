@@ -2,27 +2,127 @@
 // The linear-memory model: see linear_model.h for the rules.
 #include "linear_model.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "lock_within.h"
-#include "node_reuse.h"
 #include "text.h"
 
 namespace cmg {
 
-using detail::recycle;
+namespace {
 
-void LinearModel::drop(Shard &s, RecMap::iterator it) { recycle(s.spare, s.recs.extract(it)); }
+constexpr std::uint32_t kNone = UINT32_MAX;
 
-void LinearModel::remember_freed(Shard &s, Rec &r, std::uint64_t ptr, const EventRef &ev) {
-  r.freed = true;
-  if (s.freed_ring.size() < kFreedPerShard) {
+std::uint32_t rec_of(std::uint64_t slot) {
+  return static_cast<std::uint32_t>(slot) - 1;
+}
+std::uint32_t tag_of(std::uint64_t slot) {
+  return static_cast<std::uint32_t>(slot >> 32);
+}
+std::uint64_t slot_for(std::uint32_t tag, std::uint32_t rec) {
+  return (static_cast<std::uint64_t>(tag) << 32) | (static_cast<std::uint64_t>(rec) + 1);
+}
+
+}  // namespace
+
+__attribute__((always_inline)) inline LinearModel::Rec *LinearModel::find(const Shard &s,
+                                                                          std::uint64_t ptr) {
+  if (s.index.empty()) return nullptr;
+  const std::uint32_t h = hash_of(ptr);
+  const std::size_t mask = s.index.size() - 1;
+  for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+    const std::uint64_t e = s.index[i];
+    if (e == 0) return nullptr;
+    if (tag_of(e) == h) {
+      Rec &r = s.at(rec_of(e));
+      if (r.rec.ptr == ptr) return &r;
+    }
+  }
+}
+
+void LinearModel::grow(Shard &s) {
+  // Doubles the index (the first one has 64 slots) and puts every entry at its new place: the
+  // tag is the full 32-bit hash, so no record is read.
+  const std::size_t cap = s.index.empty() ? 64 : s.index.size() * 2;
+  std::vector<std::uint64_t> next(cap, 0);
+  for (const std::uint64_t e : s.index) {
+    if (e == 0) continue;
+    std::size_t i = tag_of(e) & (cap - 1);
+    while (next[i] != 0) i = (i + 1) & (cap - 1);
+    next[i] = e;
+  }
+  s.index.swap(next);
+}
+
+LinearModel::Rec &LinearModel::insert(Shard &s, std::uint64_t ptr) {
+  if ((static_cast<std::size_t>(s.in_index) + 1) * 4 > s.index.size() * 3) grow(s);
+  std::uint32_t r;
+  if (s.unused != kNone) {
+    r = s.unused;
+    s.unused = s.at(r).slot;
+  } else {
+    r = s.recs_made++;
+    if ((r >> kBlockShift) == s.blocks.size())
+      s.blocks.push_back(std::make_unique<Rec[]>(std::size_t{1} << kBlockShift));
+  }
+  const std::uint32_t h = hash_of(ptr);
+  const std::size_t mask = s.index.size() - 1;
+  std::size_t i = h & mask;
+  while (s.index[i] != 0) i = (i + 1) & mask;
+  s.index[i] = slot_for(h, r);
+  ++s.in_index;
+  Rec &rec = s.at(r);
+  rec.rec.ptr = ptr;
+  return rec;
+}
+
+void LinearModel::drop(Shard &s, std::uint64_t ptr) {
+  if (s.index.empty()) return;
+  const std::uint32_t h = hash_of(ptr);
+  const std::size_t mask = s.index.size() - 1;
+  std::size_t i = h & mask;
+  for (;; i = (i + 1) & mask) {
+    const std::uint64_t e = s.index[i];
+    if (e == 0) return;
+    if (tag_of(e) == h && s.at(rec_of(e)).rec.ptr == ptr) break;
+  }
+  const std::uint32_t r = rec_of(s.index[i]);
+  // Backward shift: each later entry of the run that may move into the hole does (its home slot
+  // is not in the cyclic range (hole, its slot]), so a look-up never meets a hole inside its run.
+  for (std::size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    const std::uint64_t e = s.index[j];
+    if (e == 0) break;
+    const std::size_t home = tag_of(e) & mask;
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      s.index[i] = e;
+      i = j;
+    }
+  }
+  s.index[i] = 0;
+  --s.in_index;
+  Rec &rec = s.at(r);
+  rec.st = St::Unused;
+  rec.slot = s.unused;
+  s.unused = r;
+}
+
+__attribute__((always_inline)) inline void LinearModel::remember_freed(Shard &s, Rec &r,
+                                                                       std::uint64_t ptr,
+                                                                       const EventRef &ev) {
+  r.st = St::Freed;
+  r.gen = ++s.gen;
+  if (s.freed_ring.size() < kFreedPerShard) [[likely]] {
     r.slot = static_cast<std::uint32_t>(s.freed_ring.size());
     s.freed_ring.push_back(FreedSlot{ptr, ev});
     return;
   }
+  remember_in_full_ring(s, r, ptr, ev);
+}
+
+void LinearModel::remember_in_full_ring(Shard &s, Rec &r, std::uint64_t ptr, const EventRef &ev) {
   // Bounded history: forget the oldest free (the driver will have re-issued most addresses by
   // then) — but only if the address's current record is that free, not a later one or a live
   // allocation.
@@ -34,31 +134,22 @@ void LinearModel::remember_freed(Shard &s, Rec &r, std::uint64_t ptr, const Even
   // The address freed now holds this free, newer than any entry of the ring: nothing to forget
   // (the driver's re-issue of the last freed address, D18, makes this the common case).
   if (old.ptr == ptr) return;
-  auto it = s.recs.find(old.ptr);
-  if (it != s.recs.end() && it->second.freed && it->second.slot == at) drop(s, it);
+  Rec *o = find(s, old.ptr);
+  if (o && o->st == St::Freed && o->slot == at) drop(s, old.ptr);
 }
 
 void LinearModel::on_alloc(const LinearRec &rec) {
   Shard &s = shards_[shard_of(rec.ptr)];
   std::lock_guard lk(s.mu);
-  auto it = s.recs.lower_bound(rec.ptr);
-  if (it != s.recs.end() && it->first == rec.ptr) {
-    // The address is issued again: its old free no longer says anything (a live record here is
-    // one whose free the model missed; the driver's answer wins).
-    if (it->second.freed) ++s.live_n;
-    it->second = Rec{rec, 0, false};
-    return;
-  }
-  ++s.live_n;
-  if (s.spare.empty()) {
-    s.recs.emplace_hint(it, rec.ptr, Rec{rec, 0, false});
-    return;
-  }
-  RecMap::node_type nh = std::move(s.spare.back());
-  s.spare.pop_back();
-  nh.key() = rec.ptr;
-  nh.mapped() = Rec{rec, 0, false};
-  s.recs.insert(it, std::move(nh));
+  Rec *r = find(s, rec.ptr);
+  // The address issued again: its old free no longer says anything (a live record here is one
+  // whose free the model missed; the driver's answer wins).
+  if (!r) r = &insert(s, rec.ptr);
+  if (r->st != St::Live) ++s.live_n;
+  r->rec = rec;
+  r->st = St::Live;
+  r->gen = ++s.gen;
+  s.changed = true;
 }
 
 FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev) {
@@ -70,18 +161,19 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
   {
     Shard &s = shards_[shard_of(ptr)];
     std::lock_guard lk(s.mu);
-    auto it = s.recs.find(ptr);
-    if (it != s.recs.end() && !it->second.freed) {
-      Rec &r = it->second;
-      v.rec = r.rec;
-      if (!(accepted & kind_bit(r.rec.kind))) {
+    Rec *r = find(s, ptr);
+    if (r && r->st == St::Live) {
+      v.rec = r->rec;
+      if (!(accepted & kind_bit(r->rec.kind))) {
         v.cls = FreeClass::WrongKind;
         return v;
       }
       v.cls = FreeClass::Live;
       v.this_free = ev;
       --s.live_n;
-      remember_freed(s, r, ptr, ev);
+      s.changed = true;
+      remember_freed(s, *r, ptr, ev);
+      v.gen = r->gen;
       return v;
     }
   }
@@ -94,11 +186,12 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
   }
   Shard &s = shards_[shard_of(ptr)];
   std::lock_guard lk(s.mu);
-  auto f = s.recs.find(ptr);
-  if (f != s.recs.end() && f->second.freed) {
+  Rec *f = find(s, ptr);
+  if (f && f->st == St::Freed) {
     v.cls = FreeClass::DoubleFree;
-    v.rec = f->second.rec;
-    v.first_free = s.freed_ring[f->second.slot].free;
+    v.rec = f->rec;
+    v.first_free = s.freed_ring[f->slot].free;
+    v.gen = f->gen;
     return v;
   }
   v.cls = FreeClass::Unknown;
@@ -110,38 +203,46 @@ void LinearModel::rollback(const FreeVerdict &v) {
   Shard &s = shards_[shard_of(v.rec.ptr)];
   std::lock_guard lk(s.mu);
   // The inverse of this free only: the driver refused it, so the address was never free and
-  // nothing can have been issued there since; the check keeps that true if a caller misuses it.
-  auto f = s.recs.find(v.rec.ptr);
-  if (f == s.recs.end() || !f->second.freed ||
-      s.freed_ring[f->second.slot].free.seq != v.this_free.seq)
-    return;
-  f->second = Rec{v.rec, 0, false};
+  // nothing can have been issued there since; the generation keeps that true if a caller misuses
+  // it (a second rollback, or one after the address was issued and freed again).
+  Rec *f = find(s, v.rec.ptr);
+  if (!f || f->st != St::Freed || f->gen != v.gen) return;
+  f->rec = v.rec;
+  f->st = St::Live;
+  f->gen = ++s.gen;
   ++s.live_n;
+  s.changed = true;
 }
 
 void LinearModel::refreed(const FreeVerdict &v, const EventRef &ev) {
   if (v.cls != FreeClass::DoubleFree) return;
   Shard &s = shards_[shard_of(v.rec.ptr)];
   std::lock_guard lk(s.mu);
-  auto f = s.recs.find(v.rec.ptr);
-  if (f == s.recs.end() || !f->second.freed ||
-      s.freed_ring[f->second.slot].free.seq != v.first_free.seq)
-    return;  // issued again
-  remember_freed(s, f->second, v.rec.ptr, ev);
+  Rec *f = find(s, v.rec.ptr);
+  if (!f || f->st != St::Freed || f->gen != v.gen) return;  // issued again, or freed again since
+  remember_freed(s, *f, v.rec.ptr, ev);
 }
 
 const LinearRec *LinearModel::containing_in(const Shard &s, std::uint64_t p) {
-  // Live allocations do not overlap: only the nearest live record at or below p can contain it.
-  // Freed records between it and p are stepped over (this is the slow path of a free that is not
-  // a live base address; the history bounds them, kFreedPerShard).
-  auto it = s.recs.upper_bound(p);
-  while (it != s.recs.begin()) {
-    --it;
-    if (it->second.freed) continue;
-    const LinearRec &r = it->second.rec;
-    return p >= r.ptr && (p < r.ptr + r.size || p == r.ptr) ? &r : nullptr;
+  if (s.changed) {
+    // Rebuilt from the records (the slow path pays for the common path's not keeping an order):
+    // the array keeps its capacity, so a rebuild allocates only when the shard has grown.
+    s.ranges.clear();
+    for (std::uint32_t r = 0; r < s.recs_made; ++r) {
+      const Rec &x = s.at(r);
+      if (x.st == St::Live) s.ranges.push_back(Range{x.rec.ptr, x.rec.ptr + x.rec.size, r});
+    }
+    std::sort(s.ranges.begin(), s.ranges.end(),
+              [](const Range &a, const Range &b) { return a.base < b.base; });
+    s.changed = false;
   }
-  return nullptr;
+  // Live allocations do not overlap: only the nearest live range at or below p can contain it.
+  auto it = std::upper_bound(s.ranges.begin(), s.ranges.end(), p,
+                             [](std::uint64_t q, const Range &r) { return q < r.base; });
+  if (it == s.ranges.begin()) return nullptr;
+  --it;
+  const LinearRec &r = s.at(it->rec).rec;
+  return p >= it->base && (p < it->end || p == it->base) ? &r : nullptr;
 }
 
 std::optional<LinearRec> LinearModel::find_containing(std::uint64_t p) const {
@@ -165,8 +266,8 @@ std::size_t LinearModel::live_count() const {
 void LinearModel::for_each_live(FnRef<void(const LinearRec &)> fn) const {
   for (const Shard &s : shards_) {
     std::lock_guard lk(s.mu);
-    for (const auto &[p, r] : s.recs)
-      if (!r.freed) fn(r.rec);
+    for (std::uint32_t r = 0; r < s.recs_made; ++r)
+      if (s.at(r).st == St::Live) fn(s.at(r).rec);
   }
 }
 
@@ -179,16 +280,16 @@ std::size_t LinearModel::for_each_live_within(FnRef<void(const LinearRec &)> fn,
       continue;
     }
     std::lock_guard lk(s.mu, std::adopt_lock);
-    for (const auto &[p, r] : s.recs)
-      if (!r.freed) fn(r.rec);
+    for (std::uint32_t r = 0; r < s.recs_made; ++r)
+      if (s.at(r).st == St::Live) fn(s.at(r).rec);
   }
   return skipped;
 }
 
 void LinearModel::fork_child() {
   // No destructor runs on the old shard: its lock may be held by a thread that does not exist
-  // here, and its maps may be half-changed. Its bytes are kept in a block that stays referenced,
-  // so that what the old maps point to is reachable, not leaked (LeakSanitizer checks children).
+  // here, and its table may be half-changed. Its bytes are kept in a block that stays referenced,
+  // so that what the old table points to is reachable, not leaked (LeakSanitizer checks children).
   static void *kept = nullptr;  // a chain: a child of a child keeps its parent's too
   if (auto *k = static_cast<unsigned char *>(std::malloc(sizeof(void *) + sizeof(shards_)))) {
     std::memcpy(k, &kept, sizeof(void *));
@@ -201,11 +302,16 @@ void LinearModel::fork_child() {
 void LinearModel::clear() {
   for (Shard &s : shards_) {
     std::lock_guard lk(s.mu);
-    s.recs.clear();
+    s.index.clear();
+    s.blocks.clear();
+    s.recs_made = 0;
+    s.unused = kNone;
+    s.in_index = 0;
     s.live_n = 0;
     s.freed_ring.clear();
     s.fifo_head = 0;
-    s.spare.clear();
+    s.ranges.clear();
+    s.changed = false;
   }
 }
 
@@ -246,7 +352,8 @@ Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t pt
       break;
     default:
       f.cls = FindingClass::InvalidFree;
-      f.msg = who + " of " + p + ", which was never allocated in this process (or not through "
+      f.msg = who + " of " + p +
+              ", which was never allocated in this process (or not through "
               "an API the shim sees)";
       break;
   }

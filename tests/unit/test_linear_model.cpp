@@ -3,6 +3,11 @@
 // history of frees, and the finding text for a free the model did not accept.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <optional>
+#include <thread>
+#include <vector>
+
 #include "tracker.h"
 
 using namespace cmg;
@@ -84,8 +89,9 @@ TEST_CASE("finding_for_free names the allocation and the first free") {
   v.first_free = EventRef{5, 50, 7, 0, "cudaFree"};
   Finding f = finding_for_free(v, "cudaFree", 0x1000);
   CHECK(f.cls == FindingClass::DoubleFree);
-  CHECK(f.msg == "cudaFree of 0x1000, which was already freed at seq 5 (cudaFree, thread 7); it "
-                 "was allocated at seq 3 (cudaMalloc, thread 7) (4096 bytes, linear)");
+  CHECK(f.msg ==
+        "cudaFree of 0x1000, which was already freed at seq 5 (cudaFree, thread 7); it "
+        "was allocated at seq 3 (cudaMalloc, thread 7) (4096 bytes, linear)");
   REQUIRE(f.related.size() == 2);
   CHECK(f.related[1].ev.seq == 5);
 }
@@ -110,7 +116,6 @@ TEST_CASE("Linear model: the bounded history forgets a free only through its own
   }
   CHECK(m.begin_free(P, dev, clk.next("cudaFree")).cls == FreeClass::DoubleFree);
 }
-
 
 TEST_CASE("Linear model: freed records kept in place are stepped over, never taken for live") {
   LinearModel m;
@@ -176,4 +181,152 @@ TEST_CASE("Linear model: a free forwarded for an unseen re-issue becomes the rem
   m.refreed(dbl, clk.next("cudaFree"));
   CHECK(m.begin_free(0x4000, dev, clk.next("cudaFree")).first_free.seq == now.seq);
   CHECK(m.live_count() == 0);
+}
+
+namespace {
+
+// Addresses of one shard, 512 bytes apart as the driver's are (D18): they share one table.
+std::vector<std::uint64_t> one_shard(std::uint64_t from, std::size_t n) {
+  std::vector<std::uint64_t> v;
+  const std::size_t shard = LinearModel::shard_of(from);
+  for (std::uint64_t a = from; v.size() < n; a += 0x200)
+    if (LinearModel::shard_of(a) == shard) v.push_back(a);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("Linear model: records the history forgets leave the table whole") {
+  // Twice the history's frees in one shard, with live allocations between them: the oldest
+  // frees' records are taken out of the table (each removal moves later entries of its probe run
+  // back), and every address is still found as what it is.
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const std::size_t n = 2 * LinearModel::kFreedPerShard;
+  const auto addrs = one_shard(0x7f2000000000, n + n / 4);
+  std::vector<std::uint64_t> live, freed;
+  std::vector<std::uint64_t> free_seq;
+  for (std::size_t i = 0; i < addrs.size(); ++i) {
+    m.on_alloc(LinearRec{addrs[i], 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
+    if (i % 5 == 4) {
+      live.push_back(addrs[i]);
+      continue;
+    }
+    auto v = m.begin_free(addrs[i], dev, clk.next("cudaFree"));
+    REQUIRE(v.cls == FreeClass::Live);
+    freed.push_back(addrs[i]);
+    free_seq.push_back(v.this_free.seq);
+  }
+  REQUIRE(freed.size() > LinearModel::kFreedPerShard);
+  CHECK(m.live_count() == live.size());
+  // The history holds the last kFreedPerShard frees: those are double frees naming their first
+  // free, the older ones are forgotten (unknown), the live ones are live.
+  const std::size_t forgotten = freed.size() - LinearModel::kFreedPerShard;
+  for (std::size_t i = 0; i < freed.size(); ++i) {
+    auto v = m.begin_free(freed[i], dev, clk.next("cudaFree"));
+    if (i < forgotten) {
+      CHECK(v.cls == FreeClass::Unknown);
+    } else {
+      REQUIRE(v.cls == FreeClass::DoubleFree);
+      CHECK(v.first_free.seq == free_seq[i]);
+    }
+  }
+  for (auto a : live) {
+    auto v = m.begin_free(a, dev, clk.next("cudaFree"));
+    CHECK(v.cls == FreeClass::Live);
+    m.rollback(v);
+  }
+  CHECK(m.live_count() == live.size());
+  std::size_t visited = 0;
+  m.for_each_live([&](const LinearRec &) { ++visited; });
+  CHECK(visited == live.size());
+}
+
+TEST_CASE("Linear model: a verdict of an earlier life of the address changes nothing") {
+  // Each change of a record gives it a new generation: a rollback or refree carrying the
+  // generation of an allocation since freed and issued again (another thread's) is refused.
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const std::uint64_t P = 0x7f3000000000;
+  m.on_alloc(LinearRec{P, 512, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  auto first = m.begin_free(P, dev, clk.next("cudaFree"));
+  REQUIRE(first.cls == FreeClass::Live);
+  auto dbl = m.begin_free(P, dev, clk.next("cudaFree"));
+  REQUIRE(dbl.cls == FreeClass::DoubleFree);
+  m.on_alloc(LinearRec{P, 1024, 0, MemKind::Linear, clk.next("cudaMalloc")});  // re-issued
+  auto second = m.begin_free(P, dev, clk.next("cudaFree"));
+  REQUIRE(second.cls == FreeClass::Live);
+  CHECK(second.gen != first.gen);
+  m.rollback(first);  // the earlier life: nothing
+  CHECK(m.live_count() == 0);
+  m.refreed(dbl, clk.next("cudaFree"));  // nothing either: the remembered free is second's
+  auto now = m.begin_free(P, dev, clk.next("cudaFree"));
+  REQUIRE(now.cls == FreeClass::DoubleFree);
+  CHECK(now.first_free.seq == second.this_free.seq);
+  CHECK(now.rec.size == 1024);
+  m.rollback(second);  // this life's refused free: live again, with its own size
+  CHECK(m.live_count() == 1);
+  auto again = m.begin_free(P, dev, clk.next("cudaFree"));
+  CHECK(again.cls == FreeClass::Live);
+  CHECK(again.rec.size == 1024);
+}
+
+TEST_CASE("Linear model: containing look-ups follow every change of the live set") {
+  // The slow path's ordered ranges are rebuilt when the shard changed since they were built: an
+  // allocation made after a look-up contains the next interior pointer, and one freed since does
+  // not.
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const auto a = one_shard(0x7f4000000000, 2);
+  CHECK(m.begin_free(a[0] + 0x40, dev, clk.next("cudaFree")).cls == FreeClass::Unknown);
+  m.on_alloc(LinearRec{a[1], 0x1000, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  CHECK(m.find_containing(a[0] + 0x40) == std::nullopt);
+  m.on_alloc(LinearRec{a[0], 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  auto in = m.begin_free(a[0] + 0x40, dev, clk.next("cudaFree"));
+  REQUIRE(in.cls == FreeClass::Interior);
+  CHECK(in.rec.ptr == a[0]);
+  REQUIRE(m.find_containing(a[1] + 0xfff).has_value());
+  CHECK(m.find_containing(a[1] + 0xfff)->ptr == a[1]);
+  CHECK(m.find_containing(a[1] + 0x1000) == std::nullopt);  // one past its end
+  REQUIRE(m.begin_free(a[0], dev, clk.next("cudaFree")).cls == FreeClass::Live);
+  CHECK(m.begin_free(a[0] + 0x40, dev, clk.next("cudaFree")).cls == FreeClass::Unknown);
+  // A refused free puts it back: contained again.
+  m.on_alloc(LinearRec{a[0], 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  auto v = m.begin_free(a[0], dev, clk.next("cudaFree"));
+  m.rollback(v);
+  CHECK(m.begin_free(a[0] + 0x40, dev, clk.next("cudaFree")).cls == FreeClass::Interior);
+}
+
+TEST_CASE("Linear model: threads allocating and freeing re-issued addresses keep it exact") {
+  // Four threads, each cycling through its own addresses (the driver's last-freed reuse, D18) in
+  // shards the others share, with refused frees rolled back: at the end exactly the allocations
+  // each thread left live are live.
+  LinearModel m;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  constexpr int kThreads = 4, kRounds = 20000;
+  std::vector<std::thread> ts;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      std::uint64_t seq = 0;
+      for (int i = 0; i < kRounds; ++i) {
+        const std::uint64_t p =
+            0x7f5000000000 + (static_cast<std::uint64_t>(i % 37) * kThreads + t) * 0x200;
+        EventRef e{++seq, seq, static_cast<std::uint32_t>(t + 1), 0, "cudaMalloc"};
+        m.on_alloc(LinearRec{p, 0x200, 0, MemKind::Linear, e});
+        auto v = m.begin_free(p, dev, e);
+        if (v.cls != FreeClass::Live || v.rec.ptr != p) ++wrong;
+        if (i % 3 == 0) m.rollback(v);  // refused: stays live until the next round frees it
+        if (i % 3 == 0 && m.begin_free(p, dev, e).cls != FreeClass::Live) ++wrong;
+      }
+      // The last round's address stays live.
+      const std::uint64_t p = 0x7f5000000000 + (37ull * kThreads + t) * 0x200;
+      m.on_alloc(LinearRec{p, 0x200, 0, MemKind::Linear, EventRef{1, 1, 1, 0, "cudaMalloc"}});
+    });
+  for (auto &t : ts) t.join();
+  CHECK(wrong.load() == 0);
+  CHECK(m.live_count() == kThreads);
 }
