@@ -62,7 +62,11 @@ const Command &command(std::string_view name);
 // " (did you mean --log?)" for an unknown option `arg` close to one of the command's, or "".
 std::string option_hint(const Command &c, std::string_view arg);
 
-// `COMMAND --help`.
+// Where the documents --help names are: CMG_DOCDIR (PREFIX/share/doc/cumemguard), or the source
+// tree's docs/ when this program is the build tree's tools/cumemguard (nothing is installed yet).
+// The man pages always name the installed directory.
+std::string doc_dir();
+// `COMMAND --help`, naming doc_dir() for the documents it cites.
 std::string help_text(const Command &c);
 // The man page (roff), NAME, SYNOPSIS, DESCRIPTION, OPTIONS, EXIT STATUS, ENVIRONMENT, NOTES,
 // SEE ALSO; `version` goes in the title line.

@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // --help text, man pages and the bash completion, each made from the table (see cli.h).
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "cli.h"
+#include "cmg_config.h"
 
 namespace cmg::tools::cli {
 namespace {
@@ -91,7 +96,33 @@ std::string upper(std::string_view s) {
   return out;
 }
 
+// The paragraph with the installed documentation directory replaced by `dir` where it names it.
+std::string with_doc_dir(std::string_view text, const std::string &dir) {
+  std::string out(text);
+  const std::string_view installed = CMG_DOCDIR;
+  if (dir == installed) return out;
+  for (std::size_t at = out.find(installed); at != std::string::npos;
+       at = out.find(installed, at + dir.size()))
+    out.replace(at, installed.size(), dir);
+  return out;
+}
+
 }  // namespace
+
+std::string doc_dir() {
+  // This program in the build tree's tools/ (realpath: a symlink to it counts): the documents are
+  // not installed yet, and the source tree's docs/ is the same tree the install copies.
+  char self[PATH_MAX], tools[PATH_MAX];
+  struct stat st {};
+  if (realpath("/proc/self/exe", self) && realpath(CMG_BUILD_TOOLS_DIR, tools)) {
+    std::string_view s = self;
+    const std::size_t slash = s.rfind('/');
+    if (slash != std::string_view::npos && s.substr(0, slash) == tools &&
+        ::stat(CMG_SOURCE_DOCDIR, &st) == 0 && S_ISDIR(st.st_mode))
+      return CMG_SOURCE_DOCDIR;
+  }
+  return CMG_DOCDIR;
+}
 
 std::string exit_table_markdown() {
   std::string out = "| status | meaning |\n|---|---|\n";
@@ -105,6 +136,7 @@ std::string page_name(const Command &c) {
 }
 
 std::string help_text(const Command &c) {
+  const std::string docs = doc_dir();
   std::string out = "Usage: " + full_name(c) + " ";
   fill(out, out.size(), 7 + full_name(c).size() + 1, c.synopsis);
   for (std::string_view p : c.description) {
@@ -131,7 +163,7 @@ std::string help_text(const Command &c) {
     }
     label.append(kOptionCol - label.size(), ' ');
     out += label;
-    fill(out, kOptionCol, kOptionCol, o.help);
+    fill(out, kOptionCol, kOptionCol, with_doc_dir(o.help, docs));
   }
   if (!c.exits.empty()) {
     out += c.name.empty() ? "\nExit status (every command):\n" : "\nExit status:\n";

@@ -5,7 +5,8 @@
 # OPTIONS and its completion; every option the help lists is accepted by the parser (not "unknown
 # option"); the pages have NAME, SYNOPSIS, OPTIONS, EXIT STATUS and SEE ALSO, no self-reference,
 # status 73 where the commands use it, and pass `groff -ww`, `man --warnings` and lexgrog without a
-# word; --help names no file the install lacks; every usage line says "Usage:".
+# word; the build tree's --help names the documents in the source tree's docs/, where they are;
+# every usage line says "Usage:".
 #   check_cli.py --cg CUMEMGUARD --build BUILD --source SOURCE_ROOT
 import argparse
 import os
@@ -117,9 +118,17 @@ def main():
               f"{label} --help has a line over 79 columns")
         helped = help_options(h.stdout)
         check({"-h", "--help", "--version"} <= helped, f"{label} --help options {helped}")
-        # Files --help names must exist where it says (installed docs are checked by
-        # check_install.py); no path into the source tree, which is not installed.
-        check("docs/" not in h.stdout, f"{label} --help points into the source tree's docs/")
+        # The build tree's commands name the documents where they are before an install: the
+        # source tree's docs/, never the installed directory (nothing is there yet; the installed
+        # commands are checked by check_install.py), and every document named is there.
+        text = " ".join(h.stdout.split())  # the help wraps its lines
+        named = re.findall(r"([\w-]+\.md) in the documentation directory, (\S+?)\)", text)
+        check(cmd not in ("report", "config") or named,
+              f"{label} --help names no document: {text[:300]!r}")
+        for doc, where in named:
+            check(where == os.path.join(os.path.abspath(a.source), "docs") and
+                  os.path.isfile(os.path.join(where, doc)),
+                  f"{label} --help names {doc} in {where}, not in the source tree's docs/")
 
         page_name = "cumemguard" + ("-" + cmd if cmd else "")
         page = open(os.path.join(tools, page_name + ".1")).read()
