@@ -14,7 +14,47 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+std::string_view basename_of(std::string_view path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+bool frame_matches(std::string_view glob, const SuppressionFrame &f) {
+  return (!f.function.empty() && glob_match(glob, f.function)) ||
+         (!f.module.empty() && (glob_match(glob, f.module) || glob_match(glob, basename_of(f.module)))) ||
+         (f.function.empty() && f.module.empty() && glob == "*");  // a frame nothing names
+}
+
+// `^G1;G2;...`: the stack from its call site begins with frames matching G1, G2, ... in order.
+bool stack_matches(std::string_view globs, std::span<const SuppressionFrame> frames) {
+  std::size_t first = frames.size();
+  for (std::size_t i = 0; i < frames.size() && first == frames.size(); ++i)
+    if (frames[i].python) first = i;
+  const bool python = first < frames.size();
+  if (!python) {
+    first = 0;
+    while (first < frames.size() && suppression_infrastructure(frames[first].module)) ++first;
+  }
+  std::size_t at = first;
+  while (true) {
+    const std::size_t semi = globs.find(';');
+    const std::string_view glob = globs.substr(0, semi);
+    while (python && at < frames.size() && !frames[at].python) ++at;  // Python frames only
+    if (at >= frames.size() || !frame_matches(glob, frames[at])) return false;
+    ++at;
+    if (semi == std::string_view::npos) return true;
+    globs.remove_prefix(semi + 1);
+  }
+}
+
 }  // namespace
+
+bool suppression_infrastructure(std::string_view module) {
+  const std::string_view b = basename_of(module);
+  for (std::string_view p : {"libcumemguard", "libcuda.so", "libcuda-", "libcudart", "libc.so", "libc-"})
+    if (b.starts_with(p)) return true;
+  return false;
+}
 
 bool glob_match(std::string_view p, std::string_view s) {
   std::size_t pi = 0, si = 0, star = std::string_view::npos, mark = 0;
@@ -64,6 +104,14 @@ Suppressions Suppressions::parse(std::string_view text, std::string_view file) {
       warn("empty pattern after '" + shown(cls) + ":'");
       continue;
     }
+    if (pattern.front() == '^') {
+      const std::string_view globs = pattern.substr(1);
+      if (globs.empty() || globs.front() == ';' || globs.back() == ';' ||
+          globs.find(";;") != std::string_view::npos) {
+        warn("anchored pattern '" + shown(pattern) + "' has an empty frame (^F1;F2;...)");
+        continue;
+      }
+    }
     r.rules.push_back(SuppressionRule{std::string(cls), std::string(pattern), line_no});
   }
   if (bad > kMaxProblemsPerKind)
@@ -72,12 +120,20 @@ Suppressions Suppressions::parse(std::string_view text, std::string_view file) {
   return r;
 }
 
-int Suppressions::match(std::string_view cls, std::span<const std::string> frames) const {
+int Suppressions::match(std::string_view cls, std::span<const SuppressionFrame> frames) const {
   for (std::size_t i = 0; i < rules.size(); ++i) {
     const SuppressionRule &rule = rules[i];
     if (rule.cls != "*" && rule.cls != cls) continue;
-    for (const std::string &f : frames)
-      if (!f.empty() && glob_match(rule.pattern, f)) return static_cast<int>(i);
+    if (rule.pattern.front() == '^') {
+      if (stack_matches(std::string_view(rule.pattern).substr(1), frames))
+        return static_cast<int>(i);
+      continue;
+    }
+    for (const SuppressionFrame &f : frames)
+      if ((!f.function.empty() && glob_match(rule.pattern, f.function)) ||
+          (!f.module.empty() &&
+           (glob_match(rule.pattern, f.module) || glob_match(rule.pattern, basename_of(f.module)))))
+        return static_cast<int>(i);
   }
   return -1;
 }

@@ -24,7 +24,7 @@ namespace cmg::shim {
 namespace {
 
 // Frames searched: deep enough to pass the shim's, the runtime's and a vendor library's own.
-constexpr int kFrames = 48;
+constexpr int kFrames = kSuppressionFrames;
 constexpr std::size_t kMaxFileBytes = kMaxSuppressionsBytes;
 
 struct Loaded {
@@ -59,11 +59,6 @@ std::string read_file(const std::string &path, std::string &err) {
   }
   ::close(fd);
   return text;
-}
-
-std::string basename_of(const std::string &p) {
-  const std::size_t slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
 }  // namespace
@@ -105,21 +100,23 @@ SuppressHit suppression_for(FindingClass cls, bool count) {
     if (n <= 0 && cap.py.n == 0) return hit;
     const FrameSym *fs[kFrames];
     frame_syms(cap.pc, n, patterns(), fs);
-    std::vector<std::string> frames;
-    frames.reserve(static_cast<std::size_t>(n + cap.py.n) * 3);
+    // One entry a frame, an unnamed one too: an anchored rule counts frames.
+    std::vector<SuppressionFrame> frames;
+    frames.reserve(static_cast<std::size_t>(n + cap.py.n));
     for (int i = 0; i < n; ++i) {
+      SuppressionFrame &f = frames.emplace_back();
       if (!fs[i]) continue;
-      frames.push_back(fs[i]->demangled.empty() ? fs[i]->name : fs[i]->demangled);
-      frames.push_back(fs[i]->module);
-      frames.push_back(basename_of(fs[i]->module));
+      f.function = fs[i]->demangled.empty() ? fs[i]->name : fs[i]->demangled;
+      f.module = fs[i]->module;
     }
-    // Python frames as the report shows them: qualified name, the file's path and its basename.
+    // Python frames as the report shows them: qualified name and the file's path (and basename).
     for (int i = 0; i < cap.py.n; ++i) {
+      SuppressionFrame &f = frames.emplace_back();
+      f.python = true;
       py::CodeInfo ci;
       if (!py::code_info(cap.py.f[i].code, ci)) continue;
-      frames.push_back(ci.name);
-      frames.push_back(ci.file);
-      frames.push_back(basename_of(ci.file));
+      f.function = ci.name;
+      f.module = ci.file;
     }
     hit.rule = l->rules.match(finding_id(cls), frames);
     if (!hit) return hit;

@@ -1,16 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // `cumemguard report --gen-suppressions`: for each finding group the report shows, a rule for the
-// file CUMEMGUARD_SUPPRESSIONS names (CLASS:PATTERN, matched against each frame's function name or
-// module), in the spirit of valgrind's --gen-suppressions. The pattern names the first frame that
-// is not cumemguard's, CUDA's or libc's own: the code that made the call. In a Python program that
-// is the innermost Python frame of the program's own files (never ctypes' libffi, the interpreter,
-// the standard library or an installed package), named by its qualified function name.
+// file CUMEMGUARD_SUPPRESSIONS names, in the spirit of valgrind's --gen-suppressions. The rule is
+// anchored (CLASS:^F1;F2;...; policy/suppressions.h): the group's stack from its call site, one
+// glob a frame, so it suppresses that stack and no other that merely passes through its frames.
+// A Python stack is named by its Python frames (qualified names), a native one by its frames past
+// the shim's, CUDA's and libc's, each by function name (libc's and CUDA's by module basename), else
+// module basename, else `*`.
 #include <set>
+#include <vector>
 
 #include <fmt/format.h>
 
-#include "program_frame.h"
 #include "report_model.h"
+#include "suppressions.h"
 
 namespace cmg::report {
 namespace {
@@ -20,26 +22,52 @@ std::string basename_of(const std::string &path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// The shim, the CUDA libraries and libc sit below every call site: never the frame to name.
-bool infrastructure(const std::string &module) {
-  const std::string b = basename_of(module);
-  for (const char *p : {"libcumemguard", "libcuda.so", "libcuda-", "libcudart", "libc.so", "libc-"})
-    if (b.rfind(p, 0) == 0) return true;
-  return false;
-}
-
 // Glob metacharacters in a name stand for themselves only by luck: `?` matches any character,
-// so a literal one still matches itself, and `*` is replaced by `?` for the same reason.
+// so a literal one still matches itself, and `*` is replaced by `?` for the same reason; `;`
+// separates the frames of the rule, so it is one character too.
 std::string as_pattern(std::string s) {
   for (auto &c : s)
-    if (c == '*') c = '?';
+    if (c == '*' || c == ';') c = '?';
   return s;
+}
+
+// The globs of the anchored rule for `s`, as the shim will see the stack (suppressions.h): one
+// per return address (the frames libdw adds for inlined calls share their address and are not
+// the shim's), at most kSuppressionFrames of them.
+std::vector<std::string> stack_globs(const ResolvedStack &s) {
+  std::vector<std::string> globs;
+  bool python = false;
+  for (const Frame &f : s.frames) python = python || f.kind == Frame::Kind::Python;
+  std::size_t native = 0;
+  bool started = false;
+  for (const Frame &f : s.frames) {
+    if (f.kind == Frame::Kind::Marker) break;
+    if (python) {
+      // A code object the log never defined has no name here, though the shim will see one.
+      if (f.kind == Frame::Kind::Python)
+        globs.push_back(f.function.empty() || f.file.empty() ? "*" : as_pattern(f.function));
+      continue;
+    }
+    if (f.inlined) continue;
+    if (++native > static_cast<std::size_t>(kSuppressionFrames)) break;
+    const bool infrastructure = suppression_infrastructure(f.module);
+    if (!started && infrastructure) continue;
+    started = true;
+    // libc's and CUDA's own functions by their module: the report may read names there (a
+    // local symbol, a debug file) that the shim's symbol table lacks.
+    globs.push_back(infrastructure ? as_pattern(basename_of(f.module))
+                    : !f.function.empty() ? as_pattern(f.function)
+                    : !f.module.empty() ? as_pattern(basename_of(f.module))
+                                        : std::string("*"));
+  }
+  return globs;
 }
 
 }  // namespace
 
 void write_suppressions(const Model &m, std::ostream &out) {
-  out << "# cumemguard suppressions (CUMEMGUARD_SUPPRESSIONS=FILE): one CLASS:PATTERN per line\n";
+  out << "# cumemguard suppressions (CUMEMGUARD_SUPPRESSIONS=FILE): one CLASS:PATTERN per line;\n"
+         "# CLASS:^F1;F2;... is the finding's stack from its call site, a glob a frame\n";
   std::size_t groups = 0;
   std::set<std::string> written;
   for (const auto &c : m.findings) {
@@ -51,27 +79,14 @@ void write_suppressions(const Model &m, std::ostream &out) {
                          g.count == 1 ? "" : "s", c.cls, e.seq,
                          m.logs[g.example.log].header.pid);
       const ResolvedStack &s = m.stack(g.stack);
-      std::string name;
-      for (const Frame &f : s.frames)
-        if (f.kind == Frame::Kind::Python && python_program_file(f.file) && !f.function.empty()) {
-          name = f.function;
-          break;
-        }
-      for (const Frame &f : s.frames) {
-        if (!name.empty()) break;
-        if (f.kind != Frame::Kind::Native) continue;
-        if (!f.module.empty() && infrastructure(f.module)) continue;
-        if (!f.function.empty()) name = f.function;
-        else if (!f.module.empty()) name = basename_of(f.module);
-        else continue;  // a bare address names nothing another run would match
-        break;
-      }
-      if (name.empty()) {
+      const std::vector<std::string> globs = stack_globs(s);
+      if (globs.empty()) {
         out << (s.id ? "#   (no frame outside cumemguard, CUDA and libc to name)\n"
                      : "#   (no stack recorded: run with CUMEMGUARD_STACKS to get one)\n");
         continue;
       }
-      const std::string rule = c.cls + ':' + as_pattern(name);
+      std::string rule = c.cls + ":^";
+      for (std::size_t i = 0; i < globs.size(); ++i) rule += (i ? ";" : "") + globs[i];
       if (written.insert(rule).second)
         out << rule << '\n';
       else

@@ -324,6 +324,40 @@ def suppressions(e):
               f"unreadable suppressions {args} {extra}: rc {p.returncode} {p.stderr!r}")
 
 
+def generated_suppressions(e):
+    # Two double frees in one helper, release(), one called from path_a and one from path_b: the
+    # rules report --gen-suppressions writes are anchored on each stack, so the rule of path_a's
+    # suppresses path_a's finding and not path_b's (a rule naming release alone matched both).
+    d = e.logdir()
+    log = os.path.join(d, "shared.log")
+    p = e.run(["run", "--no-summary", "--log", log, "--", e.supp, "shared"])
+    check(p.returncode == 0 and "path_b 0" in p.stdout,
+          f"shared: rc {p.returncode} {p.stdout!r} {p.stderr[-400:]!r}")
+    g = e.run(["report", "--gen-suppressions", log])
+    rules = [l for l in g.stdout.splitlines() if l and not l.startswith("#")]
+    check(g.returncode == 0 and len(rules) == 2 and
+          all(r.startswith("double-free:^release;path_") for r in rules) and
+          rules[0] != rules[1],
+          f"--gen-suppressions: rc {g.returncode}, two anchored rules expected:\n{g.stdout}")
+    rule_a = [r for r in rules if r.startswith("double-free:^release;path_a;")]
+    if not check(len(rule_a) == 1, f"no rule for path_a's stack: {rules}"):
+        return
+    supp = os.path.join(d, "supp.txt")
+    with open(supp, "w") as f:
+        f.write(rule_a[0] + "\n")
+    log2 = os.path.join(d, "shared2.log")
+    p = e.run(["run", "--log", log2, "--suppressions", supp, "--", e.supp, "shared"])
+    fs = [r for r in records(log2) if r.get("k") == "finding"]
+    kept = [r for r in fs if "suppressed" not in r]
+    gone = [r for r in fs if r.get("suppressed") == rule_a[0][len("double-free:"):].join(
+        ["double-free:", ""])]
+    check(p.returncode == 0 and len(fs) == 2 and len(kept) == 1 and len(gone) == 1 and
+          "4096 bytes" in gone[0].get("msg", "") and "8192 bytes" in kept[0].get("msg", "") and
+          "  findings: double-free 1\n" in p.stderr and
+          f"  suppressed: 1 ({rule_a[0]})\n" in p.stderr,
+          f"the rule of path_a's stack: rc {p.returncode}, findings {fs}, {p.stderr[-600:]!r}")
+
+
 def option_rule(e):
     # One rule for -e and the environment under run: a setting that cannot apply (an unknown
     # name, a bad value, a malformed entry) stops the run with 64 and one line that says so, and
@@ -628,7 +662,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 read_with, suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once,
+                 read_with, suppressions, generated_suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:

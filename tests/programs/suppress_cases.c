@@ -3,6 +3,8 @@
 // (vendor_release), and one made by the program itself (program_double_free).
 //   suppress_cases vendor    only the vendor's double free
 //   suppress_cases both      the vendor's, then the program's own
+//   suppress_cases shared    two double frees in one helper (release), one from path_a, one from
+//                            path_b: a rule naming the helper matches both stacks
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,8 +20,37 @@ __attribute__((noinline)) static int program_double_free(void) {
   return r;
 }
 
+__attribute__((noinline)) static int release(void *p) {
+  int r = (int)cudaFree(p);
+  __asm__ volatile("" ::: "memory");  // no tail call: the caller stays on the stack
+  return r;
+}
+
+__attribute__((noinline)) static int path_a(void) {
+  void *p = NULL;
+  cudaMalloc(&p, 4096);
+  release(p);
+  int r = release(p);
+  __asm__ volatile("" ::: "memory");
+  return r;
+}
+
+__attribute__((noinline)) static int path_b(void) {
+  void *p = NULL;
+  cudaMalloc(&p, 8192);
+  release(p);
+  int r = release(p);
+  __asm__ volatile("" ::: "memory");
+  return r;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) return 64;
+  if (strcmp(argv[1], "shared") == 0) {
+    printf("path_a %d\n", path_a());
+    printf("path_b %d\n", path_b());
+    return 0;
+  }
   void *p = NULL;
   printf("malloc %d\n", (int)cudaMalloc(&p, 1 << 20));
   printf("own_free %d\n", (int)cudaFree(p));

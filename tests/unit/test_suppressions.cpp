@@ -48,13 +48,13 @@ TEST_CASE("The file: rules, comments, and one warning per malformed line naming 
 
 TEST_CASE("A finding is suppressed by the first rule whose class fits and a frame matches") {
   auto s = Suppressions::parse("double-free:vendor_release\n*:*libcmgvendor*\n", "f");
-  const std::vector<std::string> vendor = {"cudaFree", "/usr/lib/libcudart.so.13", "libcudart.so.13",
-                                           "vendor_release", "/b/libcmgvendor.so", "libcmgvendor.so",
-                                           "main", "/b/suppress_cases", "suppress_cases"};
+  const std::vector<SuppressionFrame> vendor = {{"cudaFree", "/usr/lib/libcudart.so.13"},
+                                                {"vendor_release", "/b/libcmgvendor.so"},
+                                                {"main", "/b/suppress_cases"}};
   CHECK(s.match("double-free", vendor) == 0);
   CHECK(s.match("invalid-free", vendor) == 1);
-  const std::vector<std::string> own = {"program_double_free", "/b/suppress_cases",
-                                        "suppress_cases", "main"};
+  const std::vector<SuppressionFrame> own = {{"program_double_free", "/b/suppress_cases"},
+                                             {"main", ""}};
   CHECK(s.match("double-free", own) == -1);
   CHECK(Suppressions{}.match("double-free", vendor) == -1);
 }
@@ -66,4 +66,59 @@ TEST_CASE("Malformed lines are capped: a huge file of junk gives a bounded numbe
   CHECK(s.rules.empty());
   REQUIRE(s.warnings.size() == 9);
   CHECK(s.warnings[8] == "big: and 19992 more malformed lines; skipped");
+}
+
+// Two double frees through one helper, `release`, from two callers: a rule naming the helper
+// matches both; an anchored rule, the stack from its call site, only the one it names.
+TEST_CASE("An anchored rule matches the stack from its call site, frame by frame, in order") {
+  const std::vector<SuppressionFrame> a = {{"cudaFree", "/usr/lib/libcudart.so.13"},
+                                           {"", "/usr/lib/x86_64-linux-gnu/libc.so.6"},
+                                           {"release", "/b/prog"},
+                                           {"path_a", "/b/prog"},
+                                           {"main", "/b/prog"},
+                                           {"", ""},
+                                           {"_start", "/b/prog"}};
+  std::vector<SuppressionFrame> b = a;
+  b[3].function = "path_b";
+  auto plain = Suppressions::parse("double-free:release\n", "f");
+  CHECK(plain.match("double-free", a) == 0);
+  CHECK(plain.match("double-free", b) == 0);
+  auto s = Suppressions::parse("double-free:^release;path_a;main;*;_start\n", "f");
+  REQUIRE(s.warnings.empty());
+  CHECK(s.match("double-free", a) == 0);
+  CHECK(s.match("double-free", b) == -1);
+  // A prefix of the stack is enough; a frame globbed by its module or basename too.
+  CHECK(Suppressions::parse("*:^release;path_?\n", "f").match("double-free", b) == 0);
+  CHECK(Suppressions::parse("*:^prog;path_a\n", "f").match("double-free", a) == 0);
+  // Anchored: the call site first, not any frame (path_a is the second frame), and every glob
+  // needs a frame (the stack has 5 from its call site).
+  CHECK(Suppressions::parse("*:^path_a\n", "f").match("double-free", a) == -1);
+  CHECK(Suppressions::parse("*:^release;path_a;main;*;_start;*\n", "f").match("double-free", a) ==
+        -1);
+  // The infrastructure before the call site is skipped only before it.
+  CHECK(Suppressions::parse("*:^release;main\n", "f").match("double-free", a) == -1);
+}
+
+TEST_CASE("An anchored rule on a Python stack names its Python frames, whatever native ones run them") {
+  const std::vector<SuppressionFrame> st = {{"ffi_call_unix64", "/usr/lib/libffi.so.8"},
+                                            {"", "/usr/bin/python3.11"},
+                                            {"free_buffer", "/app/b.py", true},
+                                            {"cleanup", "/app/b.py", true},
+                                            {"", "/usr/bin/python3.11"},
+                                            {"<module>", "/app/b.py", true},
+                                            {"__libc_start_main", "/lib/libc.so.6"}};
+  auto m = [&](const char *rule) { return Suppressions::parse(rule, "f").match("double-free", st); };
+  CHECK(m("double-free:^free_buffer;cleanup;<module>\n") == 0);
+  CHECK(m("double-free:^free_buffer;b.py\n") == 0);
+  CHECK(m("double-free:^ffi_call_unix64\n") == -1);
+  CHECK(m("double-free:^free_buffer;<module>\n") == -1);
+  CHECK(m("double-free:^free_buffer;cleanup;<module>;*\n") == -1);
+}
+
+TEST_CASE("An anchored pattern with an empty frame is a malformed line") {
+  auto s = Suppressions::parse("double-free:^\ndouble-free:^a;;b\ndouble-free:^a;\n", "f");
+  CHECK(s.rules.empty());
+  REQUIRE(s.warnings.size() == 3);
+  CHECK(s.warnings[0] == "f:1: anchored pattern '^' has an empty frame (^F1;F2;...); skipped");
+  CHECK(s.warnings[1] == "f:2: anchored pattern '^a;;b' has an empty frame (^F1;F2;...); skipped");
 }
