@@ -170,6 +170,10 @@ constexpr Option kReportOptions[] = {
      "write one self-contained HTML page: memory over time, findings (stdout as with --trace)"},
     {"--no-symbolize", "", Value::None, "",
      "print frames as module+offset without reading the modules"},
+    {"--full-stacks", "", Value::None, "",
+     "print every frame of a stack in the text report: the frames below main, and those of the "
+     "interpreter below a Python program's outermost frame, which are folded into one line "
+     "otherwise (JSON, the trace and the page have them all)"},
     {"--top", "N", Value::Number, "",
      "rows of ranked lists: allocation sites, leak stacks (default 10, 0 = all)"},
     {"--fail-on-leaks", "", Value::None, "",

@@ -97,6 +97,8 @@ int report_main(int argc, char **argv) {
       opt.symbolize = false;
     } else if (a == "--fail-on-leaks") {
       opt.fail_on_leaks = true;
+    } else if (a == "--full-stacks") {
+      opt.full_stacks = true;
     } else if (a == "--gen-suppressions") {
       opt.gen_suppressions = true;
     } else if (a == "--diff") {

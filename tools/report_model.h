@@ -35,6 +35,7 @@ struct ReportOptions {
   std::size_t top = 10;  // rows of ranked tables (0 = all)
   bool fail_on_leaks = false;
   bool gen_suppressions = false;
+  bool full_stacks = false;  // the text report prints every frame (no fold below main or <module>)
   std::int64_t slow_ns = 1'000'000;  // calls at least this long become complete events in the trace
 };
 

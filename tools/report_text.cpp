@@ -68,7 +68,7 @@ std::string utc(std::int64_t unix_ns) {
   return fmt::format("{}.{:09}Z", buf, unix_ns % 1'000'000'000);
 }
 
-void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent) {
+void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent, bool full) {
   if (!s.id) {
     out << indent << "(no stack recorded)\n";
     return;
@@ -78,6 +78,15 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
     return;
   }
   if (s.frames.empty()) out << indent << "(empty stack)\n";
+  auto line = [&](std::size_t i) {
+    out << indent
+        << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
+                       s.frames[i].inlined ? " [inlined]" : "");
+  };
+  if (full) {
+    for (std::size_t i = 0; i < s.frames.size(); ++i) line(i);
+    return;
+  }
   // Frames below main (__libc_start_call_main, __libc_start_main, _start) are the same in every
   // stack of a program: not printed, as valgrind's --show-below-main=no does (JSON, the trace and
   // the HTML page keep them). A thread's stack has no main and is printed whole. Only the native
@@ -89,10 +98,30 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
       end = i + 1;
       break;
     }
+  // Below the outermost Python frame (<module>, or a thread's run) the native frames are the
+  // interpreter's start-up and eval loop (Py_BytesMain, pymain_*, PyRun_*, _PyEval_*), a dozen or
+  // more the same in every stack of the program: one line says how many (--full-stacks prints
+  // them; JSON, the trace and the HTML page keep them). The Python frames are all printed.
+  std::size_t outermost = s.frames.size();
   for (std::size_t i = 0; i < end; ++i)
-    out << indent
-        << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
-                       s.frames[i].inlined ? " [inlined]" : "");
+    if (s.frames[i].kind == Frame::Kind::Python) outermost = i;
+  std::size_t fold_from = end, fold_to = end;  // [fold_from, fold_to): folded native frames
+  if (outermost < end) {
+    fold_from = outermost + 1;
+    while (fold_from < end && s.frames[fold_from].kind == Frame::Kind::Marker) ++fold_from;
+    fold_to = fold_from;
+    while (fold_to < end && s.frames[fold_to].kind == Frame::Kind::Native) ++fold_to;
+    if (fold_to - fold_from < 2) fold_from = fold_to = end;  // one line for one frame: no fold
+  }
+  for (std::size_t i = 0; i < end; ++i) {
+    if (i == fold_from) {
+      out << indent
+          << fmt::format("... {} interpreter frames (--full-stacks to show)\n", fold_to - fold_from);
+      i = fold_to - 1;
+      continue;
+    }
+    line(i);
+  }
 }
 
 // "complete", "crashed (SIGSEGV)", "aborted (strict mode)", "truncated (no end record): ..."
@@ -210,7 +239,7 @@ std::vector<std::string> finding_classes(const Model &m, std::size_t &total) {
   return classes;
 }
 
-void write_findings(const Model &m, std::ostream &out) {
+void write_findings(const Model &m, const ReportOptions &opt, std::ostream &out) {
   std::size_t total = 0;
   const std::vector<std::string> classes = finding_classes(m, total);
   if (total == 0) {
@@ -251,7 +280,7 @@ void write_findings(const Model &m, std::ostream &out) {
       if (f.blocked_ns) out << fmt::format("      blocked  {}\n", fmt_duration(*f.blocked_ns));
       if (!f.state_json.empty()) out << fmt::format("      state    {}\n", f.state_json);
       out << "      stack\n";
-      print_stack(out, m.stack(g.stack), "        ");
+      print_stack(out, m.stack(g.stack), "        ", opt.full_stacks);
       for (const auto &r : f.related) {
         std::vector<std::string> parts;
         if (!r.api.empty()) parts.push_back(r.api);
@@ -260,7 +289,7 @@ void write_findings(const Model &m, std::ostream &out) {
         if (r.ts) parts.push_back(fmt::format("at {}", fmt_time(m.time(g.example.log, *r.ts))));
         out << fmt::format("      {}: {}\n", r.what.empty() ? "related" : r.what,
                            parts.empty() ? "(no details)" : join(parts, ", "));
-        print_stack(out, m.stack(g.example.log, r.stack), "        ");
+        print_stack(out, m.stack(g.example.log, r.stack), "        ", opt.full_stacks);
       }
     }
   }
@@ -326,7 +355,7 @@ void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
                          l.object_field.empty() ? "object" : l.object_field,
                          l.object.empty() ? "?" : l.object, l.size, dev_text(l.dev), seq, graph);
       out << "      allocated at\n";
-      print_stack(out, m.stack(g.stack), "        ");
+      print_stack(out, m.stack(g.stack), "        ", opt.full_stacks);
     }
   }
   for (std::size_t li : aborted)
@@ -386,7 +415,7 @@ void write_sites(const Model &m, const ReportOptions &opt, std::ostream &out) {
     out << fmt::format(
         "  [{}] {} in {} ({}){}\n", i + 1, bytes_text(s.bytes), plural(s.count, "call", "calls"),
         join(std::vector<std::string>(s.apis.begin(), s.apis.end()), ", "), where(m, s.logs));
-    print_stack(out, m.stack(s.stack), "        ");
+    print_stack(out, m.stack(s.stack), "        ", opt.full_stacks);
   }
 }
 
@@ -530,7 +559,7 @@ std::string error_text(const ErrorPoint &p) {
 // Leads the report for every process that did not exit normally or whose context a sticky CUDA
 // error poisoned: the signal and the faulting stack, the first CUDA error and its call's stack,
 // the frees and unmaps just before, and what was asleep at the end.
-void write_outcomes(const Model &m, std::ostream &out) {
+void write_outcomes(const Model &m, const ReportOptions &opt, std::ostream &out) {
   bool any = false;
   for (const auto &o : m.outcomes) any = any || o.explain();
   if (!any) return;
@@ -544,7 +573,7 @@ void write_outcomes(const Model &m, std::ostream &out) {
     out << fmt::format("[{}] {}\n", m.label(i), m.logs[i].file);
     if (o.crash) {
       out << fmt::format("  killed by {} in thread {} at\n", sig, o.crash->tid);
-      print_stack(out, m.stack(i, o.crash->stack), "    ");
+      print_stack(out, m.stack(i, o.crash->stack), "    ", opt.full_stacks);
       if (o.crash->addr) out << fmt::format("  fault address {}\n", hex(*o.crash->addr));
     } else if (o.status == Status::Crashed) {
       out << fmt::format(
@@ -564,7 +593,7 @@ void write_outcomes(const Model &m, std::ostream &out) {
       out << fmt::format("  first CUDA error {}{}\n", error_text(*first),
                          first->error.sticky ? ""
                                              : " (not sticky: the context stays usable)");
-      print_stack(out, m.stack(i, first->stack), "    ");
+      print_stack(out, m.stack(i, first->stack), "    ", opt.full_stacks);
       std::vector<std::string> others;
       for (const auto &e : o.errors)
         if (e.seq != first->seq || e.error.res != first->error.res) others.push_back(error_text(e));
@@ -599,7 +628,7 @@ void write_outcomes(const Model &m, std::ostream &out) {
             hex(a.ptr), a.size, hex(a.reservation), a.reservation_size, a.unmap_seq, a.unmap_tid);
       out << fmt::format("  the last sleep (unmap at seq {}) was called from\n",
                          o.asleep.front().unmap_seq);
-      print_stack(out, m.stack(i, o.asleep.front().unmap_stack), "    ");
+      print_stack(out, m.stack(i, o.asleep.front().unmap_stack), "    ", opt.full_stacks);
       if (o.asleep_total > o.asleep.size())
         out << fmt::format("    ({} more)\n", o.asleep_total - o.asleep.size());
     }
@@ -645,9 +674,9 @@ void write_headline(const Model &m, std::ostream &out) {
 void write_text(const Model &m, const ReportOptions &opt, std::ostream &out) {
   m.resolve_shown(opt);
   write_headline(m, out);
-  write_outcomes(m, out);
+  write_outcomes(m, opt, out);
   write_logs(m, out);
-  write_findings(m, out);
+  write_findings(m, opt, out);
   write_suppressed(m, out);
   write_leaks(m, opt, out);
   write_resident_text(m, opt, out);

@@ -51,6 +51,8 @@ CASES = {
     'duplicate': (['logs/clean.log', 'logs/clean.log', './logs/clean.log'], 0),
     'python': (['logs/python.log'], 1),
     'python-json': (['--json', 'logs/python.log'], 1),
+    # Every frame: the interpreter's below <module> too (`python` folds them into one line).
+    'python-full-stacks': (['--full-stacks', 'logs/python.log'], 1),
     # --gen-suppressions: 0 when the rules were printed.
     'python-gen-suppressions': (['--gen-suppressions', 'logs/python.log'], 0),
     # The page and the trace are the outputs asked for: stdout gets the report's first line only

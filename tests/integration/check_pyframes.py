@@ -287,6 +287,27 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
             for fn, line in second + first + alloc(caller):
                 check(f"{fn} ({script}:{line})" in text,
                       f"{label}: the text report names {fn} ({script}:{line})")
+            # Below <module> the interpreter's native frames (start-up, eval loop) are one line
+            # each stack, the Python frames all shown; --full-stacks prints them, JSON has them.
+            full = subprocess.run([cg, "report", "--full-stacks", log], capture_output=True,
+                                  text=True, timeout=120 * SLOW).stdout
+            folds = [int(n) for n in re.findall(
+                r"^ +\.\.\. (\d+) interpreter frames \(--full-stacks to show\)$", text, re.M)]
+            check(len(folds) >= 3 and all(n >= 2 for n in folds) and
+                  len(full.splitlines()) - len(text.splitlines()) == sum(n - 1 for n in folds),
+                  f"{label}: folded {folds}: {len(text.splitlines())} lines, "
+                  f"{len(full.splitlines())} with --full-stacks")
+            below = [l for l in text.splitlines() if re.search(
+                r"#\d+ (Py_BytesMain|pymain_|PyRun_|_PyEval_EvalFrameDefault|_start\b|"
+                r"__libc_start_main)", l)]
+            check(not below, f"{label}: interpreter start-up frames shown: {below[:4]}")
+            check(re.search(r"#\d+ (Py_BytesMain|pymain_run_python|__libc_start_main)", full),
+                  f"{label}: --full-stacks lacks the start-up frames")
+            for fn, line in second + first + alloc(caller):
+                check(f"{fn} ({script}:{line})" in full,
+                      f"{label}: --full-stacks names {fn} ({script}:{line})")
+            print(f"{label}: {len(text.splitlines())} lines folded {folds}, "
+                  f"{len(full.splitlines())} with --full-stacks")
             gen = subprocess.run([cg, "report", "--gen-suppressions", log], capture_output=True,
                                  text=True, timeout=120 * SLOW).stdout
             rules = [l for l in gen.splitlines() if l and not l.startswith("#")]
