@@ -170,6 +170,10 @@ constexpr Option kReportOptions[] = {
      "write one self-contained HTML page: memory over time, findings (stdout as with --trace)"},
     {"--no-symbolize", "", Value::None, "",
      "print frames as module+offset without reading the modules"},
+    {"--run", "ID", Value::Text, "",
+     "read only the logs of run ID (the CUMEMGUARD_RUN_ID cumemguard run writes in each log's "
+     "header), or with all every log named; without it, logs of more than one run are refused "
+     "(status 64, the runs and their logs named)"},
     {"--full-stacks", "", Value::None, "",
      "print every frame of a stack in the text report: the frames below main, and those of the "
      "interpreter below a Python program's outermost frame, which are folded into one line "
@@ -193,7 +197,7 @@ constexpr Option kReportOptions[] = {
 constexpr ExitStatus kReportExits[] = {
     {"0", "no findings; with --gen-suppressions, the rules were printed"},
     {"1", "findings (suppressed ones excepted), or a process crashed or was aborted"},
-    {"64", "usage error"},
+    {"64", "usage error; logs of more than one run without --run"},
     {"66",
      "a log cannot be read, is not a cumemguard log or is of a newer format; with --diff, a "
      "snapshot named is not in its log"},

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <exception>
 #include <fstream>
 #include <iostream>
@@ -70,6 +71,63 @@ bool refuse_over_log(const std::string &path, const char *what) {
   return true;
 }
 
+// The CUMEMGUARD_RUN_ID its header names (`cumemguard run` sets one per launch), or "".
+std::string run_of(const report::Header &h) {
+  for (const auto &[k, v] : h.options)
+    if (k == "CUMEMGUARD_RUN_ID") return v;
+  return {};
+}
+
+// Logs of more than one run merged would read as one program's: refused unless --run picks one
+// or says all. Logs with no run id (a plain LD_PRELOAD, ranks under torchrun) belong to none and
+// are read with the rest. Returns the exit status of the refusal, or 0 to go on.
+int pick_run(std::vector<std::unique_ptr<report::LogReader>> &readers,
+             const std::optional<std::string> &run) {
+  if (run == "all") return 0;
+  std::vector<std::pair<std::string, std::vector<std::string>>> runs;  // in order of the logs
+  for (const auto &r : readers) {
+    const std::string id = run_of(r->log().header);
+    if (id.empty()) continue;
+    auto it = std::find_if(runs.begin(), runs.end(), [&](const auto &x) { return x.first == id; });
+    if (it == runs.end()) it = runs.insert(runs.end(), {id, {}});
+    it->second.push_back(r->log().file);
+  }
+  auto listed = [&]() {
+    std::vector<std::string> parts;
+    for (const auto &[id, files] : runs) {
+      std::string names;
+      for (std::size_t i = 0; i < files.size() && i < 3; ++i) names += (i ? ", " : "") + files[i];
+      if (files.size() > 3) names += fmt::format(" and {} more", files.size() - 3);
+      parts.push_back(fmt::format("{} ({})", report::clean(id), names));
+    }
+    std::string out;
+    for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : "") + parts[i];
+    return out;
+  };
+  if (!run) {
+    if (runs.size() < 2) return 0;
+    std::cerr << fmt::format(
+        "cumemguard report: the logs are of {} runs, not one: {}; report one with --run ID (or "
+        "name its logs only), or all together with --run all\n",
+        runs.size(), listed());
+    return report::kExitUsage;
+  }
+  const std::size_t before = readers.size();
+  std::erase_if(readers, [&](const auto &r) { return run_of(r->log().header) != *run; });
+  if (readers.empty()) {
+    std::cerr << fmt::format("cumemguard report: no log of run {} among the logs (runs: {})\n",
+                             report::clean(*run), runs.empty() ? "none named" : listed());
+    return report::kExitUsage;
+  }
+  if (readers.size() < before)
+    std::cerr << fmt::format("cumemguard report: --run {}: {} of other runs (or of none) left out\n",
+                             report::clean(*run),
+                             before - readers.size() == 1
+                                 ? std::string("1 log")
+                                 : fmt::format("{} logs", before - readers.size()));
+  return 0;
+}
+
 }  // namespace
 
 int report_main(int argc, char **argv) {
@@ -77,6 +135,7 @@ int report_main(int argc, char **argv) {
   ReportOptions opt;
   std::vector<std::string> files;
   std::optional<std::pair<std::string, std::string>> diff;
+  std::optional<std::string> run;  // --run ID | all
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -97,6 +156,10 @@ int report_main(int argc, char **argv) {
       opt.symbolize = false;
     } else if (a == "--fail-on-leaks") {
       opt.fail_on_leaks = true;
+    } else if (a == "--run") {
+      const char *v = value();
+      if (!v || !*v) return usage_error("--run needs a run id (or all)");
+      run = v;
     } else if (a == "--full-stacks") {
       opt.full_stacks = true;
     } else if (a == "--gen-suppressions") {
@@ -128,6 +191,7 @@ int report_main(int argc, char **argv) {
   }
   if (diff) {
     if (!files.empty()) return usage_error("--diff compares two snapshots; it takes no other log");
+    if (run) return usage_error("--diff names its snapshots' logs; it takes no --run");
     if (!opt.trace_path.empty() || opt.gen_suppressions)
       return usage_error("--diff writes text, --json or --html");
     if ((!opt.html_path.empty() && refuse_over_log(opt.html_path, "HTML page")) ||
@@ -200,6 +264,7 @@ int report_main(int argc, char **argv) {
       if (f != "-") r->log().file = shown;
       readers.push_back(std::move(r));
     }
+    if (const int refused = pick_run(readers, run)) return refused;
     if (readers.empty() && !opt.json) {
       int status = 0;
       for (const auto &e : errors) status = std::max(status, e.exit_status);

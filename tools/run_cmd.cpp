@@ -426,12 +426,18 @@ int run_main(int argc, char **argv) {
     setenv("CUMEMGUARD_LOG", absolute("cumemguard." + base + ".%p.log").c_str(), 1);
   }
   apply_torch_override();
-  // Unique per launch: the pid of the launcher and the start time in ns.
-  struct timespec now {};
-  clock_gettime(CLOCK_REALTIME, &now);
-  const std::string run_id = std::to_string(getpid()) + "-" +
-                             std::to_string(now.tv_sec * 1000000000LL + now.tv_nsec);
-  setenv("CUMEMGUARD_RUN_ID", run_id.c_str(), 1);
+  // Unique per launch: the pid of the launcher and the start time in ns. A launcher inside another
+  // launcher's program (CUMEMGUARD_STATUS_DIR set by it) is part of that run: its logs keep the
+  // outer run's id, so that `cumemguard report` over the outer launcher's list reads one run.
+  const char *outer_status = std::getenv("CUMEMGUARD_STATUS_DIR");
+  const char *outer_run = std::getenv("CUMEMGUARD_RUN_ID");
+  if (!(outer_status && *outer_status == '/' && outer_run && *outer_run)) {
+    struct timespec now {};
+    clock_gettime(CLOCK_REALTIME, &now);
+    const std::string run_id = std::to_string(getpid()) + "-" +
+                               std::to_string(now.tv_sec * 1000000000LL + now.tv_nsec);
+    setenv("CUMEMGUARD_RUN_ID", run_id.c_str(), 1);
+  }
 
   // The whole environment the program starts with, as the shim will read it: the same rule as
   // for -e (what the launcher set itself is valid).

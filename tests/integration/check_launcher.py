@@ -358,6 +358,55 @@ def generated_suppressions(e):
           f"the rule of path_a's stack: rc {p.returncode}, findings {fs}, {p.stderr[-600:]!r}")
 
 
+def runs_apart(e):
+    # Logs of two runs named together (a glob over a directory both wrote into) are not one
+    # program: the report refuses them (64, one line naming each run and its logs, and --run),
+    # reads one run with --run ID and all of them with --run all. A launcher inside another's
+    # program is of the outer run: the outer launcher's list reads as one.
+    d = e.logdir()
+    for _ in range(2):
+        p = e.run(["run", "--no-summary", "--log", os.path.join(d, "cmg-%p.log"), "--", e.rt,
+                   "P29"])
+        check(p.returncode == 0, f"runs_apart run: {p.returncode} {p.stderr[-300:]!r}")
+    logs = sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith("cmg-"))
+    ids = [records(l)[0].get("options", {}).get("CUMEMGUARD_RUN_ID") for l in logs]
+    if not check(len(logs) == 2 and all(ids) and ids[0] != ids[1], f"two runs' logs {logs} {ids}"):
+        return
+    p = e.run(["report"] + logs)
+    want = (f"cumemguard report: the logs are of 2 runs, not one: {ids[0]} ({logs[0]}); {ids[1]} "
+            f"({logs[1]}); report one with --run ID (or name its logs only), or all together "
+            f"with --run all\n")
+    check(p.returncode == 64 and p.stderr == want and not p.stdout,
+          f"two runs merged: rc {p.returncode} {p.stderr!r} {p.stdout[:200]!r}")
+    p = e.run(["report", "--json"] + logs)
+    check(p.returncode == 64 and p.stderr == want and not p.stdout,
+          f"two runs merged, --json: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["report", "--run", ids[1]] + logs)
+    check(p.returncode == 1 and p.stdout.startswith("cumemguard report: 1 log, ") and
+          f"] {logs[1]}\n" in p.stdout and logs[0] not in p.stdout and
+          p.stderr == f"cumemguard report: --run {ids[1]}: 1 log of other runs (or of none) left "
+                      f"out\n",
+          f"--run ID: rc {p.returncode} {p.stderr!r} {p.stdout[:300]!r}")
+    p = e.run(["report", "--run", "all"] + logs)
+    check(p.returncode == 1 and p.stdout.startswith("cumemguard report: 2 logs, ") and not p.stderr,
+          f"--run all: rc {p.returncode} {p.stderr!r} {p.stdout[:200]!r}")
+    p = e.run(["report", "--run", "nope"] + logs)
+    check(p.returncode == 64 and p.stderr.startswith("cumemguard report: no log of run nope among "
+                                                     f"the logs (runs: {ids[0]} ("),
+          f"--run of no log: rc {p.returncode} {p.stderr!r}")
+    # Nested: the inner launcher's log carries the outer run's id.
+    n = e.logdir()
+    p = e.run(["run", "--no-summary", "--log", os.path.join(n, "outer-%p.log"), "--", "sh", "-c",
+               f"{e.rt} P29 && {e.cg} run --no-summary --log {n}/inner-%p.log -- {e.rt} P29"])
+    nested = sorted(os.path.join(n, f) for f in os.listdir(n))
+    nids = {records(l)[0].get("options", {}).get("CUMEMGUARD_RUN_ID") for l in nested}
+    r = e.run(["report"] + nested)
+    check(p.returncode == 0 and len(nested) == 2 and len(nids) == 1 and r.returncode == 1 and
+          r.stdout.startswith("cumemguard report: 2 logs, "),
+          f"nested launchers: rc {p.returncode}, logs {nested}, ids {nids}, report rc "
+          f"{r.returncode} {r.stderr!r}")
+
+
 def option_rule(e):
     # One rule for -e and the environment under run: a setting that cannot apply (an unknown
     # name, a bad value, a malformed entry) stops the run with 64 and one line that says so, and
@@ -662,7 +711,7 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 read_with, suppressions, generated_suppressions, option_rule, log_target, log_unset_variable, alloc_conf_once,
+                 read_with, suppressions, generated_suppressions, runs_apart, option_rule, log_target, log_unset_variable, alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:
