@@ -340,13 +340,10 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
       t.s(any ? ", " : " ").s(finding_id(static_cast<FindingClass>(k))).c(' ').u(n);
       any = true;
     }
-  // Leaks are findings of class leak: counted here from what is live at exit (they are leak
-  // records in the log, not finding records), so a leaking run never says "findings: none".
-  if (const std::size_t leaked = leaked_count(live)) {
-    t.s(any ? ", " : " ").s("leak ").u(leaked).s(" (live at exit)");
-    any = true;
-  }
   t.s(any ? "\n" : " none\n");
+  // Leaks apart, as the report, its JSON, the summary record and the exit status count them
+  // (they are leak records in the log, not finding records): a leaking run says so on its own line.
+  if (const std::size_t leaked = leaked_count(live)) t.s("  leaks: ").u(leaked).s(" (live at exit)\n");
   if (s.opts.quarantine) {
     // What the quarantine was in this run: a stale free is caught only while its address is held.
     // Said without asking the driver (no CUDA call at exit), and without a size for a device whose

@@ -206,8 +206,7 @@ void write_logs(const Model &m, std::ostream &out) {
 }
 
 // The leak records of processes strict mode stopped: what they held when the abort came (the
-// shim writes them as it aborts, and its exit summary and the run's status count them as
-// `leak`, like any process's leaks at exit), not memory a finished program forgot.
+// shim writes them as it aborts), not memory a finished program forgot.
 std::size_t leaks_at_abort(const Model &m) {
   std::size_t n = 0;
   for (std::size_t i = 0; i < m.logs.size() && i < m.log_leaks.size(); ++i)
@@ -215,40 +214,35 @@ std::size_t leaks_at_abort(const Model &m) {
   return n;
 }
 
-// "leak 2", "leak 2 live at the abort", "leak 5 (2 live at the abort)".
-std::string leak_class_text(const Model &m) {
+// "2 leaks at exit", "1 leak live at the abort", "5 leaks at exit (2 live at the abort)".
+std::string leaks_text(const Model &m) {
   const std::size_t aborted = leaks_at_abort(m);
-  if (aborted == 0) return fmt::format("leak {}", m.leak_count);
-  if (aborted == m.leak_count) return fmt::format("leak {} live at the abort", m.leak_count);
-  return fmt::format("leak {} ({} live at the abort)", m.leak_count, aborted);
+  const std::string n = plural(m.leak_count, "leak", "leaks");
+  if (aborted == 0) return n + " at exit";
+  if (aborted == m.leak_count) return n + " live at the abort";
+  return fmt::format("{} at exit ({} live at the abort)", n, aborted);
 }
 
-// By class as the exit summary counts them: leaks at exit are findings of class `leak` there
-// too (policy/findings.def lists it last), so "findings: leak 3", the first line and the
-// Findings heading agree; the leaks themselves are listed under "Leaks at exit".
-std::vector<std::string> finding_classes(const Model &m, std::size_t &total) {
+// The findings by class, leaks apart: the counts of the model (m.finding_count, m.leak_count)
+// that the JSON report, the HTML page, the exit status and the exit summary give too ("findings:
+// double-free 1" and "leaks: 1 (live at exit)"), so no output counts a leak as a finding.
+std::vector<std::string> finding_classes(const Model &m) {
   std::vector<std::string> classes;
-  total = 0;
   for (const auto &c : m.findings)
-    if (c.cls != "leak" && c.count) {
-      classes.push_back(fmt::format("{} {}", c.cls, c.count));
-      total += c.count;
-    }
-  if (m.leak_count) classes.push_back(leak_class_text(m));
-  total += m.leak_count;
+    if (c.cls != "leak" && c.count) classes.push_back(fmt::format("{} {}", c.cls, c.count));
   return classes;
 }
 
 void write_findings(const Model &m, const ReportOptions &opt, std::ostream &out) {
-  std::size_t total = 0;
-  const std::vector<std::string> classes = finding_classes(m, total);
-  if (total == 0) {
-    out << "\n== Findings: none\n";
-    return;
+  const std::vector<std::string> classes = finding_classes(m);
+  const std::string leaks = m.leak_count ? "; " + leaks_text(m) + ": see Leaks at exit" : "";
+  if (m.finding_count == 0) {
+    out << "\n== Findings: none" << leaks << "\n";
+    if (m.findings.empty()) return;
+  } else {
+    out << fmt::format("\n== Findings: {} in {} ({}){}\n", m.finding_count,
+                       plural(classes.size(), "class", "classes"), join(classes, ", "), leaks);
   }
-  out << fmt::format("\n== Findings: {} in {} ({}){}\n", total,
-                     plural(classes.size(), "class", "classes"), join(classes, ", "),
-                     m.leak_count ? "; the leaks under Leaks at exit" : "");
   for (const auto &c : m.findings) {
     std::string exit_note;
     if (c.at_exit && *c.at_exit != static_cast<std::int64_t>(c.count))
@@ -360,8 +354,8 @@ void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
   }
   for (std::size_t li : aborted)
     out << fmt::format(
-        "  {}: stopped by strict mode; live at the abort: {} ({}), counted as leaks as its exit "
-        "summary counts them\n",
+        "  {}: stopped by strict mode; live at the abort: {} ({}), listed as leaks as its exit "
+        "summary lists them\n",
         m.label(li), plural(m.log_leaks[li].first, "object", "objects"),
         bytes_text(m.log_leaks[li].second));
   for (std::size_t li : unknown)
@@ -661,12 +655,14 @@ void write_headline(const Model &m, std::ostream &out) {
                                                        : "";
     if (*word && state.find(word) == std::string::npos) state += word;
   }
-  std::size_t total = 0;
-  const std::vector<std::string> classes = finding_classes(m, total);
-  std::string findings = total == 0 ? std::string("no findings")
-                                    : fmt::format("{} ({})", plural(total, "finding", "findings"),
-                                                  join(classes, ", "));
-  if (m.leak_count == 0 && !m.all_complete()) findings += "; leaks not known";
+  const std::vector<std::string> classes = finding_classes(m);
+  std::string findings =
+      m.finding_count == 0
+          ? std::string("no findings")
+          : fmt::format("{} ({})", plural(m.finding_count, "finding", "findings"),
+                        join(classes, ", "));
+  if (m.leak_count) findings += ", " + leaks_text(m);
+  else if (!m.all_complete()) findings += "; leaks not known";
   out << fmt::format("cumemguard report: {}, {}{}\n", plural(m.logs.size(), "log", "logs"),
                      findings, state);
 }

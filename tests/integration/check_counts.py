@@ -4,7 +4,9 @@
 # log and `cumemguard config --run` say the same thing. The program's calls per API agree (the
 # quarantine's own releases at exit are logged with `released_from` and shown apart, never as the
 # program's calls: the report said `cudaFree 3` where the summary said 2); findings by class agree,
-# leaks included (the summary's `leak 1` was the report's `0 findings, 1 leak`); and what config
+# and leaks at exit are counted apart in every one of them (the summary's `leaks: 1`, the JSON's
+# leaks.count, the text's `1 leak at exit`, never among the findings: the text report's headline
+# said `1 finding (leak 1)` where the JSON said 0 findings); and what config
 # --run lists as set by the launcher is what the launcher exports (CUMEMGUARD_LOG and
 # CUMEMGUARD_SUMMARY showed as defaults).
 #   check_counts.py --cg CUMEMGUARD --build BUILD
@@ -34,9 +36,10 @@ def pairs(text):
 
 
 def summary(stderr):
-    """The summary's calls and findings, as printed (the calls may wrap onto indented lines)."""
+    """The summary's calls, findings and leaks, as printed (the calls may wrap onto indented
+    lines)."""
     lines = stderr.splitlines()
-    calls, findings, released = "", "", None
+    calls, findings, released, leaks = "", "", None, 0
     for i, l in enumerate(lines):
         if l.strip().startswith("calls:"):
             calls = l.split("calls:", 1)[1]
@@ -46,11 +49,14 @@ def summary(stderr):
                 calls += " " + more
         if l.strip().startswith("findings:"):
             findings = l.split("findings:", 1)[1].strip()
+        lk = re.fullmatch(r"  leaks: (\d+) \(live at exit\)", l)
+        if lk:
+            leaks = int(lk.group(1))
         m = re.search(r"quarantine: .*; (\d+) frees? \((\S+ \S+)\) held at exit, returned to the "
                       r"driver with the process", l)
         if m:
             released = (int(m.group(1)), m.group(2))
-    return pairs(calls), ({} if findings == "none" else pairs(findings)), released
+    return pairs(calls), ({} if findings == "none" else pairs(findings)), released, leaks
 
 
 def main():
@@ -72,45 +78,58 @@ def main():
     # P29: a double free (the first free held in the debug profile's quarantine, still held at
     # exit: the exit path makes no CUDA call, so it goes back with the process); leak: an
     # allocation live at exit.
-    for case, want_calls, want_findings in (("P29", {"cudaMalloc": 1, "cudaFree": 2},
-                                             {"double-free": 1}),
-                                            ("leak", {"cudaMalloc": 1}, {"leak": 1})):
+    # leak_double in strict mode: stopped at the double free with an allocation live, which the
+    # abort writes as a leak: one finding and one leak everywhere (the text report said
+    # `2 findings (double-free 1, leak 1 live at the abort)`, its JSON 1 finding).
+    for case, mode, want_calls, want_findings, want_leaks in (
+            ("P29", "guard", {"cudaMalloc": 1, "cudaFree": 2}, {"double-free": 1}, 0),
+            ("leak", "guard", {"cudaMalloc": 1}, {}, 1),
+            ("leak_double", "strict", {"cudaMalloc": 2, "cudaFree": 2}, {"double-free": 1}, 1)):
         log = os.path.join(tmp, case + ".log")
-        p = subprocess.run([a.cg, "run", "--log", log, "--", prog, case], env=env, cwd=tmp,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-        check(p.returncode == 0, f"{case}: run exited {p.returncode}: {p.stderr[-400:]}")
-        calls, findings, released = summary(p.stderr)
-        check(calls == want_calls and findings == want_findings,
-              f"{case}: the summary says calls {calls}, findings {findings}")
+        p = subprocess.run([a.cg, "run", "--mode", mode, "--log", log, "--", prog, case], env=env,
+                           cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+        want_rc = -6 if mode == "strict" else 0  # strict mode's abort: the launcher dies of it
+        check(p.returncode == want_rc, f"{case}: run exited {p.returncode}: {p.stderr[-400:]}")
+        calls, findings, released, leaks = summary(p.stderr)
+        check(calls == want_calls and findings == want_findings and leaks == want_leaks,
+              f"{case}: the summary says calls {calls}, findings {findings}, leaks {leaks}")
         r = subprocess.run([a.cg, "report", "--json", log], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, timeout=120)
         doc = json.loads(r.stdout)
         rcalls = {c["api"]: c["count"] for c in doc["calls"]}
-        check(rcalls == calls, f"{case}: the report's calls {rcalls}, the summary's {calls}")
-        check(all(c["at_exit"] == c["count"] for c in doc["calls"]),
-              f"{case}: calls and calls at exit differ: {doc['calls']}")
+        # (The call strict mode stops has no call record, only its finding: its count is the
+        # summary's alone, shown as the report's "at exit" column.)
+        if mode != "strict":
+            check(rcalls == calls, f"{case}: the report's calls {rcalls}, the summary's {calls}")
+            check(all(c["at_exit"] == c["count"] for c in doc["calls"]),
+                  f"{case}: calls and calls at exit differ: {doc['calls']}")
         rel = [(s["from"], s["api"], s["count"]) for s in doc["shim_releases"]]
         # Nothing is released by the shim during these runs; what the quarantine holds at exit is
         # said by the summary and its record alike.
         check(rel == [], f"{case}: releases {rel}")
         rec = [json.loads(x) for x in open(log) if '"k":"summary"' in x]
         held = rec[0].get("held_at_exit", {}) if rec else None
-        if case == "P29":
+        if case in ("P29", "leak_double"):
             check(released == (1, "1.0 MiB") and
                   held == {"quarantine": {"frees": 1, "bytes": 1 << 20}},
                   f"{case}: held at exit: summary {released}, record {held}")
         else:
             check(released is None and not held, f"{case}: held at exit {released} {held}")
         by_class = {c["class"]: c["count"] for c in doc["findings"]["classes"] if c["count"]}
-        if doc["leaks"]["count"]:
-            by_class["leak"] = doc["leaks"]["count"]
-        check(by_class == findings, f"{case}: the report's findings {by_class}, the summary's "
-                                    f"{findings}")
+        total = sum(findings.values())
+        check(by_class == findings and doc["findings"]["count"] == total and
+              doc["leaks"]["count"] == leaks,
+              f"{case}: the report's findings {by_class} ({doc['findings']['count']}), leaks "
+              f"{doc['leaks']['count']}; the summary's {findings}, leaks {leaks}")
         t = subprocess.run([a.cg, "report", log], stdout=subprocess.PIPE, text=True, timeout=120)
         head = t.stdout.splitlines()[0]
-        total = sum(findings.values())
-        want_head = (f"cumemguard report: 1 log, {total} finding{'s' if total != 1 else ''} (" +
-                     ", ".join(f"{k} {v}" for k, v in findings.items()) + ")")
+        want_head = "cumemguard report: 1 log, " + (
+            f"{total} finding{'s' if total != 1 else ''} (" +
+            ", ".join(f"{k} {v}" for k, v in findings.items()) + ")" if total else "no findings")
+        if leaks:
+            want_head += f", {leaks} leak{'s' if leaks != 1 else ''} " + (
+                "live at the abort, ABORTED" if mode == "strict" else "at exit")
         check(head == want_head, f"{case}: headline {head!r}, expected {want_head!r}")
         check("by the shim" not in t.stdout,
               f"{case}: the text report's line for the quarantine's releases:\n{t.stdout}")

@@ -117,6 +117,17 @@ int leak() {
   return 0;
 }
 
+// A double free with another allocation live: strict mode stops at the second free, and what is
+// live then is written as leaks as it aborts.
+int leak_double() {
+  void *keep = nullptr, *p = nullptr;
+  CHECK_CUDA(cudaMalloc(&keep, 2 << 20));
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  out("first_free", cudaFree(p));
+  out("second_free", cudaFree(p));
+  return 0;
+}
+
 int threads() {
   constexpr int kThreads = 8, kIters = 500;
   std::atomic<int> failures{0};
@@ -260,6 +271,7 @@ int main(int argc, char **argv) {
   if (c == "async_double") return async_double();
   if (c == "driver_double") return driver_double();
   if (c == "leak") return leak();
+  if (c == "leak_double") return leak_double();
   if (c == "oom_retry") return oom_retry();
   if (c == "threads") return threads();
   if (c == "fork") return forked();
