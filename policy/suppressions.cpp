@@ -21,7 +21,8 @@ std::string_view basename_of(std::string_view path) {
 
 bool frame_matches(std::string_view glob, const SuppressionFrame &f) {
   return (!f.function.empty() && glob_match(glob, f.function)) ||
-         (!f.module.empty() && (glob_match(glob, f.module) || glob_match(glob, basename_of(f.module)))) ||
+         (!f.module.empty() &&
+          (glob_match(glob, f.module) || glob_match(glob, basename_of(f.module)))) ||
          (f.function.empty() && f.module.empty() && glob == "*");  // a frame nothing names
 }
 
@@ -51,7 +52,8 @@ bool stack_matches(std::string_view globs, std::span<const SuppressionFrame> fra
 
 bool suppression_infrastructure(std::string_view module) {
   const std::string_view b = basename_of(module);
-  for (std::string_view p : {"libcumemguard", "libcuda.so", "libcuda-", "libcudart", "libc.so", "libc-"})
+  for (std::string_view p :
+       {"libcumemguard", "libcuda.so", "libcuda-", "libcudart", "libc.so", "libc-"})
     if (b.starts_with(p)) return true;
   return false;
 }

@@ -343,7 +343,8 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
   t.s(any ? "\n" : " none\n");
   // Leaks apart, as the report, its JSON, the summary record and the exit status count them
   // (they are leak records in the log, not finding records): a leaking run says so on its own line.
-  if (const std::size_t leaked = leaked_count(live)) t.s("  leaks: ").u(leaked).s(" (live at exit)\n");
+  if (const std::size_t leaked = leaked_count(live))
+    t.s("  leaks: ").u(leaked).s(" (live at exit)\n");
   if (s.opts.quarantine) {
     // What the quarantine was in this run: a stale free is caught only while its address is held.
     // Said without asking the driver (no CUDA call at exit), and without a size for a device whose

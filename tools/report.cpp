@@ -120,11 +120,11 @@ int pick_run(std::vector<std::unique_ptr<report::LogReader>> &readers,
     return report::kExitUsage;
   }
   if (readers.size() < before)
-    std::cerr << fmt::format("cumemguard report: --run {}: {} of other runs (or of none) left out\n",
-                             report::clean(*run),
-                             before - readers.size() == 1
-                                 ? std::string("1 log")
-                                 : fmt::format("{} logs", before - readers.size()));
+    std::cerr << fmt::format(
+        "cumemguard report: --run {}: {} of other runs (or of none) left out\n",
+        report::clean(*run),
+        before - readers.size() == 1 ? std::string("1 log")
+                                     : fmt::format("{} logs", before - readers.size()));
   return 0;
 }
 

@@ -116,7 +116,8 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
   for (std::size_t i = 0; i < end; ++i) {
     if (i == fold_from) {
       out << indent
-          << fmt::format("... {} interpreter frames (--full-stacks to show)\n", fold_to - fold_from);
+          << fmt::format("... {} interpreter frames (--full-stacks to show)\n",
+                         fold_to - fold_from);
       i = fold_to - 1;
       continue;
     }

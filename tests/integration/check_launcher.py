@@ -326,7 +326,7 @@ def suppressions(e):
 
 
 def generated_suppressions(e):
-    # Two double frees in one helper, release(), one called from path_a and one from path_b: the
+    # Two double frees in one function, release(), one called from path_a and one from path_b: the
     # rules report --gen-suppressions writes are anchored on each stack, so the rule of path_a's
     # suppresses path_a's finding and not path_b's (a rule naming release alone matched both).
     d = e.logdir()
@@ -712,7 +712,8 @@ def main():
     ap.add_argument("--sanitized")
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
-                 read_with, suppressions, generated_suppressions, runs_apart, option_rule, log_target, log_unset_variable, alloc_conf_once,
+                 read_with, suppressions, generated_suppressions, runs_apart, option_rule,
+                 log_target, log_unset_variable, alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo):
         step(e)
     if FAILURES:

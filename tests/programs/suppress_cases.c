@@ -3,8 +3,8 @@
 // (vendor_release), and one made by the program itself (program_double_free).
 //   suppress_cases vendor    only the vendor's double free
 //   suppress_cases both      the vendor's, then the program's own
-//   suppress_cases shared    two double frees in one helper (release), one from path_a, one from
-//                            path_b: a rule naming the helper matches both stacks
+//   suppress_cases shared    two double frees in one function (release), one from path_a, one from
+//                            path_b: a rule naming release matches both stacks
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <string.h>

@@ -68,7 +68,7 @@ TEST_CASE("Malformed lines are capped: a huge file of junk gives a bounded numbe
   CHECK(s.warnings[8] == "big: and 19992 more malformed lines; skipped");
 }
 
-// Two double frees through one helper, `release`, from two callers: a rule naming the helper
+// Two double frees through one function, `release`, from two callers: a rule naming it
 // matches both; an anchored rule, the stack from its call site, only the one it names.
 TEST_CASE("An anchored rule matches the stack from its call site, frame by frame, in order") {
   const std::vector<SuppressionFrame> a = {{"cudaFree", "/usr/lib/libcudart.so.13"},
@@ -99,7 +99,7 @@ TEST_CASE("An anchored rule matches the stack from its call site, frame by frame
   CHECK(Suppressions::parse("*:^release;main\n", "f").match("double-free", a) == -1);
 }
 
-TEST_CASE("An anchored rule on a Python stack names its Python frames, whatever native ones run them") {
+TEST_CASE("An anchored rule on a Python stack names its Python frames, not the native ones") {
   const std::vector<SuppressionFrame> st = {{"ffi_call_unix64", "/usr/lib/libffi.so.8"},
                                             {"", "/usr/bin/python3.11"},
                                             {"free_buffer", "/app/b.py", true},
@@ -107,7 +107,9 @@ TEST_CASE("An anchored rule on a Python stack names its Python frames, whatever 
                                             {"", "/usr/bin/python3.11"},
                                             {"<module>", "/app/b.py", true},
                                             {"__libc_start_main", "/lib/libc.so.6"}};
-  auto m = [&](const char *rule) { return Suppressions::parse(rule, "f").match("double-free", st); };
+  auto m = [&](const char *rule) {
+    return Suppressions::parse(rule, "f").match("double-free", st);
+  };
   CHECK(m("double-free:^free_buffer;cleanup;<module>\n") == 0);
   CHECK(m("double-free:^free_buffer;b.py\n") == 0);
   CHECK(m("double-free:^ffi_call_unix64\n") == -1);
