@@ -378,6 +378,14 @@ class Builder {
       row.logs.insert(li);
       return;
     }
+    if (f.action == "abort" && !f.api.empty()) {
+      // The call strict mode stopped: counted by the shim among the program's calls (the summary
+      // record's), written as this finding and never as a call record (the process aborted
+      // before the driver saw it). Counted here, so the calls table and "at exit" agree.
+      auto [cit, cfresh] = calls_.try_emplace(f.api);
+      if (cfresh) cit->second.api = f.api;
+      ++cit->second.count;
+    }
     FindingClassGroup &cg = classes_[f.cls];
     cg.cls = f.cls;
     ++cg.count;
