@@ -33,14 +33,19 @@ constexpr ErrorText kErrors[] = {
 #undef FC_ERR
 };
 
-// ---- contexts: only primary contexts exist (cuCtxCreate* answer NOT_SUPPORTED) ---------------
+// ---- contexts: each device's primary context, and a fixed pool for cuCtxCreate* -------------
 constexpr unsigned kCtxMagic = 0xfc0c7e47;
 struct Context {
   unsigned magic;
   int dev;
+  std::atomic<bool> used{false};  // a created context's slot in g_created is taken
 };
 Context g_primary[kMaxDevices];
 std::atomic<int> g_primary_refs[kMaxDevices];
+// Created contexts hold no memory of their own (allocations belong to the context's device), so
+// a small pool is enough; a destroyed context's slot is given to a later cuCtxCreate.
+constexpr int kCreated = 64;
+Context g_created[kCreated];
 
 // Per-thread context stack (cuCtxPush/Pop; cuCtxSetCurrent replaces the top). A fixed array
 // keeps thread exit free of destructors.
@@ -52,7 +57,10 @@ Context *current() { return t_depth > 0 ? t_stack[t_depth - 1] : nullptr; }
 
 Context *as_context(CUcontext c) {
   auto *p = reinterpret_cast<Context *>(c);
-  if (p < g_primary || p >= g_primary + kMaxDevices) return nullptr;
+  const bool primary = p >= g_primary && p < g_primary + kMaxDevices;
+  const bool created = p >= g_created && p < g_created + kCreated;
+  if (!primary && !created) return nullptr;
+  if (created && !p->used.load()) return nullptr;
   if (p->magic != kCtxMagic || !valid_device(p->dev)) return nullptr;
   return p;
 }
@@ -318,11 +326,46 @@ CUresult ctx_synchronize(CUcontext c) {
   return CUDA_SUCCESS;
 }
 
-// Only primary contexts are modelled; the entry points exist so that each ABI variant has its
-// own function (bug-patterns.md P24: cuCtxCreate 3020 and 11040 are different functions).
-CUresult ctx_create() {
+// Each ABI variant has its own function (bug-patterns.md P24: cuCtxCreate 3020 and 11040 are
+// different functions). The new context is pushed on the calling thread's stack, so a later
+// cuCtxSetCurrent(NULL) pops it and leaves the context below current (real-driver.md section 5:
+// the primary context, measured on the H200).
+CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
   if (CUresult r = require_init()) return r;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  if (t_depth == kStackDepth) return CUDA_ERROR_OUT_OF_MEMORY;
+  for (Context &c : g_created) {
+    bool was = false;
+    if (!c.used.compare_exchange_strong(was, true)) continue;
+    c.dev = dev;
+    c.magic = kCtxMagic;
+    t_stack[t_depth++] = &c;
+    *pctx = reinterpret_cast<CUcontext>(&c);
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+// A created context only (a primary context is released, not destroyed). Popped when it is the
+// calling thread's current context; other threads' stacks are theirs (cuda.h: the context stays
+// current to them, and using it fails).
+CUresult ctx_destroy(CUcontext c) {
+  if (CUresult r = require_init()) return r;
+  Context *ctx = as_context(c);
+  if (!ctx || !(ctx >= g_created && ctx < g_created + kCreated)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (current() == ctx) --t_depth;
+  ctx->magic = 0;
+  ctx->used.store(false);
+  return CUDA_SUCCESS;
+}
+
+// Nothing of a primary context is modelled beyond its references: a reset drops them all.
+CUresult primary_reset(CUdevice dev) {
+  if (CUresult r = require_init()) return r;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  g_primary_refs[dev].store(0);
+  return CUDA_SUCCESS;
 }
 
 CUresult stream_create(CUstream *ph, unsigned int flags) {
@@ -552,20 +595,35 @@ FC_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
   return FC_CALL(cuDevicePrimaryCtxGetState, primary_state(dev, flags, active));
 }
 
-FC_EXPORT CUresult cuCtxCreate(CUcontext *, unsigned int, CUdevice) {
-  return FC_CALL(cuCtxCreate, ctx_create());
+FC_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int, CUdevice dev) {
+  return FC_CALL(cuCtxCreate, ctx_create(pctx, dev));
 }
 
-FC_EXPORT CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice) {
-  return FC_CALL(cuCtxCreate_v2, ctx_create());
+FC_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int, CUdevice dev) {
+  return FC_CALL(cuCtxCreate_v2, ctx_create(pctx, dev));
 }
 
-FC_EXPORT CUresult cuCtxCreate_v3(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice) {
-  return FC_CALL(cuCtxCreate_v3, ctx_create());
+FC_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *, int, unsigned int,
+                                  CUdevice dev) {
+  return FC_CALL(cuCtxCreate_v3, ctx_create(pctx, dev));
 }
 
-FC_EXPORT CUresult cuCtxCreate_v4(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice) {
-  return FC_CALL(cuCtxCreate_v4, ctx_create());
+FC_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *, unsigned int, CUdevice dev) {
+  return FC_CALL(cuCtxCreate_v4, ctx_create(pctx, dev));
+}
+
+FC_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return FC_CALL(cuCtxDestroy, ctx_destroy(ctx)); }
+
+FC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  return FC_CALL(cuCtxDestroy_v2, ctx_destroy(ctx));
+}
+
+FC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return FC_CALL(cuDevicePrimaryCtxReset, primary_reset(dev));
+}
+
+FC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return FC_CALL(cuDevicePrimaryCtxReset_v2, primary_reset(dev));
 }
 
 FC_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {

@@ -56,6 +56,28 @@ void must(CUresult r, const char *what) {
 }
 #define MUST(call) must((call), #call)
 
+const char *which(CUcontext c, CUcontext primary, CUcontext other) {
+  return c == primary ? "primary" : c == other ? "other" : c ? "unknown" : "none";
+}
+
+// real-driver.md section 5: cuCtxCreate pushes the new context, and cuCtxSetCurrent(NULL) pops
+// the thread's stack (the primary context below is current again, not none). Leaves the primary
+// context current.
+void context_stack_row(CUcontext primary, CUdevice dev) {
+  CUcontext other = nullptr, now = nullptr;
+  const CUresult c = cuCtxCreate(&other, nullptr, 0, dev);
+  MUST(cuCtxGetCurrent(&now));
+  const char *after_create = which(now, primary, other);
+  const CUresult s = cuCtxSetCurrent(other);
+  const CUresult n = cuCtxSetCurrent(nullptr);
+  MUST(cuCtxGetCurrent(&now));
+  const char *after_null = which(now, primary, other);
+  const CUresult d = other ? cuCtxDestroy(other) : CUDA_ERROR_INVALID_CONTEXT;
+  MUST(cuCtxSetCurrent(primary));
+  row("CTX1 create %s current %s set-other %s set-null %s current %s destroy %s", en(c),
+      after_create, en(s), en(n), after_null, en(d));
+}
+
 CUresult set_rw(CUdeviceptr p, size_t size) {
   CUmemAccessDesc d{};
   d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -458,6 +480,7 @@ int main() {
     MUST(cuMemAddressFree(v, size));
     MUST(cuMemFree(lin));
   }
+  context_stack_row(ctx, dev);
   capture_rows(ctx);
   return 0;
 }

@@ -246,8 +246,25 @@ TEST_CASE("contexts: what needs one and what does not", "[ctx]") {
   unsigned small = 0;
   CHECK(alloc_v1(&small, 4096) == CUDA_ERROR_INVALID_CONTEXT);
   CHECK(free_v1(0) == CUDA_ERROR_INVALID_CONTEXT);
-  CUcontext made = nullptr;
-  CHECK(cuCtxCreate(&made, nullptr, 0, 0) == CUDA_ERROR_NOT_SUPPORTED);
+  // real-driver.md section 5: cuCtxCreate pushes, cuCtxSetCurrent(NULL) pops (after a create and
+  // a set of the new context, the primary context was current again on the H200, not none).
+  CUcontext made = nullptr, now = nullptr;
+  REQUIRE(cuCtxCreate(&made, nullptr, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxGetCurrent(&now) == CUDA_SUCCESS);
+  CHECK((now == made && made != c));
+  REQUIRE(cuCtxSetCurrent(made) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(nullptr) == CUDA_SUCCESS);
+  REQUIRE(cuCtxGetCurrent(&now) == CUDA_SUCCESS);
+  CHECK(now == c);
+  // Destroying a context that is not current leaves the stack as it is.
+  REQUIRE(cuCtxDestroy(made) == CUDA_SUCCESS);
+  REQUIRE(cuCtxGetCurrent(&now) == CUDA_SUCCESS);
+  CHECK(now == c);
+  // A current created context is popped by its destroy.
+  REQUIRE(cuCtxCreate(&made, nullptr, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxDestroy(made) == CUDA_SUCCESS);
+  REQUIRE(cuCtxGetCurrent(&now) == CUDA_SUCCESS);
+  CHECK(now == c);
   require_nothing_live();
 }
 
