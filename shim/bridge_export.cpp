@@ -10,6 +10,7 @@
 #include "bridge.h"
 #include "bridge_io.h"
 #include "lock_within.h"
+#include "state.h"
 #include "units.h"
 
 namespace cmg::shim::bridge {
@@ -41,11 +42,13 @@ bool borrow_context(int dev) {
   CUcontext ctx = nullptr;
   if (!retain || !set || retain(&ctx, dev) != CUDA_SUCCESS) return false;
   set(ctx);
+  forget_current_device();  // the driver's own export: no hook saw the change
   return true;
 }
 
 void return_context(int dev) {
   if (auto set = driver_fn<PFN_cuCtxSetCurrent_v4000>(g_ctx_set, "cuCtxSetCurrent")) set(nullptr);
+  forget_current_device();
   if (auto rel = driver_fn<PFN_cuDevicePrimaryCtxRelease_v11000>(g_prim_release,
                                                                  "cuDevicePrimaryCtxRelease_v2"))
     rel(dev);

@@ -41,6 +41,7 @@ class DeviceContext {
     if (retain(&ctx, dev) != CUDA_SUCCESS) return;
     retained_ = true;
     if (push(ctx) != CUDA_SUCCESS) return;
+    forget_current_device();  // the driver's own export: no hook saw the push
     pushed_ = ok_ = true;
   }
   ~DeviceContext() {
@@ -49,6 +50,7 @@ class DeviceContext {
       auto pop = driver_fn<PFN_cuCtxPopCurrent_v4000>(pop_slot, "cuCtxPopCurrent_v2");
       CUcontext c = nullptr;
       if (pop) pop(&c);
+      forget_current_device();
     }
     if (retained_) {
       auto release = driver_fn<PFN_cuDevicePrimaryCtxRelease_v11000>(

@@ -4,6 +4,7 @@
 // (cudart, PyTorch's DriverAPI and NCCL get every driver function that way: real-driver.md s.5).
 #include "handlers.h"
 #include "hooks_capture.h"
+#include "hooks_context.h"
 #include "resident.h"
 
 using namespace cmg::shim;

@@ -36,6 +36,7 @@
 #include "summary.h"
 #include "suppress.h"
 #include "cmg_config.h"
+#include "device_cache.h"
 
 extern char **environ;
 
@@ -126,6 +127,7 @@ void fork_child() {
   s.counters.reset();
   s.calls.reset();
   t_tid = 0;  // this thread has the child's id now
+  forget_current_device_everywhere();  // the child has no context of the parent's
   for (auto &f : s.findings) f.store(0);
   s.warned.store(0);
   s.last_records.store(0);
@@ -242,7 +244,11 @@ void activate_slow() {
   on_first_cuda_call();
 }
 
-int current_device() {
+namespace {
+DeviceEpoch g_device_epoch;
+thread_local __attribute__((tls_model("initial-exec"))) CachedDevice t_device;
+
+int ask_current_device() {
   static std::atomic<void *> slot{nullptr};
   // The 2000 ABI: cuCtxGetDevice(CUdevice *) of the context current on this thread.
   auto f = driver_fn<PFN_cuCtxGetDevice_v2000>(slot, "cuCtxGetDevice");
@@ -250,6 +256,13 @@ int current_device() {
   if (!f || f(&d) != CUDA_SUCCESS) return -1;
   return d;
 }
+}  // namespace
+
+int current_device() { return t_device.get(g_device_epoch, ask_current_device); }
+
+void forget_current_device() { t_device.forget(); }
+
+void forget_current_device_everywhere() { g_device_epoch.advance(); }
 
 // ---------------------------------------------------------------------------------------------
 Call::Call(Api api, StackWhen stack, Nested nested)

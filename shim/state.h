@@ -243,7 +243,13 @@ void report_finding_without_call(Finding f, const char *where, bool print,
 // A one-line diagnostic on stderr ("cumemguard: warning: …") and a `note` record in the log.
 void note(LogLevel level, std::string_view msg);
 
-// The current context's device, or -1 (no context on this thread, driver not loaded: P27).
+// The current context's device, or -1 (no context on this thread, driver not loaded: P27). Asked
+// of the driver once per thread and remembered (policy/device_cache.h) until one of the calls below.
 int current_device();
+// This thread's current context may have changed (cuCtxSetCurrent, Push, Pop, Create: the hooks of
+// hooks_context.cpp, and the shim's own borrowing of a primary context).
+void forget_current_device();
+// Any thread's may have (cuCtxDestroy, a primary context released or reset; a forked child).
+void forget_current_device_everywhere();
 
 }  // namespace cmg::shim
