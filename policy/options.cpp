@@ -17,7 +17,7 @@ namespace cmg {
 namespace {
 
 constexpr std::size_t kTableRows = 0
-#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) +1
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help, ...) +1
 #include "options.def"
 #undef CMG_OPTION
     ;
@@ -27,8 +27,9 @@ constexpr std::string_view kActionChoices = "default|skip|forward|abort";
 std::array<OptionSpec, kTableRows + kFindingClassCount> build_specs() {
   std::array<OptionSpec, kTableRows + kFindingClassCount> specs{};
   std::size_t i = 0;
-#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) \
-  specs[i++] = OptionSpec{#field, name, OptionKind::kind, def, debug_def, choices, help};
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help, ...) \
+  specs[i++] = OptionSpec{#field, name, OptionKind::kind, def, debug_def, choices, help, \
+                          std::string_view(#__VA_ARGS__) == "Internal"};
 #include "options.def"
 #undef CMG_OPTION
   // What each class's option lists: default and the actions that can apply to the class.
@@ -197,6 +198,19 @@ std::size_t closest_name(std::string_view key, std::span<const std::string_view>
 }
 
 // Typed application of one raw value (outside the anonymous namespace for the macro above).
+// " (did you mean 'strict'?)" for a value close to one of the '|'-separated choices, or "": a
+// misspelt value is named like a misspelt option name.
+std::string choice_hint(std::string_view choices, std::string_view raw) {
+  std::vector<std::string_view> names;
+  for (std::string_view rest = choices; !rest.empty();) {
+    const std::size_t bar = rest.find('|');
+    names.push_back(rest.substr(0, bar));
+    rest = bar == std::string_view::npos ? std::string_view{} : rest.substr(bar + 1);
+  }
+  const std::size_t i = closest_name(raw, names);
+  return i < names.size() ? " (did you mean '" + std::string(names[i]) + "'?)" : "";
+}
+
 namespace detail {
 template <typename T>
 bool apply_value(OptionKind kind, T &dst, std::string_view raw, std::string_view choices,
@@ -233,6 +247,7 @@ bool apply_value(OptionKind kind, T &dst, std::string_view raw, std::string_view
     if (idx < 0) {
       why = "expected one of ";
       why.append(choices);
+      why += choice_hint(choices, raw);
       return false;
     }
     dst = static_cast<T>(idx);
@@ -246,7 +261,7 @@ namespace {
 
 bool apply_row(Options &o, std::size_t row, std::string_view raw, std::string &why) {
   std::size_t i = 0;
-#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) \
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help, ...) \
   if (i++ == row) return detail::apply_value(OptionKind::kind, o.field, raw, choices, why);
 #include "options.def"
 #undef CMG_OPTION
@@ -254,7 +269,7 @@ bool apply_row(Options &o, std::size_t row, std::string_view raw, std::string &w
   if (c < kFindingClassCount) {
     int idx = choice_index(kActionChoices, raw);
     if (idx < 0) {
-      why = "expected one of default|skip|forward|abort";
+      why = "expected one of default|skip|forward|abort" + choice_hint(kActionChoices, raw);
       return false;
     }
     o.action[c] = static_cast<ActionOverride>(idx);
@@ -325,7 +340,7 @@ std::string to_text(const T &v, std::string_view choices) {
 
 std::string printable(const Options &o, std::size_t row) {
   std::size_t i = 0;
-#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) \
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help, ...) \
   if (i++ == row) return to_text(o.field, choices);
 #include "options.def"
 #undef CMG_OPTION

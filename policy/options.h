@@ -44,7 +44,7 @@ constexpr bool has_option_prefix(std::string_view name) {
 inline constexpr std::string_view kOptionsVariable = "CUMEMGUARD_OPTIONS";
 
 struct Options {
-#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help) type field{};
+#define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help, ...) type field{};
 #include "options.def"
 #undef CMG_OPTION
   std::array<ActionOverride, kFindingClassCount> action{};
@@ -64,6 +64,7 @@ struct OptionSpec {
   std::string_view debug_value;    // the debug profile's
   std::string_view choices;        // "a|b|c" for Enum; "auto" for a Size that takes it
   std::string_view help;
+  bool internal = false;  // set by `cumemguard run` or the shim itself, not by the user
 };
 
 // The table rows, then one ACTION_<CLASS> row per finding class.
@@ -143,6 +144,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 // guesses), or names.size() when none is that close: the "did you mean" of option and variable
 // names alike.
 std::size_t closest_name(std::string_view key, std::span<const std::string_view> names);
+// " (did you mean 'strict'?)" when `value` is close to one of the '|'-separated `choices`, else "".
+std::string choice_hint(std::string_view choices, std::string_view value);
 
 }  // namespace cmg
 

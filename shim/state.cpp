@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -141,6 +142,24 @@ void fork_child() {
   if (!parent_log.empty()) g_parent_log = new std::string(std::move(parent_log));
 }
 
+// The CUMEMGUARD_* problems, said once per process tree: every process of a job inherits the same
+// misspelt name, and a script of ten children would print it ten times. The first process that
+// says them leaves a digest of them in CUMEMGUARD_SAID, which its children inherit; a process whose
+// problems have the same digest says nothing, one with others (its environment was changed) says
+// its own. Fatal problems (CUMEMGUARD_STRICT_CONFIG) are said by each process, since each aborts.
+// Runs in the constructor, before the program's threads: setenv() is safe there.
+void say_option_problems(const ParsedOptions &p) {
+  if (p.problems.empty()) return;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the lines, each ended by a newline
+  for (const std::string &msg : p.problems)
+    for (const char c : msg + "\n") h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  char digest[17];
+  std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(h));
+  if (!p.fatal && p.options.said == digest) return;
+  for (const auto &msg : p.problems) note(LogLevel::Warn, msg);
+  setenv("CUMEMGUARD_SAID", digest, 1);
+}
+
 }  // namespace
 
 const ParsedOptions &parsed_options() {
@@ -194,7 +213,7 @@ bool options_ready() {
   // Before the first diagnostic: the stderr the shim writes to is the one the process started
   // with, whatever the host puts at descriptor 2 later (stderr_out.h).
   stderr_take();
-  for (const auto &msg : p.problems) note(LogLevel::Warn, msg);
+  say_option_problems(p);
   if (p.fatal) {
     note(LogLevel::Error, "CUMEMGUARD_STRICT_CONFIG is set and the options above are invalid; "
                           "aborting");
