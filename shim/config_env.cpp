@@ -94,8 +94,10 @@ void keep_line(const Finding &f) {
   if (sigaction(SIGABRT, &sa, nullptr) == 0) g_abort_ours.store(true);
 }
 
-// Said now when this process is a PyTorch one already (libtorch linked, or the torch policy
-// asked for), kept for the first CUDA call otherwise.
+// Said now when this process is a PyTorch one already (libtorch linked), kept for the first CUDA
+// call otherwise: every process of a job inherits CUMEMGUARD_TORCH_ALLOC_CONF (the shell, ls, a
+// launcher's wrapper), and only one that reaches CUDA, or aborts or exits after loading
+// libc10_cuda.so, says what was not applied.
 void load_finding(Finding f, bool now) {
   if (now) {
     report_finding_without_call(std::move(f), "(load)", true);
@@ -148,13 +150,13 @@ void on_load() {
   State &s = state();
   try {
     tc::Env env = tc::Env::from_envp(environ);
-    const bool torch_process = c10_cuda_loaded() || !s.opts.torch_alloc_conf.empty();
+    const bool torch_process = c10_cuda_loaded();
     if (!s.opts.torch_alloc_conf.empty()) {
       // The release is not known before `import torch`: the newest grammar accepts every key a
       // release has, so a key of a newer release than the program's is written (PyTorch then
       // rejects it as it would without the shim) rather than refused for every user of it.
       tc::Plan p = tc::plan(env, s.opts.torch_alloc_conf, tc::newest_grammar());
-      if (p.action == tc::PlanAction::Write && c10_cuda_loaded()) {
+      if (p.action == tc::PlanAction::Write && torch_process) {
         load_finding(
             config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
                            "' not applied: libc10_cuda.so was initialised before the shim (the "
@@ -175,7 +177,7 @@ void on_load() {
         load_finding(
             config_finding("CUMEMGUARD_TORCH_ALLOC_CONF not applied: " + p.reason + " (value '" +
                            shown(s.opts.torch_alloc_conf) + "')"),
-            true);
+            torch_process);
       }
     }
     // Problems PyTorch itself would hit: an abort at import or an exception at the first
