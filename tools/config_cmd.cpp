@@ -495,6 +495,19 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   // cumemguard run. The log is named after the program, which config does not know: PROGRAM.
   std::set<std::string_view> by_run;
   if (args.as_run) {
+    // What would stop `cumemguard run` stops this too, with its status and one line each: the
+    // listing shows the environment a program gets, and it would get none.
+    std::vector<std::string> refused = tools::run_refusals(po);
+    const std::optional<std::string> ov = lookup(env, std::string(kOptionPrefix) + "TORCH_ALLOC_CONF");
+    if (ov && !ov->empty()) {
+      const tc::Plan tp = tc::plan(
+          tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); }), *ov,
+          tc::newest_grammar());
+      if (tp.action == tc::PlanAction::Refuse) refused.push_back(tp.reason);
+    }
+    for (const std::string &line : refused)
+      err << "cumemguard config: --run: " << line << "; cumemguard run would not start the program\n";
+    if (!refused.empty()) return kExitUsage;
     char cwd[PATH_MAX];
     const std::string dir = getcwd(cwd, sizeof cwd) ? cwd : ".";
     for (const tools::RunDefault &d : tools::run_defaults(po, "PROGRAM", dir)) {

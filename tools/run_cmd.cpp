@@ -27,6 +27,7 @@
 #include "cmg_config.h"
 #include "logname.h"
 #include "options.h"
+#include "run_defaults.h"
 #include "run_files.h"
 #include "run_preload.h"
 #include "suppressions.h"
@@ -80,18 +81,29 @@ std::string absolute(const std::string &p) {
 // CUMEMGUARD_TORCH_ALLOC_CONF is applied here, before exec, as well as by the shim at load: a
 // program linked against libtorch initialises libc10_cuda.so before a preloaded library's
 // constructor runs, so only the launcher is early enough for it.
-void apply_torch_override() {
+// An override that cannot apply (a malformed entry, a value PyTorch's grammar refuses) stops the
+// run with `label` and the reason, as any other CUMEMGUARD_* value that cannot apply does: false.
+// Planned with the newest grammar, as the shim plans it (the release is not known before `import
+// torch`: a key of a newer release is written, and PyTorch judges it).
+bool apply_torch_override(const std::string &label) {
   const char *ov = std::getenv("CUMEMGUARD_TORCH_ALLOC_CONF");
-  if (!ov || !*ov) return;
+  if (!ov || !*ov) return true;
+  cmg::torchconf::Plan plan;
   try {
-    auto env = cmg::torchconf::Env::from_envp(environ);
-    auto plan = cmg::torchconf::plan(env, ov);
-    if (plan.action != cmg::torchconf::PlanAction::Write) return;
+    plan = cmg::torchconf::plan(cmg::torchconf::Env::from_envp(environ), ov,
+                                cmg::torchconf::newest_grammar());
+  } catch (...) {
+    return true;  // the shim says what it cannot evaluate; the environment is left as it is
+  }
+  if (plan.action == cmg::torchconf::PlanAction::Refuse) {
+    std::fprintf(stderr, "cumemguard run: %s: %s; the program was not started\n", label.c_str(),
+                 plan.reason.c_str());
+    return false;
+  }
+  if (plan.action == cmg::torchconf::PlanAction::Write)
     for (const auto &w : plan.writes)
       setenv(std::string(cmg::torchconf::var_name(w.var)).c_str(), w.new_value.c_str(), 1);
-  } catch (...) {
-    // The shim reports what it cannot apply; the launcher leaves the environment as it is.
-  }
+  return true;
 }
 
 // How to name this program in the line that says how to read the logs: "cumemguard" when that
@@ -173,12 +185,6 @@ bool take_value(int argc, char **argv, int &i, std::string_view what, std::strin
   return true;
 }
 
-// A problem line of the options parser as the launcher says it: the shim's fallback ("; ignored",
-// "; keeping '0'", "; defaults kept") is not what happens here, since the program is not started.
-std::string refusal(const std::string &why) {
-  return problem_without_fallback(why) + "; the program was not started";
-}
-
 // What the shim would make of these CUMEMGUARD_* settings, checked here so that one that cannot
 // apply (an unknown name, a bad value, a malformed CUMEMGUARD_OPTIONS entry) stops the run with a
 // line saying so, instead of becoming a warning in the program and the shim's default. A name set
@@ -186,15 +192,11 @@ std::string refusal(const std::string &why) {
 bool check_options(const std::vector<std::pair<std::string_view, std::string_view>> &kv,
                    const std::string &label) {
   if (kv.empty()) return true;
-  const ParsedOptions parsed = parse_options(kv);
-  bool ok = true;
-  for (std::size_t k = 0; k < parsed.problems.size(); ++k) {
-    if (parsed.problem_kinds[k] == ProblemKind::Repeated) continue;
-    std::fprintf(stderr, "cumemguard run: %s: %s\n", label.c_str(),
-                 refusal(parsed.problems[k]).c_str());
-    ok = false;
-  }
-  return ok;
+  const std::vector<std::string> lines = run_refusals(parse_options(kv));
+  for (const std::string &line : lines)
+    std::fprintf(stderr, "cumemguard run: %s: %s; the program was not started\n", label.c_str(),
+                 line.c_str());
+  return lines.empty();
 }
 
 // The CUMEMGUARD_* entries of the environment the program starts with.
@@ -355,8 +357,13 @@ int run_main(int argc, char **argv) {
   RunArgs a = parse_args(argc, argv);
   if (a.done >= 0) return a.done;
   if (!a.mode.empty() && a.mode != "guard" && a.mode != "report" && a.mode != "strict") {
-    std::fprintf(stderr, "cumemguard run: --mode must be guard, report or strict, not '%s'\n",
-                 a.mode.c_str());
+    std::fprintf(stderr, "cumemguard run: --mode must be guard, report or strict, not '%s'%s\n",
+                 shown(a.mode).c_str(), choice_hint("guard|report|strict", a.mode).c_str());
+    return kUsage;
+  }
+  if (a.no_log && !a.log.empty()) {
+    // Either order: one of the two would be dropped without a word.
+    std::fprintf(stderr, "cumemguard run: --log and --no-log conflict (give one)\n");
     return kUsage;
   }
   int error_exitcode = 0;
@@ -405,27 +412,23 @@ int run_main(int argc, char **argv) {
   if (!a.suppressions.empty())
     setenv("CUMEMGUARD_SUPPRESSIONS", absolute(a.suppressions).c_str(), 1);
   if (a.brief) setenv("CUMEMGUARD_WARN_FRAMES", "0", 1);
-  // What the user set, by a variable or an entry of CUMEMGUARD_OPTIONS, is left as it is.
+  // What the user set, by a variable or an entry of CUMEMGUARD_OPTIONS, is left as it is; the rest
+  // gets the launcher's defaults, the same list `cumemguard config --run` shows (run_defaults.h).
   const ParsedOptions user = parse_options(environ);
-  auto set_by_user = [&](std::string_view name) {
-    for (const auto &v : user.values)
-      if (v.spec->name == name)
-        return v.source == OptionSource::Environment || v.source == OptionSource::Options;
-    return false;
-  };
-  if (!a.no_summary && !set_by_user("SUMMARY")) setenv("CUMEMGUARD_SUMMARY", "1", 1);
-  // The debug profile unless the user chose one.
-  if (user.profile_source == OptionSource::Default) setenv("CUMEMGUARD_PROFILE", "debug", 1);
-  std::string base = prog.substr(prog.rfind('/') == std::string::npos ? 0 : prog.rfind('/') + 1);
-  if (a.no_log) {
-    setenv("CUMEMGUARD_LOG", "", 1);  // empty: no log, and it wins over a CUMEMGUARD_OPTIONS entry
-  } else if (!a.log.empty()) {
-    setenv("CUMEMGUARD_LOG", absolute(a.log).c_str(), 1);
-  } else if (!set_by_user("LOG")) {
-    // Absolute, so a program that changes directory still writes where the launcher looks.
-    setenv("CUMEMGUARD_LOG", absolute("cumemguard." + base + ".%p.log").c_str(), 1);
+  char cwd[PATH_MAX];
+  for (const RunDefault &d : run_defaults(user, prog, getcwd(cwd, sizeof cwd) ? cwd : ".")) {
+    if (d.name == "CUMEMGUARD_SUMMARY" && a.no_summary) continue;
+    if (d.name == "CUMEMGUARD_LOG" && (a.no_log || !a.log.empty())) continue;
+    setenv(d.name.c_str(), d.value.c_str(), 1);
   }
-  apply_torch_override();
+  if (a.no_log)
+    setenv("CUMEMGUARD_LOG", "", 1);  // empty: no log, and it wins over a CUMEMGUARD_OPTIONS entry
+  else if (!a.log.empty())
+    setenv("CUMEMGUARD_LOG", absolute(a.log).c_str(), 1);
+  std::string torch_label = "environment";
+  for (const auto &[name, value] : sets)
+    if (name == "CUMEMGUARD_TORCH_ALLOC_CONF") torch_label = "-e " + name + "=" + shown(value);
+  if (!apply_torch_override(torch_label)) return kUsage;
   // Unique per launch: the pid of the launcher and the start time in ns. A launcher inside another
   // launcher's program (CUMEMGUARD_STATUS_DIR set by it) is part of that run: its logs keep the
   // outer run's id, so that `cumemguard report` over the outer launcher's list reads one run.
@@ -454,7 +457,7 @@ int run_main(int argc, char **argv) {
   // valgrind's --log-file habit: a log the user named (--log, or CUMEMGUARD_LOG in any form) that
   // cannot be written stops the run before it starts, rather than a run whose findings reach no
   // file. The default name in the current directory is left to the shim's warning.
-  if (!eff.log.empty() && (!a.log.empty() || set_by_user("LOG"))) {
+  if (!eff.log.empty() && (!a.log.empty() || set_by_user(user, "LOG"))) {
     // valgrind stops at a --log-file whose %q{VAR} names a variable that is not set
     // ("environment variable VAR is not set"); so does run, in the program's environment (-e
     // included), where the shim alone could only say so and write the name without it.

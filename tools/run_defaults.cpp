@@ -11,6 +11,14 @@ bool set_by_user(const ParsedOptions &user, std::string_view name) {
   return false;
 }
 
+std::vector<std::string> run_refusals(const ParsedOptions &parsed) {
+  std::vector<std::string> out;
+  for (std::size_t k = 0; k < parsed.problems.size(); ++k)
+    if (parsed.problem_kinds[k] != ProblemKind::Repeated)
+      out.push_back(problem_without_fallback(parsed.problems[k]));
+  return out;
+}
+
 std::vector<RunDefault> run_defaults(const ParsedOptions &user, const std::string &program,
                                      const std::string &cwd) {
   std::vector<RunDefault> out;

@@ -23,6 +23,12 @@ struct RunDefault {
 std::vector<RunDefault> run_defaults(const ParsedOptions &user, const std::string &program,
                                      const std::string &cwd);
 
+// Why `cumemguard run` does not start a program with these CUMEMGUARD_* settings, one line each
+// (without the shim's fallback, "; ignored" and the like): an unknown name, a bad value, a
+// malformed CUMEMGUARD_OPTIONS entry. A name set twice is let through (the shim says which entry it
+// used). `cumemguard config --run` refuses the same.
+std::vector<std::string> run_refusals(const ParsedOptions &parsed);
+
 // True when the user set option `name` (without the prefix) by a variable or an entry.
 bool set_by_user(const ParsedOptions &user, std::string_view name);
 
