@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "cmg_config.h"
+#include "options.h"
 
 namespace cmg::tools::cli {
 namespace {
@@ -245,15 +246,24 @@ std::string man_page(const Command &c, std::string_view version) {
   return out;
 }
 
+// " CUMEMGUARD_OPTIONS= CUMEMGUARD_PROFILE= ...": every option a user sets, from the options table
+// (the launcher's internal variables left out), for -e and --env.
+static std::string option_words() {
+  std::string out = " " + std::string(kOptionsVariable) + "=";
+  for (const OptionSpec &sp : option_specs())
+    if (!sp.internal) out += " " + std::string(kOptionPrefix) + std::string(sp.name) + "=";
+  return out;
+}
+
 std::string bash_completion() {
   std::string out =
       "# SPDX-License-Identifier: Apache-2.0\n"
       "# bash completion for cumemguard, made by tools/gen_cli from tools/cli_table.cpp (the "
       "table\n"
       "# --help is made from): subcommands, their options and the values they take, option names\n"
-      "# for -e and --env (read from `cumemguard config`, so they are the installed tool's own).\n"
+      "# for -e and --env (from the options table, policy/options.def, the build's own).\n"
       "_cumemguard_option_names() {\n"
-      "  \"$1\" config 2>/dev/null | sed -n 's/^\\(CUMEMGUARD_[A-Z0-9_]*\\)=.*/\\1=/p'\n"
+      "  printf '%s\\n'" + option_words() + "\n"
       "  printf '%s\\n' PYTORCH_CUDA_ALLOC_CONF= PYTORCH_ALLOC_CONF= PYTORCH_HIP_ALLOC_CONF=\n"
       "}\n"
       "\n"

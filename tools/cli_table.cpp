@@ -121,6 +121,8 @@ constexpr Option kRunOptions[] = {
 #undef CMG_RUN_OPTION
 };
 constexpr ExitStatus kRunExits[] = {
+    {"0",
+     "the program exited 0 (and, with --error-exitcode, no process of the run had findings)"},
     {"N",
      "with --error-exitcode N, when a process of the run had findings (unless the program was "
      "killed by a signal: the launcher then dies of the same signal)"},

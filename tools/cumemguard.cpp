@@ -20,7 +20,10 @@ void usage(FILE *f) {
 
 int main(int argc, char **argv, char **envp) {
   if (argc < 2) {
-    usage(stderr);
+    // One usage line and where the rest is (git's and valgrind's habit), not the whole help.
+    const auto &top = cmg::tools::cli::command("");
+    std::fprintf(stderr, "Usage: cumemguard %.*s\ntry 'cumemguard --help' for more information\n",
+                 static_cast<int>(top.synopsis.size()), top.synopsis.data());
     return 64;
   }
   std::string cmd = argv[1];

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "options.h"
 #include "report_fmt.h"
 #include "report_model.h"
 
@@ -148,6 +149,15 @@ std::string status_text(const Log &l) {
   return "?";
 }
 
+// A variable the launcher or the shim set for itself (CUMEMGUARD_RUN_ID, CUMEMGUARD_STATUS_DIR):
+// the header shows what the user set.
+bool internal_option(std::string_view var) {
+  if (!has_option_prefix(var)) return false;
+  for (const OptionSpec &sp : option_specs())
+    if (sp.internal && var.substr(kOptionPrefix.size()) == sp.name) return true;
+  return false;
+}
+
 void write_logs(const Model &m, std::ostream &out) {
   out << fmt::format("== Logs: {}\n", m.logs.size());
   for (std::size_t i = 0; i < m.logs.size(); ++i) {
@@ -158,7 +168,8 @@ void write_logs(const Model &m, std::ostream &out) {
     out << fmt::format("    process  {}, parent {}{}\n", log_label(l), h.ppid,
                        h.host.empty() ? "" : ", on " + h.host);
     std::vector<std::string> opts;
-    for (const auto &[k, v] : h.options) opts.push_back(k + "=" + v);
+    for (const auto &[k, v] : h.options)
+      if (!internal_option(k)) opts.push_back(k + "=" + v);
     out << fmt::format("    mode     {}{}\n", h.mode.empty() ? "?" : h.mode,
                        opts.empty() ? "" : " (" + join(opts, " ") + ")");
     out << fmt::format("    started  {} (report time {})\n", utc(h.start_unix_ns),
