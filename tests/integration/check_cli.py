@@ -9,6 +9,7 @@
 # every usage line says "Usage:".
 #   check_cli.py --cg CUMEMGUARD --build BUILD --source SOURCE_ROOT
 import argparse
+import json
 import os
 import re
 import shutil
@@ -198,6 +199,31 @@ def main():
         own = exit_codes(run([a.cg, cmd, "--help"]).stdout)
         check(set(own) <= set(codes), f"cumemguard {cmd} --help has exit statuses "
                                       f"{sorted(set(own) - set(codes))} that cumemguard --help lacks")
+
+    # Every command's own table has status 0, in --help and in its man page.
+    for cmd in ("", "run", "report", "config"):
+        own = exit_codes(run([a.cg] + ([cmd] if cmd else []) + ["--help"]).stdout)
+        check("0" in own, f"{cmd or 'cumemguard'} --help: no exit status 0 in {own}")
+        page = open(os.path.join(tools, "cumemguard" + ("-" + cmd if cmd else "") + ".1")).read()
+        exits = page.split('.SH "EXIT STATUS"\n', 1)[1].split(".SH", 1)[0]
+        check(re.search(r"^\.TP\n\.B 0$", exits, re.M),
+              f"{cmd or 'cumemguard'}(1): no exit status 0")
+
+    # -e and --env complete every option a user sets, from the options table, with no installed
+    # cumemguard to ask (PATH without it); the launcher's internal variables are not offered.
+    table = open(os.path.join(a.source, "policy", "options.def")).read().split("CMG_OPTION(")[1:]
+    internal = {"CUMEMGUARD_" + re.match(r'\w+, "(\w+)"', r).group(1) for r in table
+                if r.rstrip().endswith("Internal)")}
+    names = {o["name"] for o in json.loads(run([a.cg, "config", "--json"]).stdout)["options"]}
+    want = {n + "=" for n in names - internal} | {"CUMEMGUARD_OPTIONS="}
+    check(internal and len(names) > len(internal), f"options table: {sorted(internal)}")
+    for cmd, opt in (("run", "-e"), ("config", "--env")):
+        script = (f"source {comp}; COMP_WORDS=(cumemguard {cmd} {opt} CUMEMGUARD_); COMP_CWORD=3; "
+                  "_cumemguard; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        got = set(run(["bash", "-c", script], env=dict(os.environ, PATH="/usr/bin:/bin")).stdout
+                  .split())
+        check(got == want, f"{cmd} {opt} CUMEMGUARD_<TAB>: missing {sorted(want - got)}, extra "
+                           f"{sorted(got - want)}")
 
     # Exit status 73 is in the tables of the commands that use it.
     for cmd in ("", "run", "report"):

@@ -705,6 +705,89 @@ def interpreter_fifo(e):
           f"{p.stderr!r}")
 
 
+def first_use(e):
+    # What a user coming from ASan or valgrind expects of the launcher and of a plain LD_PRELOAD.
+    d = e.logdir()
+    marker = os.path.join(d, "ran")
+    prog = ["--", "sh", "-c", f"touch {marker}"]
+    # A CUMEMGUARD_TORCH_ALLOC_CONF that cannot apply stops the run, from -e or the environment.
+    why = ("CUMEMGUARD_TORCH_ALLOC_CONF: 'bogus' needs ':value' (or write -bogus to remove it); "
+           "the program was not started")
+    for args, extra, label in ((["-e", "CUMEMGUARD_TORCH_ALLOC_CONF=bogus"], None,
+                                "-e CUMEMGUARD_TORCH_ALLOC_CONF=bogus"),
+                               ([], {"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"}, "environment")):
+        p = e.run(["run", "--no-summary"] + args + prog, extra=extra, cwd=d)
+        check(p.returncode == 64 and p.stderr.splitlines() == [f"cumemguard run: {label}: {why}"]
+              and not os.path.exists(marker),
+              f"run {args} {extra}: rc {p.returncode} {p.stderr!r}")
+    # Under a plain LD_PRELOAD, a job of processes that are not PyTorch ones: only the one that
+    # reaches CUDA says the value was not applied, once, at its first CUDA call.
+    job = f"sh -c true; /bin/true; sh -c 'sh -c true'; {e.rt} basic >/dev/null; /bin/true"
+    plain = dict(e.env, LD_PRELOAD=(e.env.get("LD_PRELOAD", "") + " " + e.shim).strip(),
+                 CUMEMGUARD_TORCH_ALLOC_CONF="bogus", CUMEMGUARD_LOG="")
+    p = subprocess.run(["sh", "-c", job], env=plain, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    about = [l for l in p.stderr.splitlines() if "CUMEMGUARD_TORCH_ALLOC_CONF" in l]
+    check(p.returncode == 0 and len(about) == 1 and "in (first CUDA call)" in about[0],
+          f"plain LD_PRELOAD, a refused override in a job: {about}")
+    # An unknown option under a plain LD_PRELOAD is said once per process tree, by its first
+    # process; a child whose environment has another problem says its own; the program sees one
+    # internal variable more.
+    plain = dict(e.env, LD_PRELOAD=(e.env.get("LD_PRELOAD", "") + " " + e.shim).strip(),
+                 CUMEMGUARD_STAKS="3", CUMEMGUARD_LOG="")
+    job = (f"for i in 1 2 3 4 5 6 7 8 9 10; do {e.rt} basic >/dev/null; done; "
+           f"CUMEMGUARD_MODE=stict {e.rt} basic >/dev/null; env | grep ^CUMEMGUARD_ | sort")
+    p = subprocess.run(["sh", "-c", job], env=plain, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    staks = [l for l in p.stderr.splitlines() if "CUMEMGUARD_STAKS" in l]
+    mode = [l for l in p.stderr.splitlines() if "CUMEMGUARD_MODE" in l]
+    seen = [l.split("=")[0] for l in p.stdout.splitlines()]
+    check(p.returncode == 0 and len(staks) == 2 and len(mode) == 1 and
+          "'stict' is not valid: expected one of guard|report|strict (did you mean 'strict'?)"
+          in mode[0] and seen == ["CUMEMGUARD_LOG", "CUMEMGUARD_SAID", "CUMEMGUARD_STAKS"],
+          f"plain LD_PRELOAD, an unknown option in a job of 11: {staks} {mode} {seen}")
+    # config --run refuses what run refuses, with the same status.
+    for extra, want in (({"CUMEMGUARD_STAKS": "3"},
+                         "cumemguard config: --run: unknown option CUMEMGUARD_STAKS (did you mean "
+                         "CUMEMGUARD_STACKS?); cumemguard run would not start the program"),
+                        ({"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"},
+                         "cumemguard config: --run: CUMEMGUARD_TORCH_ALLOC_CONF: 'bogus' needs "
+                         "':value' (or write -bogus to remove it); cumemguard run would not start "
+                         "the program")):
+        p = e.run(["config", "--run", "--torch-version", "2.9.1"], extra=extra)
+        r = e.run(["run", "--no-summary"] + prog, extra=extra, cwd=d)
+        check(p.returncode == 64 == r.returncode and p.stderr.splitlines() == [want],
+              f"config --run {extra}: rc {p.returncode} (run {r.returncode}) {p.stderr!r}")
+    # --log and --no-log together, either order.
+    for args in (["--no-log", "--log", "x.log"], ["--log", "x.log", "--no-log"]):
+        p = e.run(["run", "--no-summary"] + args + prog, cwd=d)
+        check(p.returncode == 64 and p.stderr == "cumemguard run: --log and --no-log conflict "
+              "(give one)\n" and not os.path.exists(marker),
+              f"run {args}: rc {p.returncode} {p.stderr!r}")
+    # A near-miss of an enum value is named.
+    p = e.run(["run", "--mode", "stict"] + prog, cwd=d)
+    check(p.returncode == 64 and p.stderr == "cumemguard run: --mode must be guard, report or "
+          "strict, not 'stict' (did you mean 'strict'?)\n", f"--mode stict: {p.stderr!r}")
+    p = e.run(["run", "-e", "CUMEMGUARD_MODE=stict"] + prog, cwd=d)
+    check(p.returncode == 64 and p.stderr == "cumemguard run: -e CUMEMGUARD_MODE=stict: "
+          "CUMEMGUARD_MODE: 'stict' is not valid: expected one of guard|report|strict (did you "
+          "mean 'strict'?); the program was not started\n", f"-e MODE=stict: {p.stderr!r}")
+    # No command: one usage line and where the help is, on stderr, status 64.
+    p = e.run([])
+    check(p.returncode == 64 and not p.stdout and p.stderr == "Usage: cumemguard COMMAND "
+          "[ARGS...]\ntry 'cumemguard --help' for more information\n",
+          f"no command: rc {p.returncode} {p.stdout[:100]!r} {p.stderr!r}")
+    # The report's header shows the options the user set, not the launcher's own variables.
+    log = os.path.join(d, "h.log")
+    p = e.run(["run", "--no-summary", "--log", log, "-e", "CUMEMGUARD_STACKS=4", "--", e.rt,
+               "basic"], cwd=d)
+    r = e.run(["report", log])
+    mode = [l for l in r.stdout.splitlines() if l.startswith("    mode ")]
+    check(p.returncode == 0 and len(mode) == 1 and "CUMEMGUARD_STACKS=4" in mode[0] and
+          "CUMEMGUARD_PROFILE=debug" in mode[0] and "RUN_ID" not in mode[0] and
+          "STATUS_DIR" not in mode[0], f"report header: {mode} {p.stderr[-300:]!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cg", required=True)
@@ -714,7 +797,7 @@ def main():
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
                  read_with, suppressions, generated_suppressions, runs_apart, option_rule,
                  log_target, log_unset_variable, alloc_conf_once,
-                 alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo):
+                 alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed (files kept in {e.tmp})")
