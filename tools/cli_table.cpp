@@ -225,7 +225,8 @@ constexpr Option kConfigOptions[] = {
      "directory, " CMG_DOCDIR ")"},
     {"--run", "", Value::None, "",
      "evaluate the environment cumemguard run gives the program: the debug profile, the exit "
-     "summary and a log in the current directory, where the environment does not set them"},
+     "summary and a log in the current directory, where the environment does not set them; "
+     "a setting run would refuse is refused (status 64)"},
     {"--env", "NAME=VALUE", Value::EnvName, "",
      "evaluate as if NAME were set to VALUE (nothing is exported); --env NAME: as if NAME were "
      "unset"},
@@ -241,7 +242,9 @@ constexpr ExitStatus kConfigExits[] = {
     {"1",
      "PyTorch would fail on it (an exception at the first CUDA allocation, or an abort "
      "during import torch)"},
-    {"64", "bad arguments"},
+    {"64",
+     "bad arguments; with --run, a CUMEMGUARD_* setting that cumemguard run would refuse (one "
+     "line each, as run says it)"},
 };
 
 constexpr std::array<Command, 4> kCommands = {{
