@@ -9,6 +9,18 @@ namespace cmg {
 
 void Boundaries::set_open_locked() {
   open_.store((sleep_ ? 1 : 0) | (wake_ ? 2 : 0), std::memory_order_relaxed);
+  sleep_run_.store(sleep_ ? kRun | sleep_->tid : 0, std::memory_order_relaxed);
+  wake_run_.store(wake_ ? kRun | (wake_->failed ? kFailed : 0) | wake_->tid : 0,
+                  std::memory_order_relaxed);
+}
+
+bool Boundaries::ends_run(std::uint32_t tid, CallRole role) const {
+  // The same conditions as on_call's, on the words set_open_locked stores.
+  const std::uint64_t mine = kRun | tid;
+  if (role != CallRole::Takes && sleep_run_.load(std::memory_order_relaxed) == mine) return true;
+  const std::uint64_t w = wake_run_.load(std::memory_order_relaxed);
+  if ((w & ~kFailed) != mine) return false;
+  return !(role == CallRole::Wakes || (role == CallRole::Takes && (w & kFailed)));
 }
 
 Boundaries::Ended Boundaries::take_locked() {
@@ -41,6 +53,8 @@ Boundaries::Ended Boundaries::on_call(std::uint32_t tid, CallRole role) {
 
 Boundaries::Ended Boundaries::on_address_free(std::uint32_t tid, std::uint64_t va) {
   Ended e;
+  // Only this thread opens a sleep of its own (see ends_run): without one, no lock.
+  if (sleep_run_.load(std::memory_order_relaxed) != (kRun | tid)) return e;
   std::lock_guard lk(mu_);
   if (!sleep_ || sleep_->tid != tid) return e;
   for (const auto &[v, size] : sleep_->seen)
@@ -131,6 +145,7 @@ Boundaries::Ended Boundaries::on_wake_map(const EventRef &ev, std::uint64_t va, 
 
 void Boundaries::on_map(const EventRef &ev, std::uint64_t va, std::uint64_t size,
                         std::uint64_t handle, std::uintptr_t site) {
+  if (!wake_of(ev.tid)) return;
   std::lock_guard lk(mu_);
   if (!wake_ || wake_->tid != ev.tid) return;
   WakeRun &w = *wake_;
@@ -146,6 +161,7 @@ void Boundaries::on_map(const EventRef &ev, std::uint64_t va, std::uint64_t size
 }
 
 void Boundaries::on_create(const EventRef &ev, std::uint64_t handle, std::uint64_t size) {
+  if (!wake_of(ev.tid)) return;
   std::lock_guard lk(mu_);
   if (!wake_ || wake_->tid != ev.tid) return;
   if (wake_->made.size() < kMaxMade)
@@ -155,11 +171,13 @@ void Boundaries::on_create(const EventRef &ev, std::uint64_t handle, std::uint64
 }
 
 void Boundaries::on_refused(const EventRef &ev, int res) {
+  if (!wake_of(ev.tid)) return;
   std::lock_guard lk(mu_);
   if (!wake_ || wake_->tid != ev.tid || wake_->failed) return;
   wake_->failed = true;
   wake_->failed_call = ev;
   wake_->failed_res = res;
+  set_open_locked();
 }
 
 void Boundaries::keep(std::vector<Leftover> l) {
@@ -168,18 +186,15 @@ void Boundaries::keep(std::vector<Leftover> l) {
     if (leftovers_.size() >= kMaxLeftovers) break;
     leftovers_.push_back(std::move(x));
   }
+  nleft_.store(leftovers_.size(), std::memory_order_relaxed);
 }
 
 std::vector<Leftover> Boundaries::take_leftovers() {
   std::lock_guard lk(mu_);
   std::vector<Leftover> out;
   out.swap(leftovers_);
+  nleft_.store(0, std::memory_order_relaxed);
   return out;
-}
-
-bool Boundaries::has_leftovers() const {
-  std::lock_guard lk(mu_);
-  return !leftovers_.empty();
 }
 
 void Boundaries::fork_child() {
@@ -189,6 +204,9 @@ void Boundaries::fork_child() {
   wake_.reset();
   leftovers_.clear();
   open_.store(0, std::memory_order_relaxed);
+  sleep_run_.store(0, std::memory_order_relaxed);
+  wake_run_.store(0, std::memory_order_relaxed);
+  nleft_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace cmg

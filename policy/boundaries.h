@@ -86,6 +86,11 @@ class Boundaries {
 
   // One relaxed load: every hooked call asks it, so nothing more happens on the common path.
   bool open() const { return open_.load(std::memory_order_relaxed) != 0; }
+  // Whether a hooked call of `role` on thread `tid` may end an open run: false is exact without
+  // the lock. Only thread `tid` opens a run of its own or marks its wake-up failed; other threads
+  // only end or replace it. So a run of this thread seen here is still as seen, or gone (the
+  // locked on_call then finds nothing), and a run not seen as this thread's cannot become one.
+  bool ends_run(std::uint32_t tid, CallRole role) const;
 
   struct Ended {
     std::optional<SleepRun> sleep;
@@ -123,15 +128,26 @@ class Boundaries {
   // Failed wake-ups' mappings still in place, for the check at the end of the next sleep.
   void keep(std::vector<Leftover> l);
   std::vector<Leftover> take_leftovers();
-  bool has_leftovers() const;
+  // One relaxed load (every sleep's end asks): exact for the thread that ends the sleep, which
+  // takes the leftovers under the lock when there are any.
+  bool has_leftovers() const { return nleft_.load(std::memory_order_relaxed) != 0; }
 
   void fork_child();
 
  private:
   void set_open_locked();
   Ended take_locked();
+  // The open runs' threads for ends_run, stored under the lock: kRun | tid for a sleep, and for a
+  // wake-up also kFailed once it failed; 0 when none is open.
+  static constexpr std::uint64_t kRun = 1ull << 32, kFailed = 1ull << 33;
+  // Whether thread `tid` may have a wake-up open (exact when false, as for ends_run).
+  bool wake_of(std::uint32_t tid) const {
+    return (wake_run_.load(std::memory_order_relaxed) & ~kFailed) == (kRun | tid);
+  }
   mutable std::mutex mu_;
   std::atomic<int> open_{0};
+  std::atomic<std::uint64_t> sleep_run_{0}, wake_run_{0};
+  std::atomic<std::size_t> nleft_{0};
   std::optional<SleepRun> sleep_;
   std::optional<WakeRun> wake_;
   std::vector<Leftover> leftovers_;

@@ -163,8 +163,12 @@ void judge_first_use(int dev, EventRef ev, bool context) {
 }  // namespace
 
 void boundary_call_slow(Api api, std::uint32_t tid) {
+  // A run is open, but most calls (a sleep's own unmaps, another thread's calls) end none: those
+  // take no lock.
+  const CallRole role = role_of(api);
+  if (!boundaries().ends_run(tid, role)) return;
   if (exit_in_progress()) return;  // nothing allocates once exit began
-  Boundaries::Ended e = boundaries().on_call(tid, role_of(api));
+  Boundaries::Ended e = boundaries().on_call(tid, role);
   if (e.any()) close_runs(std::move(e));
 }
 

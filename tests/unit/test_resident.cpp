@@ -85,6 +85,66 @@ TEST_CASE("A sleep goes on while its thread takes memory away and ends at its ne
   CHECK_FALSE(b.open());
 }
 
+TEST_CASE("ends_run, read without the lock, is false exactly when on_call would end no run") {
+  // Each state the runs can be in, made afresh: none, a sleep, a wake-up, a failed wake-up, and
+  // after a wake-up's failure its rollback; thread 7 owns the runs, thread 8 is another thread.
+  enum class St { None, Sleep, Wake, Failed, SleepOther };
+  const auto make = [](Boundaries &b, St st) {
+    if (st == St::Sleep) b.on_sleep_unmap(ev(1, 7), 0x1000, 0x2000, 1, 0x2000, nullptr, 0);
+    if (st == St::SleepOther) b.on_sleep_unmap(ev(1, 8), 0x1000, 0x2000, 1, 0x2000, nullptr, 0);
+    if (st == St::Wake || st == St::Failed)
+      b.on_wake_map(ev(2, 7, "cuMemMap"), 0x1000, 0x2000, 0x77, 1, 0x2000, 0);
+    if (st == St::Failed) b.on_refused(ev(3, 7, "cuMemMap"), 2);
+  };
+  int ends = 0;
+  for (St st : {St::None, St::Sleep, St::Wake, St::Failed, St::SleepOther})
+    for (CallRole role : {CallRole::Takes, CallRole::Wakes, CallRole::Other})
+      for (std::uint32_t tid : {7u, 8u}) {
+        Boundaries b;
+        make(b, st);
+        const bool fast = b.ends_run(tid, role);
+        const bool ended = b.on_call(tid, role).any();
+        INFO("state " << static_cast<int>(st) << " role " << static_cast<int>(role) << " tid "
+                      << tid);
+        CHECK(fast == ended);
+        ends += ended;
+      }
+  // Thread 7's sleep ends at its Wakes and Other calls, its wake-up at Takes and Other, the failed
+  // one only at Other; thread 8's sleep at thread 8's Wakes and Other.
+  CHECK(ends == 7);
+}
+
+TEST_CASE("A failed wake-up's rollback goes on without the lock; its next other call ends it") {
+  Boundaries b;
+  b.on_wake_map(ev(2, 7, "cuMemMap"), 0x1000, 0x2000, 0x77, 1, 0x2000, 0);
+  CHECK(b.ends_run(7, CallRole::Takes));  // an unmap ends a wake-up that has not failed
+  b.on_refused(ev(3, 7, "cuMemSetAccess"), 2);
+  CHECK_FALSE(b.ends_run(7, CallRole::Takes));  // the rollback's unmap is the wake-up's
+  CHECK_FALSE(b.ends_run(8, CallRole::Other));  // another thread's call ends nothing
+  CHECK(b.ends_run(7, CallRole::Other));
+  const auto e = b.on_call(7, CallRole::Other);
+  REQUIRE(e.wake);
+  CHECK(e.wake->failed);
+  CHECK(e.wake->failed_call.seq == 3);
+  CHECK_FALSE(b.ends_run(7, CallRole::Other));
+  CHECK_FALSE(b.open());
+}
+
+TEST_CASE("A wake-up's creates and maps are noted only on its own thread") {
+  Boundaries b;
+  b.on_wake_map(ev(2, 7, "cuMemMap"), 0x1000, 0x2000, 0x77, 1, 0x2000, 0);
+  b.on_create(ev(3, 8, "cuMemCreate"), 0x88, 0x2000);  // another thread's
+  b.on_create(ev(4, 7, "cuMemCreate"), 0x99, 0x2000);
+  b.on_map(ev(5, 8, "cuMemMap"), 0x9000, 0x2000, 0x88, 0);
+  b.on_refused(ev(6, 8, "cuMemMap"), 2);  // another thread's refusal fails nothing
+  const auto e = b.end_all();
+  REQUIRE(e.wake);
+  CHECK_FALSE(e.wake->failed);
+  REQUIRE(e.wake->made.size() == 2);
+  CHECK(e.wake->made[1].handle == 0x99);
+  CHECK(e.wake->made[1].ev.seq == 4);
+}
+
 TEST_CASE("Freeing a range the sleep unmapped is part of a free; freeing another ends the sleep") {
   Boundaries b;
   b.on_sleep_unmap(ev(1, 7), 0x1000, 0x2000, 1, 0x2000, nullptr, 0);
