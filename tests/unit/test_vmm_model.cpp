@@ -817,3 +817,39 @@ TEST_CASE("A no-op unmap costs the same over one sleeping range as over thousand
   CHECK(many == nine);
   CHECK(allocations(1) < nine);
 }
+
+TEST_CASE("A ticket's inline lists keep what was pushed, past the inline slot, across copy and move") {
+  InlineVec<Mapping, 1> v;
+  CHECK(v.empty());
+  for (std::uint64_t i = 1; i <= 3; ++i) {
+    Mapping m;
+    m.off = i * 0x1000;
+    m.size = i;
+    m.mapped.seq = 10 + i;
+    v.push_back(m);
+  }
+  REQUIRE(v.size() == 3);
+  const auto same = [](const InlineVec<Mapping, 1> &w) {
+    REQUIRE(w.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(w[i].off == (i + 1) * 0x1000);
+      CHECK(w[i].size == i + 1);
+      CHECK(w[i].mapped.seq == 11 + i);
+    }
+  };
+  same(v);
+  InlineVec<Mapping, 1> copy(v);
+  same(copy);
+  InlineVec<Mapping, 1> moved(std::move(copy));
+  same(moved);
+  InlineVec<Mapping, 1> assigned;
+  assigned = moved;
+  same(assigned);
+  std::uint64_t bytes = 0;
+  assigned.each([&](const Mapping &m) { bytes += m.size; });
+  CHECK(bytes == 6);
+  VmmTicket t;  // nothing pushed: nothing there
+  CHECK(t.unmapped.empty());
+  CHECK(t.woken.size() == 0);
+  CHECK(t.dropped.empty());
+}
