@@ -241,3 +241,27 @@ TEST_CASE("A shard or model the exiting thread holds is left out at once") {
   CHECK(visited == 0);
   CHECK_FALSE(exit_wait_gave_up());
 }
+
+TEST_CASE("The futex lock excludes: four threads' increments under contention all count") {
+  FutexLock mu;
+  long count = 0;  // guarded by mu only: a lost exclusion shows as a short count (and to TSan)
+  constexpr int kThreads = 4, kEach = 50'000;
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kThreads; ++i)
+    ts.emplace_back([&] {
+      for (int j = 0; j < kEach; ++j) {
+        std::lock_guard lk(mu);
+        ++count;
+        if (j % 1000 == 0) std::this_thread::yield();  // a holder descheduled: waiters sleep
+      }
+    });
+  for (auto &t : ts) t.join();
+  CHECK(count == static_cast<long>(kThreads) * kEach);
+  CHECK(mu.try_lock());
+  CHECK_FALSE(mu.try_lock());  // held: refused, not re-entered
+  mu.unlock();
+  CHECK(mu.try_lock());
+  mu.reset();  // a forked child's copy: free
+  CHECK(mu.try_lock());
+  mu.unlock();
+}
