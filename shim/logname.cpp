@@ -54,6 +54,9 @@ LogName expand_log_name(std::string_view pattern, const LogNameInputs &in) {
     out.problems.push_back(std::move(line));
   };
   auto problem = [&](std::string_view what, std::string_view why) {
+    const std::string said = "'" + std::string(what) + "' " + std::string(why);
+    if (std::find(out.unknown.begin(), out.unknown.end(), said) == out.unknown.end())
+      out.unknown.push_back(said);
     say_once("CUMEMGUARD_LOG: '" + std::string(what) + "' " + std::string(why) +
              "; kept as written (placeholders: %p %r %l %h %e %q{VAR} %%)");
   };

@@ -25,6 +25,9 @@ struct LogName {
   // The variables of %q{VAR} that are not set (each once): valgrind refuses such a --log-file;
   // `cumemguard run` refuses it too, and the shim, which never stops a program, says so.
   std::vector<std::string> unset;
+  // The placeholders kept as written, each once, as "'%z' is not a placeholder": `cumemguard run`
+  // refuses such a name before the program starts.
+  std::vector<std::string> unknown;
 };
 
 // %p pid, %r rank, %l local rank, %h host name, %e program, %q{VAR} the value of VAR (empty when

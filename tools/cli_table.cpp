@@ -37,14 +37,16 @@ constexpr ExitStatus kTopExits[] = {
     {"64",
      "a usage error: an unknown command or option, a bad argument or value; for run, a "
      "CUMEMGUARD_* setting (from -e or the environment) that cannot apply, a suppressions file "
-     "that cannot be read, or an event log name whose %q{VAR} is not set"},
+     "that cannot be read, an event log name whose %q{VAR} is not set or with an unknown "
+     "placeholder, or an option given with an -e of the setting it makes"},
     {"66",
      "an input cannot be read: a log for report; the shim for run (CUMEMGUARD_SHIM_PATH names "
-     "no file)"},
+     "no file, or a file that is not libcumemguard.so)"},
     {"71", "run could not start the program (fork failed)"},
     {"73",
      "an output cannot be written: a file report writes; for run, the event log (no such "
-     "directory, not writable, a FIFO, a link or a directory at its path), or no status "
+     "directory, not writable, a FIFO, a device, a link or a directory at its path, or a "
+     "non-empty file that is not a cumemguard log), or no status "
      "directory can be made for --error-exitcode; the program is not started"},
     {"126", "run: PROGRAM is not executable"},
     {"127", "run: PROGRAM is not found"},
@@ -60,8 +62,9 @@ constexpr EnvVar kShimEnv[] = {
     {"CUMEMGUARD_SHIM_PATH",
      "The libcumemguard.so that cumemguard run preloads. Unset, an installed cumemguard uses the "
      "library installed beside it (PREFIX/LIBDIR), and a build tree's uses the one in its shim/; "
-     "an installed one never uses a build tree's. Set to a path that is not a file, the run stops "
-     "with status 66."},
+     "an installed one never uses a build tree's. Set to a path that is not a file, or to a file "
+     "that is not libcumemguard.so (no ELF shared object defining cumemguard_version), the run "
+     "stops with status 66."},
     {"CUMEMGUARD_OPTIONS",
      "Many options in one variable, NAME=VALUE entries separated by colons "
      "(CUMEMGUARD_OPTIONS=mode=strict:stacks=16); a value holding a colon is quoted; a separate "
@@ -128,11 +131,16 @@ constexpr ExitStatus kRunExits[] = {
      "killed by a signal: the launcher then dies of the same signal)"},
     {"64",
      "bad options or arguments, or a CUMEMGUARD_* setting (from -e or the environment) that "
-     "cannot apply; an unreadable suppressions file; an event log name whose %q{VAR} is not set"},
-    {"66", "the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file)"},
+     "cannot apply; an unreadable suppressions file; an event log name whose %q{VAR} is not set "
+     "or with an unknown placeholder; an option given with an -e of the setting it makes (--log "
+     "and -e CUMEMGUARD_LOG=...)"},
+    {"66",
+     "the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file), or is not "
+     "libcumemguard.so (an ELF shared object of this machine defining cumemguard_version)"},
     {"71", "the program could not be started (fork failed)"},
     {"73",
-     "the event log cannot be written (no such directory, not writable, a FIFO), or no status "
+     "the event log cannot be written (no such directory, not writable, a FIFO or a device, a "
+     "non-empty file that is not a cumemguard log), or no status "
      "directory can be made for --error-exitcode: the program is not started"},
     {"126", "PROGRAM is not executable"},
     {"127", "PROGRAM is not found"},
@@ -150,6 +158,11 @@ constexpr sv kRunNotes[] = {
     "SIGHUP, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the program (a terminal's "
     "SIGINT and SIGQUIT already reach it); if the launcher is killed outright (SIGKILL), the "
     "program is killed with it.",
+    "An --log FILE that exists is overwritten only when it is a cumemguard event log (or empty): "
+    "any other file there stops the run with status 73, as /dev/null does (--no-log gives no "
+    "log). A launcher option and an -e of the setting it makes (--mode and -e "
+    "CUMEMGUARD_MODE=..., --log and -e CUMEMGUARD_LOG=...) are refused with status 64, neither "
+    "winning. With CUMEMGUARD_DISABLE set the run says that the shim checks nothing.",
 };
 
 // --- cumemguard report ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include "cmg_config.h"
 #include "logname.h"
 #include "options.h"
+#include "run_checks.h"
 #include "run_defaults.h"
 #include "run_files.h"
 #include "run_preload.h"
@@ -262,6 +263,7 @@ struct RunArgs {
   std::string log, mode, stacks, exitcode, suppressions;
   bool no_log = false, no_summary = false, fail_on_leaks = false, brief = false;
   std::vector<std::string> env_sets;
+  std::vector<std::string_view> given;  // the options given, by their table name
   int prog = -1;  // index of PROGRAM in argv
   int done = -1;  // >= 0: the status to return without running anything
 };
@@ -302,6 +304,7 @@ RunArgs parse_args(int argc, char **argv) {
       r.done = kUsage;
       return r;
     }
+    r.given.push_back(o->name);
     switch (o->id) {
       case Opt::log:
         if (value.empty()) {
@@ -396,10 +399,19 @@ int run_main(int argc, char **argv) {
     if (has_option_prefix(name) &&
         !check_options({{name, value}}, "-e " + name + "=" + shown(value)))
       return kUsage;
+  if (const std::string c = option_env_conflict(a.given, sets); !c.empty()) {
+    std::fprintf(stderr, "cumemguard run: %s\n", c.c_str());
+    return kUsage;
+  }
   std::string why;
   std::string shim = find_shim(&why);
   if (shim.empty()) {
     std::fprintf(stderr, "cumemguard run: %s\n", why.c_str());
+    return kNoInput;
+  }
+  if (const std::string p = shim_file_problem(shim); !p.empty()) {
+    std::fprintf(stderr, "cumemguard run: %s is not " CMG_SHIM_NAME ": %s; the program was not "
+                         "started\n", shown(shim).c_str(), p.c_str());
     return kNoInput;
   }
   for (const auto &[name, value] : sets) setenv(name.c_str(), value.c_str(), 1);
@@ -470,6 +482,12 @@ int run_main(int argc, char **argv) {
                    shown(eff.log).c_str(), unset[0].c_str(), unset[0].c_str(), unset[0].c_str());
       return kUsage;
     }
+    if (const std::string p = log_name_problem(eff.log); !p.empty()) {
+      std::fprintf(stderr, "cumemguard run: the event log %s: %s (placeholders: %%p %%r %%l %%h "
+                           "%%e %%q{VAR} %%%%); the program was not started\n",
+                   shown(eff.log).c_str(), p.c_str());
+      return kUsage;
+    }
     if (const std::string p = log_target_problem(eff.log); !p.empty()) {
       std::fprintf(stderr, "cumemguard run: cannot write the event log %s: %s; the program was "
                            "not started (give --log a writable place, or --no-log)\n",
@@ -477,6 +495,8 @@ int run_main(int argc, char **argv) {
       return kCantCreate;
     }
   }
+  if (const std::string w = disabled_warning(error_exitcode != 0); !w.empty())
+    std::fprintf(stderr, "cumemguard run: %s\n", w.c_str());
   // A launcher inside another launcher's program: what it counts goes up to the outer one too.
   const char *outer = std::getenv("CUMEMGUARD_STATUS_DIR");
   const std::string outer_dir = outer && *outer == '/' ? outer : "";

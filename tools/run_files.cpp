@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "log_file.h"
+#include "run_checks.h"
 
 namespace cmg::tools {
 namespace {
@@ -193,11 +194,17 @@ std::string log_target_problem(const std::string &pattern) {
   constexpr int kFlags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   if (::lstat(pattern.c_str(), &st) != 0) return probe_dir();  // a new file
   std::string why = log_file_refusal(st.st_mode, st.st_uid, st.st_nlink, geteuid());
-  if (why.empty() && S_ISREG(st.st_mode)) {  // opened for writing, not truncated
+  // The shim may write to a character device, but a run's log is a file to read afterwards: the
+  // list of logs would name /dev/null, which the report cannot read.
+  if (why.empty() && !S_ISREG(st.st_mode))
+    return S_ISCHR(st.st_mode) ? "not a regular file (a character device)"
+                               : "not a regular file";
+  if (why.empty()) {  // opened for writing, not truncated
     const int fd = ::open(pattern.c_str(), kFlags);
     if (fd < 0 && errno == ENOENT) return probe_dir();  // removed meanwhile: a new file again
     if (fd < 0) return std::string("not writable (") + std::strerror(errno) + ")";
     ::close(fd);
+    why = log_overwrite_problem(pattern);
   }
   return why;
 }

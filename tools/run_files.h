@@ -39,8 +39,9 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t);
 // Why an event log named by pattern (CUMEMGUARD_LOG's placeholders) cannot be written, or empty:
 // its directory is missing or not a directory, a file cannot be created there (tried: a new name
 // is created and removed again, as root passes every permission check), or (a name without
-// placeholders) the file there is one the shim refuses (policy/log_file.h) or cannot be opened for
-// writing. A directory part holding placeholders is checked up to its last fixed directory.
+// placeholders) the file there is one the shim refuses (policy/log_file.h), is not a regular file
+// (a character device such as /dev/null: the run lists its log to be read), cannot be opened for
+// writing, or is a non-empty file that is not a cumemguard log (run_checks.h). A directory part holding placeholders is checked up to its last fixed directory.
 std::string log_target_problem(const std::string &pattern);
 
 }  // namespace cmg::tools

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# `cumemguard run` refuses to start a run that would check nothing and still exit 0: a
+# CUMEMGUARD_SHIM_PATH that is not the shim (66), a log path that is a device (73), an existing
+# file there that is not a cumemguard log (73), an unknown placeholder in the log's name (64), a
+# launcher option given with an -e of the setting it makes (64); and it says so when the
+# environment disables the shim.
+#   check_run_gates.py --cg CUMEMGUARD --build BUILD_DIR
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, msg):
+    if not cond:
+        FAILURES.append(msg)
+        print("FAIL " + msg)
+    return cond
+
+
+class Env:
+    def __init__(self, a):
+        self.cg = os.path.abspath(a.cg)
+        b = os.path.abspath(a.build)
+        self.rt = os.path.join(b, "tests", "integration", "runtime_cases")
+        self.fake = os.path.join(b, "tests", "fakecuda")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
+        self.env["LD_LIBRARY_PATH"] = self.fake
+        self.env.pop("LD_PRELOAD", None)
+        self.tmp = tempfile.mkdtemp(prefix="cmg-gates-")
+
+    def run(self, args, extra=None, cwd=None):
+        env = dict(self.env, **(extra or {}))
+        return subprocess.run([self.cg, "run"] + args, env=env, cwd=cwd or self.tmp, timeout=120,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              errors="replace")
+
+    def logdir(self):
+        return tempfile.mkdtemp(dir=self.tmp)
+
+
+def not_the_shim(e):
+    # P29 frees twice: with the shim, --error-exitcode 9 exits 9. Preloading any other file ran it
+    # unchecked and exited 0 (ld.so ignores a non-ELF file with one line, any shared object
+    # silently).
+    passwd = os.path.join(e.tmp, "passwd")
+    with open(passwd, "w") as f:
+        f.write("root:x:0:0:root:/root:/bin/sh\n")
+    cudart = os.path.join(e.fake, "libcudart.so")
+    for path, why in ((passwd, "it is not an ELF file"),
+                      (cudart, "it defines no cumemguard_version symbol")):
+        d = e.logdir()
+        p = e.run(["--error-exitcode", "9", "--", e.rt, "P29"],
+                  extra={"CUMEMGUARD_SHIM_PATH": path}, cwd=d)
+        want = (f"cumemguard run: {path} is not libcumemguard.so: {why}; the program was not "
+                "started\n")
+        check(p.returncode == 66 and p.stderr == want and p.stdout == "" and not os.listdir(d),
+              f"CUMEMGUARD_SHIM_PATH={path}: rc {p.returncode} {p.stderr!r} {p.stdout!r} "
+              f"{os.listdir(d)}")
+
+
+def disabled(e):
+    for extra, args, said in (
+            ({"CUMEMGUARD_DISABLE": "1"}, [], "CUMEMGUARD_DISABLE=1"),
+            ({}, ["-e", "CUMEMGUARD_DISABLE=yes"], "CUMEMGUARD_DISABLE=yes"),
+            ({"CUMEMGUARD_OPTIONS": "disable=1"}, [], "CUMEMGUARD_OPTIONS=...disable=1")):
+        for gate in ([], ["--error-exitcode", "9"]):
+            d = e.logdir()
+            p = e.run(args + gate + ["--", e.rt, "P29"], extra=extra, cwd=d)
+            want = (f"cumemguard run: warning: {said}: the shim is disabled and checks nothing "
+                    "in this run" + ("; --error-exitcode can find nothing to fail on" if gate
+                                     else "") + "\n")
+            # The entry of CUMEMGUARD_OPTIONS still opens a log (of no events): listed after.
+            check(p.returncode == 0 and p.stderr.splitlines(True)[:1] == [want] and
+                  "warning: double-free" not in p.stderr and "second_free" in p.stdout,
+                  f"disabled {extra} {args} {gate}: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["--", e.rt, "P29"], extra={"CUMEMGUARD_DISABLE": "0"}, cwd=e.logdir())
+    check("disabled" not in p.stderr and "double-free" in p.stderr,
+          f"CUMEMGUARD_DISABLE=0: {p.stderr!r}")
+
+
+def log_paths(e):
+    # A character device: the shim could write there, but the run then listed /dev/null as its log
+    # to read, which the report refuses.
+    for dev in ("/dev/null", "/dev/zero"):
+        p = e.run(["--log", dev, "--", e.rt, "P29"])
+        check(p.returncode == 73 and p.stdout == "" and p.stderr ==
+              f"cumemguard run: cannot write the event log {dev}: not a regular file (a character "
+              "device); the program was not started (give --log a writable place, or --no-log)\n",
+              f"--log {dev}: rc {p.returncode} {p.stderr!r}")
+    # An unknown placeholder, or %q without braces: refused as an unset %q{VAR} is, no file made.
+    for name, why in (("x.%z.log", "'%z' is not a placeholder"),
+                      ("x.%q.log", "'%q' needs a variable name in braces, as in %q{SLURM_JOB_ID}"),
+                      ("x.log%", "'%' at the end is not a placeholder")):
+        d = e.logdir()
+        p = e.run(["--log", name, "--", e.rt, "P29"], cwd=d)
+        check(p.returncode == 64 and p.stdout == "" and not os.listdir(d) and p.stderr ==
+              f"cumemguard run: the event log {d}/{name}: {why} (placeholders: %p %r %l %h %e "
+              "%q{VAR} %%); the program was not started\n",
+              f"--log {name}: rc {p.returncode} {p.stderr!r} {os.listdir(d)}")
+        p = e.run(["--", e.rt, "P29"], extra={"CUMEMGUARD_LOG": name}, cwd=d)
+        check(p.returncode == 64 and why in p.stderr and not os.listdir(d),
+              f"CUMEMGUARD_LOG={name}: rc {p.returncode} {p.stderr!r}")
+    # An existing file that is not a log is kept; a log (or an empty file) is written over.
+    d = e.logdir()
+    keep = os.path.join(d, "notes.txt")
+    with open(keep, "w") as f:
+        f.write("precious\n")
+    p = e.run(["--log", keep, "--", e.rt, "P29"], cwd=d)
+    check(p.returncode == 73 and p.stdout == "" and p.stderr ==
+          f"cumemguard run: cannot write the event log {keep}: it exists and is not a cumemguard "
+          "event log (remove it, or name another log); the program was not started (give --log "
+          "a writable place, or --no-log)\n" and open(keep).read() == "precious\n",
+          f"--log over a text file: rc {p.returncode} {p.stderr!r} {open(keep).read()!r}")
+    log = os.path.join(d, "run.log")
+    open(log, "w").close()
+    for k in range(2):
+        p = e.run(["--no-summary", "--log", log, "--", e.rt, "P29"], cwd=d)
+        check(p.returncode == 0 and f"cumemguard: 1 log: {log}\n" in p.stderr and
+              open(log).readline().startswith('{"cumemguard_log"'),
+              f"--log over {'an empty file' if k == 0 else 'a log'}: rc {p.returncode} "
+              f"{p.stderr!r}")
+
+
+def option_and_env(e):
+    # One rule: a launcher option and an -e of the setting it makes are refused, neither winning.
+    for opt, env, var in ((["--log", "a.log"], "CUMEMGUARD_LOG=b.log", "CUMEMGUARD_LOG"),
+                          (["--no-log"], "CUMEMGUARD_LOG=b.log", "CUMEMGUARD_LOG"),
+                          (["--log=a.log"], "CUMEMGUARD_OPTIONS=log=b.log", "CUMEMGUARD_LOG"),
+                          (["--mode", "report"], "CUMEMGUARD_MODE=strict", "CUMEMGUARD_MODE"),
+                          (["--mode", "strict"], "CUMEMGUARD_OPTIONS=mode=report:stacks=2",
+                           "CUMEMGUARD_MODE"),
+                          (["--stacks", "4"], "CUMEMGUARD_STACKS=8", "CUMEMGUARD_STACKS"),
+                          (["--suppressions", "s.supp"], "CUMEMGUARD_SUPPRESSIONS=t.supp",
+                           "CUMEMGUARD_SUPPRESSIONS"),
+                          (["--brief"], "CUMEMGUARD_WARN_FRAMES=3", "CUMEMGUARD_WARN_FRAMES"),
+                          (["--no-summary"], "CUMEMGUARD_SUMMARY=1", "CUMEMGUARD_SUMMARY")):
+        d = e.logdir()
+        p = e.run(opt + ["-e", env, "--", e.rt, "P29"], cwd=d)
+        name = opt[0].split("=")[0]
+        check(p.returncode == 64 and p.stdout == "" and not os.listdir(d) and p.stderr ==
+              f"cumemguard run: {name} and -e {env} both set {var}; give one of them (the "
+              "program was not started)\n", f"{opt} -e {env}: rc {p.returncode} {p.stderr!r}")
+    # Settings of other options go through.
+    d = e.logdir()
+    p = e.run(["--mode", "report", "-e", "CUMEMGUARD_OPTIONS=stacks=2", "--no-summary",
+               "--log", "x.log", "--", e.rt, "P29"], cwd=d)
+    check(p.returncode == 0 and os.listdir(d) == ["x.log"], f"other -e: {p.returncode} "
+          f"{p.stderr!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cg", required=True)
+    ap.add_argument("--build", required=True)
+    e = Env(ap.parse_args())
+    for t in (not_the_shim, disabled, log_paths, option_and_env):
+        t(e)
+    if FAILURES:
+        print(f"{len(FAILURES)} failure(s)")
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

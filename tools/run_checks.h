@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// What `cumemguard run` checks before it starts the program, so that a green run cannot be one in
+// which nothing was checked: the file it preloads is the shim, the event log's name and the file
+// already at its path are ones the log can use, and the environment does not disable the shim.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace cmg::tools {
+
+// The symbol every libcumemguard.so defines (include/cumemguard.h), and only it.
+inline constexpr const char *kShimMarker = "cumemguard_version";
+
+// Why `path` is not a shim this launcher may preload, or empty: it must be an ELF shared object of
+// this machine's class and byte order whose dynamic symbol table defines kShimMarker. ld.so only
+// says "cannot be preloaded ... ignored" for a file that is not ELF, and preloads any other shared
+// object without a word: either way the program would run unchecked. Read with libelf; the file
+// is never loaded.
+std::string shim_file_problem(const std::string &path);
+
+// The first placeholder of an event log name that the shim does not know ("%z", a malformed
+// "%q{"), as its expansion reports it, or empty.
+std::string log_name_problem(const std::string &pattern);
+
+// Why the file already at an event log's path (no placeholders) must not be replaced, or empty:
+// a non-empty regular file that is not a cumemguard event log (its first line is no log header).
+// A log is overwritten as valgrind overwrites its --log-file; someone's text file is not.
+std::string log_overwrite_problem(const std::string &path);
+
+// The launcher options given (`given`: their names as the table spells them, "--log") against the
+// -e NAME=VALUE settings (`sets`): the line refusing the first option whose shim option an -e
+// also sets, as CUMEMGUARD_NAME or as an entry of CUMEMGUARD_OPTIONS (run_options.def,
+// CMG_RUN_OPTION_SETS), or empty. One rule for every such option: neither silently wins.
+std::string option_env_conflict(const std::vector<std::string_view> &given,
+                                const std::vector<std::pair<std::string, std::string>> &sets);
+
+// The line saying that the shim will be disabled (CUMEMGUARD_DISABLE, or the entry disable of
+// CUMEMGUARD_OPTIONS, in the environment the program starts with), so nothing is checked; or
+// empty. `gate`: --error-exitcode was given, and checks nothing either.
+std::string disabled_warning(bool gate);
+
+}  // namespace cmg::tools
