@@ -450,6 +450,7 @@ __attribute__((constructor)) static void cmg_load() {
   }
   cmg::shim::exiting_at_load();
   cmg::shim::options_ready();
+  cmg::shim::status_loaded();
   cmg::shim::on_load();
   // Before any CUDA call: the signal must never end the program, whenever it comes.
   cmg::shim::snapshot_signal_install();

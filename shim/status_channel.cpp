@@ -39,6 +39,14 @@ void store32(std::uint32_t &slot, std::uint32_t v) {
 
 }  // namespace
 
+void status_loaded() {
+  const std::string &dir = state().opts.status_dir;
+  if (dir.empty()) return;
+  const std::string path = dir + "/" + std::to_string(getpid()) + ".loaded";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);  // EEXIST: an image this pid exec'd from marked it already
+}
+
 void status_open() {
   const State &s = state();
   const std::string &dir = s.opts.status_dir;

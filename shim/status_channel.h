@@ -9,6 +9,10 @@
 
 namespace cmg::shim {
 
+// Load: marks that the shim was loaded into this process image (an empty file <pid>.loaded), so
+// that the launcher can tell a run where no process loaded it (a static or setuid program, whose
+// ld.so ignores LD_PRELOAD) from one where none called CUDA. Once per image; a failure is silent.
+void status_loaded();
 // Activation: makes this process's record (once per process image; a failure is one warning) and
 // copies the findings counted so far into it.
 void status_open();

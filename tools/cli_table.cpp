@@ -33,7 +33,8 @@ constexpr ExitStatus kTopExits[] = {
      "process crashed or was aborted; config when PyTorch would fail on the environment"},
     {"N",
      "run --error-exitcode N when a process of the run had findings that are not suppressed "
-     "(leaks only with --fail-on-leaks), unless the program was killed by a signal"},
+     "(leaks only with --fail-on-leaks), or when no process of the run loaded the shim (a static "
+     "or setuid program: nothing was checked), unless the program was killed by a signal"},
     {"64",
      "a usage error: an unknown command or option, a bad argument or value; for run, a "
      "CUMEMGUARD_* setting (from -e or the environment) that cannot apply, a suppressions file "
@@ -127,8 +128,10 @@ constexpr ExitStatus kRunExits[] = {
     {"0",
      "the program exited 0 (and, with --error-exitcode, no process of the run had findings)"},
     {"N",
-     "with --error-exitcode N, when a process of the run had findings (unless the program was "
-     "killed by a signal: the launcher then dies of the same signal)"},
+     "with --error-exitcode N, when a process of the run had findings, or when no process of the "
+     "run loaded the shim (a static or setuid program, which ld.so does not preload into: nothing "
+     "was checked) (unless the program was killed by a signal: the launcher then dies of the "
+     "same signal)"},
     {"64",
      "bad options or arguments, or a CUMEMGUARD_* setting (from -e or the environment) that "
      "cannot apply; an unreadable suppressions file; an event log name whose %q{VAR} is not set "
@@ -162,7 +165,9 @@ constexpr sv kRunNotes[] = {
     "any other file there stops the run with status 73, as /dev/null does (--no-log gives no "
     "log). A launcher option and an -e of the setting it makes (--mode and -e "
     "CUMEMGUARD_MODE=..., --log and -e CUMEMGUARD_LOG=...) are refused with status 64, neither "
-    "winning. With CUMEMGUARD_DISABLE set the run says that the shim checks nothing.",
+    "winning. With CUMEMGUARD_DISABLE set the run says that the shim checks nothing; when no "
+    "process of the run loaded the shim (ld.so ignores LD_PRELOAD for a static or setuid "
+    "program) it says so after the program's end.",
 };
 
 // --- cumemguard report ---------------------------------------------------------------------------

@@ -129,6 +129,14 @@ std::string disabled_warning(bool gate) {
   return line;
 }
 
+std::string unloaded_warning(std::size_t records, std::size_t loaded, int gate) {
+  if (records || loaded) return {};
+  std::string line = "warning: no process of the run loaded the shim (ld.so ignores LD_PRELOAD "
+                     "for a static or setuid program): nothing was checked";
+  if (gate) line += "; exiting " + std::to_string(gate) + " (--error-exitcode)";
+  return line;
+}
+
 std::string shim_file_problem(const std::string &path) {
   // Opened without blocking: the path may name a FIFO.
   const RegularFile f = open_regular(path.c_str());

@@ -4,6 +4,7 @@
 // already at its path are ones the log can use, and the environment does not disable the shim.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,5 +42,11 @@ std::string option_env_conflict(const std::vector<std::string_view> &given,
 // CUMEMGUARD_OPTIONS, in the environment the program starts with), so nothing is checked; or
 // empty. `gate`: --error-exitcode was given, and checks nothing either.
 std::string disabled_warning(bool gate);
+
+// The line saying that no process of the run loaded the shim (the status directory holds neither
+// a record nor a load mark: ld.so ignores LD_PRELOAD for a static or setuid program), so nothing
+// was checked; with --error-exitcode (`gate`, its status) that is a failed check, and the line
+// says the status it exits with. Empty when some process loaded it.
+std::string unloaded_warning(std::size_t records, std::size_t loaded, int gate);
 
 }  // namespace cmg::tools

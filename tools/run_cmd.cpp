@@ -495,8 +495,8 @@ int run_main(int argc, char **argv) {
       return kCantCreate;
     }
   }
-  if (const std::string w = disabled_warning(error_exitcode != 0); !w.empty())
-    std::fprintf(stderr, "cumemguard run: %s\n", w.c_str());
+  const std::string disabled = disabled_warning(error_exitcode != 0);
+  if (!disabled.empty()) std::fprintf(stderr, "cumemguard run: %s\n", disabled.c_str());
   // A launcher inside another launcher's program: what it counts goes up to the outer one too.
   const char *outer = std::getenv("CUMEMGUARD_STATUS_DIR");
   const std::string outer_dir = outer && *outer == '/' ? outer : "";
@@ -540,6 +540,10 @@ int run_main(int argc, char **argv) {
     if (old[k].sa_handler != SIG_IGN) sigaction(forwarded[k], &fwd, nullptr);
   }
   const pid_t launcher = getpid();
+  // Written by the child when exec fails (closed by a successful exec): a program that never ran
+  // is not one that ran without the shim.
+  int exec_err[2] = {-1, -1};
+  if (pipe2(exec_err, O_CLOEXEC) != 0) exec_err[0] = exec_err[1] = -1;
   pid_t pid = fork();
   if (pid < 0) {
     std::fprintf(stderr, "cumemguard run: fork: %s\n", std::strerror(errno));
@@ -555,10 +559,14 @@ int run_main(int argc, char **argv) {
     for (int k = 0; k < 6; ++k) sigaction(forwarded[k], &old[k], nullptr);
     sigprocmask(SIG_SETMASK, &unblocked, nullptr);
     execvp(prog.c_str(), argv + a.prog);
+    const int err = errno;
+    if (exec_err[1] >= 0) (void)!::write(exec_err[1], &err, sizeof err);
+    errno = err;
     std::fprintf(stderr, "cumemguard run: cannot run %s: %s\n", prog.c_str(), std::strerror(errno));
     _exit(errno == ENOENT ? 127 : 126);
   }
   g_child = pid;
+  if (exec_err[1] >= 0) ::close(exec_err[1]);
   sigprocmask(SIG_SETMASK, &unblocked, nullptr);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -585,7 +593,15 @@ int run_main(int argc, char **argv) {
                          "process's status; the counts are those of the other %zu\n",
                  t.unreadable, t.unreadable == 1 ? "y" : "ies", t.unreadable == 1 ? "was" : "were",
                  t.processes);
+  int err = 0;
+  const bool exec_failed = exec_err[0] >= 0 && ::read(exec_err[0], &err, sizeof err) > 0;
+  if (exec_err[0] >= 0) ::close(exec_err[0]);
+  std::string unloaded;
+  if (!status_dir.empty() && !exec_failed && disabled.empty())
+    unloaded = unloaded_warning(t.processes, t.loaded, error_exitcode);
+  if (!unloaded.empty()) std::fprintf(stderr, "cumemguard: %s\n", unloaded.c_str());
   if (WIFSIGNALED(status)) die_of(WTERMSIG(status));
+  if (!unloaded.empty() && error_exitcode) return error_exitcode;
   if (error_exitcode) {
     const std::uint64_t counted = t.findings + (a.fail_on_leaks ? t.leaks : 0);
     if (counted) {

@@ -18,6 +18,7 @@ struct RunTotals {
   std::uint64_t by_class[RunStatusRecord::kClasses] = {};
   std::size_t processes = 0;      // records read
   std::size_t unreadable = 0;     // entries that are not a record of this layout (said once)
+  std::size_t loaded = 0;         // process images that loaded the shim (<pid>.loaded marks)
   std::vector<std::string> logs;  // the logs the processes opened, in the order they started
 };
 

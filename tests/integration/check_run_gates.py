@@ -4,8 +4,9 @@
 # CUMEMGUARD_SHIM_PATH that is not the shim (66), a log path that is a device (73), an existing
 # file there that is not a cumemguard log (73), an unknown placeholder in the log's name (64), a
 # launcher option given with an -e of the setting it makes (64); and it says so when the
-# environment disables the shim.
-#   check_run_gates.py --cg CUMEMGUARD --build BUILD_DIR
+# environment disables the shim, or when no process of the run loaded it (a static program), where
+# --error-exitcode N then exits N.
+#   check_run_gates.py --cg CUMEMGUARD --build BUILD_DIR [--static PROGRAM]
 import argparse
 import os
 import subprocess
@@ -31,6 +32,7 @@ class Env:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
         self.env["LD_LIBRARY_PATH"] = self.fake
         self.env.pop("LD_PRELOAD", None)
+        self.static = os.path.abspath(a.static) if a.static else None
         self.tmp = tempfile.mkdtemp(prefix="cmg-gates-")
 
     def run(self, args, extra=None, cwd=None):
@@ -153,12 +155,37 @@ def option_and_env(e):
           f"{p.stderr!r}")
 
 
+def unloaded(e):
+    line = ("cumemguard: warning: no process of the run loaded the shim (ld.so ignores LD_PRELOAD "
+            "for a static or setuid program): nothing was checked")
+    if e.static:
+        for gate, rc, tail in (([], 0, ""), (["--error-exitcode", "9"], 9,
+                                             "; exiting 9 (--error-exitcode)")):
+            p = e.run(gate + ["--", e.static], cwd=e.logdir())
+            check(p.returncode == rc and p.stdout == "static program ran\n" and
+                  p.stderr == line + tail + "\n",
+                  f"static program {gate}: rc {p.returncode} {p.stdout!r} {p.stderr!r}")
+    else:
+        print("SKIP static program: no static linking here")
+    # A program that loads the shim and never calls CUDA is checked (there is nothing to find),
+    # and a program that cannot be run is not one that ran unchecked.
+    for prog, rc in (("true", 0), ("/nonexistent-program", 127)):
+        p = e.run(["--error-exitcode", "9", "--", prog], cwd=e.logdir())
+        check(p.returncode == rc and "loaded the shim" not in p.stderr,
+              f"{prog}: rc {p.returncode} {p.stderr!r}")
+    # A disabled shim is said once, not twice.
+    p = e.run(["--", "true"], extra={"CUMEMGUARD_DISABLE": "1"}, cwd=e.logdir())
+    check(p.returncode == 0 and p.stderr.count("\n") == 1 and "disabled" in p.stderr,
+          f"disabled, no CUDA: rc {p.returncode} {p.stderr!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cg", required=True)
     ap.add_argument("--build", required=True)
+    ap.add_argument("--static")
     e = Env(ap.parse_args())
-    for t in (not_the_shim, disabled, log_paths, option_and_env):
+    for t in (not_the_shim, disabled, log_paths, option_and_env, unloaded):
         t(e)
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
