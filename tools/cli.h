@@ -18,6 +18,7 @@ enum class Value {
   None,     // a flag
   File,     // a path to an existing or new file
   Log,      // a cumemguard event log (*.log*)
+  Output,   // a file to write: `choices` is the compgen -X filter (never offers event logs)
   Number,   // nothing to complete
   Word,     // one of `choices`
   EnvName,  // NAME=VALUE with NAME a CUMEMGUARD_* option (or a PyTorch variable)

@@ -325,6 +325,12 @@ std::string bash_completion() {
               "COMPREPLY=($(compgen -f -X '!*.log*' -- \"$cur\") $(compgen -d -- \"$cur\")); "
               "return ;;\n";
           break;
+        case Value::Output:
+          // The output slot is where a glob of logs goes by mistake: offer what it writes.
+          out += "COMPREPLY=($(compgen -f -X '" + std::string(o.choices) + "' -- \"$cur\")" +
+                 (o.choices.starts_with('!') ? " $(compgen -d -- \"$cur\")" : "") +
+                 "); return ;;\n";
+          break;
         case Value::Word:
           out += "COMPREPLY=($(compgen -W \"" + std::string(o.choices) +
                  "\" -- \"$cur\")); "

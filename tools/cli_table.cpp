@@ -30,7 +30,8 @@ constexpr ExitStatus kTopExits[] = {
     {"0", "success"},
     {"1",
      "findings: report when the logs hold findings (leaks only with --fail-on-leaks) or a "
-     "process crashed or was aborted; config when PyTorch would fail on the environment"},
+     "process crashed, was aborted or was killed (its log has no end record and it is not "
+     "running on this host); config when PyTorch would fail on the environment"},
     {"N",
      "run --error-exitcode N when a process of the run had findings that are not suppressed "
      "(leaks only with --fail-on-leaks), or when no process of the run loaded the shim (a static "
@@ -45,9 +46,10 @@ constexpr ExitStatus kTopExits[] = {
      "no file, or a file that is not libcumemguard.so)"},
     {"71", "run could not start the program (fork failed)"},
     {"73",
-     "an output cannot be written: a file report writes; for run, the event log (no such "
-     "directory, not writable, a FIFO, a device, a link or a directory at its path, or a "
-     "non-empty file that is not a cumemguard log), or no status "
+     "an output cannot be written: a file report writes (or one that is an event log, which it "
+     "does not write over); for run, the event log (no such directory, not writable, a FIFO, a "
+     "device, a link or a directory at its path, or a non-empty file that is not a cumemguard "
+     "log), or no status "
      "directory can be made for --error-exitcode; the program is not started"},
     {"126", "run: PROGRAM is not executable"},
     {"127", "run: PROGRAM is not found"},
@@ -181,12 +183,12 @@ constexpr Option kReportOptions[] = {
     {"--json", "", Value::None, "",
      "one JSON document instead of text (its fields: report-schema.md in the documentation "
      "directory, " CMG_DOCDIR ")"},
-    {"-o, --output", "OUT", Value::File, "",
+    {"-o, --output", "OUT", Value::Output, "*.log*",
      "write the text or JSON report to OUT instead of stdout"},
-    {"--trace", "OUT.json", Value::File, "",
+    {"--trace", "OUT.json", Value::Output, "!*.json",
      "write a Chrome trace-event file for Perfetto / chrome://tracing (stdout then gets the "
      "report's first line only, unless --json or -o asks for the report)"},
-    {"--html", "OUT.html", Value::File, "",
+    {"--html", "OUT.html", Value::Output, "!*.html",
      "write one self-contained HTML page: memory over time, findings (stdout as with --trace)"},
     {"--no-symbolize", "", Value::None, "",
      "print frames as module+offset without reading the modules"},
@@ -215,13 +217,18 @@ constexpr Option kReportOptions[] = {
     {"--version", "", Value::None, "", "print the version"},
 };
 constexpr ExitStatus kReportExits[] = {
-    {"0", "no findings; with --gen-suppressions, the rules were printed"},
-    {"1", "findings (suppressed ones excepted), or a process crashed or was aborted"},
+    {"0",
+     "no findings (a log without its end record whose process is still running on this host, "
+     "read mid-run, is said to be and counts as none so far); with --gen-suppressions, the "
+     "rules were printed"},
+    {"1",
+     "findings (suppressed ones excepted), or a process crashed, was aborted or ended without "
+     "its end record (killed: SIGKILL, out of memory, a time limit)"},
     {"64", "usage error; logs of more than one run without --run"},
     {"66",
      "a log cannot be read, is not a cumemguard log or is of a newer format; with --diff, a "
      "snapshot named is not in its log"},
-    {"73", "an output file cannot be written"},
+    {"73", "an output file cannot be written, or is a cumemguard event log (not written over)"},
 };
 constexpr sv kReportNotes[] = {
     "The report never writes an output over a cumemguard event log. It holds at most 256 logs "
@@ -230,6 +237,26 @@ constexpr sv kReportNotes[] = {
 };
 
 // --- cumemguard config ---------------------------------------------------------------------------
+// The releases of policy/torch_releases.def, space-separated: what --torch-version completes.
+constexpr sv kTorchReleaseRows[] = {
+#define TORCH_RELEASE(version, ...) sv(version),
+#include "torch_releases.def"
+#undef TORCH_RELEASE
+};
+constexpr std::size_t torch_releases_size() {
+  std::size_t n = 0;
+  for (sv r : kTorchReleaseRows) n += r.size() + 1;
+  return n;
+}
+constexpr auto kTorchReleases = [] {
+  std::array<char, torch_releases_size() + 1> out{};
+  std::size_t k = 0;
+  for (sv r : kTorchReleaseRows) {
+    if (k) out[k++] = ' ';
+    for (char ch : r) out[k++] = ch;
+  }
+  return out;
+}();
 constexpr sv kConfigDescription[] = {
     "Shows how PyTorch will read its allocator variables (PYTORCH_CUDA_ALLOC_CONF and the others) "
     "in this environment, judged for the PyTorch release installed (or named), with that "
@@ -248,7 +275,7 @@ constexpr Option kConfigOptions[] = {
     {"--env", "NAME=VALUE", Value::EnvName, "",
      "evaluate as if NAME were set to VALUE (nothing is exported); --env NAME: as if NAME were "
      "unset"},
-    {"--torch-version", "V", Value::Text, "",
+    {"--torch-version", "V", Value::Word, sv(kTorchReleases.data()),
      "judge for PyTorch V (default: the torch that --python would import)"},
     {"--python", "PATH", Value::File, "",
      "the interpreter asked where torch is, without importing it (python3)"},

@@ -249,6 +249,8 @@ struct Log {
   bool end_aborted = false;
   std::optional<Crash> crash;
   bool partial_last_line = false;                    // the last line was cut off mid-record
+  // Its process is alive on this host (process_alive.h): no end record is not yet a kill.
+  bool running = false;
   std::size_t records = 0;                           // lines read as records, header excluded
   std::size_t malformed = 0;                         // lines or known records that did not parse
   std::size_t overlong = 0;                          // lines over kMaxLine, skipped (in malformed)

@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "cmg_config.h"
 #include "log_files.h"
+#include "process_alive.h"
 #include "report_model.h"
 
 namespace cmg {
@@ -60,11 +61,15 @@ std::optional<std::string> first_line(const std::string &path) {
   return out;
 }
 
-// `cumemguard report --trace cumemguard.*.log`: the glob fills the output slot with a log, and
-// writing the trace there would destroy it.
-bool refuse_over_log(const std::string &path, const char *what) {
+bool is_log(const std::string &path) {
   auto line = first_line(path);
-  if (!line || !report::is_log_header(*line)) return false;
+  return line && report::is_log_header(*line);
+}
+
+// `cumemguard report --trace cumemguard.*.log`: the glob fills the output slot with a log, and
+// writing the trace there would destroy it. An output that cannot be written: 73.
+bool refuse_over_log(const std::string &path, const char *what) {
+  if (!is_log(path)) return false;
   std::cerr << "cumemguard report: will not write the " << what << " to " << report::clean(path)
             << ": it is a cumemguard event log (did a glob fill the output slot? name the "
                "output file first)\n";
@@ -196,7 +201,7 @@ int report_main(int argc, char **argv) {
       return usage_error("--diff writes text, --json or --html");
     if ((!opt.html_path.empty() && refuse_over_log(opt.html_path, "HTML page")) ||
         (!opt.output_path.empty() && refuse_over_log(opt.output_path, "diff")))
-      return kExitUsage;
+      return kExitCantCreate;
     try {
       return diff_main(diff->first, diff->second, opt);
     } catch (const std::exception &e) {
@@ -204,11 +209,25 @@ int report_main(int argc, char **argv) {
       return kExitNoInput;
     }
   }
-  if (files.empty()) return usage_error("no log given");
+  if (opt.gen_suppressions && opt.json)
+    return usage_error("--gen-suppressions prints rules, not a JSON report: give one of them");
+  if (files.empty()) {
+    // `report --trace k.log`: the log went to the output slot, which takes a file first.
+    for (const auto &[name, path, out] :
+         {std::tuple{"--trace", &opt.trace_path, "OUT.json"},
+          std::tuple{"--html", &opt.html_path, "OUT.html"},
+          std::tuple{"-o", &opt.output_path, "OUT"}})
+      if (!path->empty() && is_log(*path))
+        return usage_error(fmt::format(
+            "no log given: {} takes an output file first, then the logs: cumemguard report {} "
+            "{} LOG... ({} was taken as the output)",
+            name, name, out, *path));
+    return usage_error("no log given");
+  }
   if ((!opt.trace_path.empty() && refuse_over_log(opt.trace_path, "trace")) ||
       (!opt.html_path.empty() && refuse_over_log(opt.html_path, "HTML page")) ||
       (!opt.output_path.empty() && refuse_over_log(opt.output_path, "report")))
-    return kExitUsage;
+    return kExitCantCreate;
 
   try {
     // Every log is read even when one fails: in a multi-rank run the ranks that did write a log
@@ -262,6 +281,7 @@ int report_main(int argc, char **argv) {
         }
       }
       if (f != "-") r->log().file = shown;
+      r->log().running = still_running(h);
       readers.push_back(std::move(r));
     }
     if (const int refused = pick_run(readers, run)) return refused;

@@ -162,6 +162,7 @@ Json log_json(const Model &m, std::size_t i) {
           {"signal", l.end_signal ? Json(*l.end_signal) : Json(nullptr)},
           {"signal_name", l.end_signal_name.empty() ? Json(nullptr) : Json(l.end_signal_name)},
           {"truncated", l.truncated()},
+          {"running", l.running && !l.end_ts},
           {"has_end", l.end_ts.has_value()},
           {"partial_last_line", l.partial_last_line},
           {"has_summary", l.summary.has_value()},

@@ -236,9 +236,13 @@ int Model::exit_status(const ReportOptions &opt) const {
     if (c.count > 0 || c.at_exit.value_or(0) > 0) status = kExitFindings;
   }
   if (opt.fail_on_leaks && leak_count > 0) status = kExitFindings;
-  // A crash or strict mode's abort fails the gate even without a finding record.
+  // A crash or strict mode's abort fails the gate even without a finding record, and so does a
+  // log without its end record whose process is not running any more: killed (SIGKILL, out of
+  // memory, a time limit) before it could say what it left.
   for (const auto &o : outcomes)
-    if (o.status == Status::Crashed || o.status == Status::Aborted) status = kExitFindings;
+    if (o.status == Status::Crashed || o.status == Status::Aborted ||
+        (o.status == Status::Truncated && !o.running))
+      status = kExitFindings;
   for (const auto &e : errors) status = std::max(status, e.exit_status);
   return status;
 }

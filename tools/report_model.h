@@ -251,6 +251,7 @@ struct ErrorPoint {
 
 struct Outcome {
   Status status = Status::Complete;
+  bool running = false;  // Truncated only: the process is still alive (Log::running)
   std::optional<std::int64_t> signal;
   std::string signal_name;
   std::optional<Crash> crash;

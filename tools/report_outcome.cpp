@@ -160,6 +160,7 @@ Outcome OutcomeTracker::finish(const Log &log) {
   Impl &d = *impl_;
   Outcome o;
   o.status = log.status();
+  o.running = o.status == Status::Truncated && log.running;
   o.signal = log.end_signal;
   o.signal_name = log.end_signal_name;
   if (log.crash) {

@@ -138,12 +138,13 @@ std::string status_text(const Log &l) {
     case Status::Aborted:
       return "aborted (strict mode stopped the process at a finding)";
     case Status::Truncated: {
-      std::vector<std::string> why{"no end record"};
-      if (l.partial_last_line) why.push_back("the last line is cut off");
-      return fmt::format(
-          "truncated ({}): the process ended before the log did; the report covers what was "
-          "written",
-          join(why, ", "));
+      if (l.running)
+        return fmt::format(
+            "still running (no end record yet): pid {} is alive on this host; the report covers "
+            "what was written so far",
+            l.header.pid);
+      return fmt::format("ended without its end record (killed?){}: the report covers what was written",
+                         l.partial_last_line ? ", the last line cut off" : "");
     }
   }
   return "?";
@@ -589,7 +590,10 @@ void write_outcomes(const Model &m, const ReportOptions &opt, std::ostream &out)
     }
     if (o.status == Status::Aborted)
       out << "  aborted: strict mode stopped the process at a finding (see Findings)\n";
-    if (o.status == Status::Truncated)
+    if (o.status == Status::Truncated && o.running)
+      out << "  still running: the log has no end record yet (its process is alive on this "
+             "host)\n";
+    else if (o.status == Status::Truncated)
       out << "  the log ends without an end record: the process was killed (SIGKILL, out of "
              "memory, a time limit), exited with _exit, or the log was cut off\n";
     const ErrorPoint *first = o.first_sticky ? &*o.first_sticky
@@ -663,7 +667,8 @@ void write_headline(const Model &m, std::ostream &out) {
   for (const auto &o : m.outcomes) {
     const char *word = o.status == Status::Crashed   ? ", CRASHED"
                        : o.status == Status::Aborted ? ", ABORTED"
-                       : o.status == Status::Truncated ? ", TRUNCATED"
+                       : o.status == Status::Truncated && o.running ? ", STILL RUNNING"
+                       : o.status == Status::Truncated               ? ", TRUNCATED"
                                                        : "";
     if (*word && state.find(word) == std::string::npos) state += word;
   }

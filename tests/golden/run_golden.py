@@ -23,6 +23,11 @@ CASES = {
     'ranks-json': (['--json', 'logs/rank0.log', 'logs/rank1.log'], 1),
     'truncated': (['logs/truncated.log'], 1),
     'truncated-json': (['--json', 'logs/truncated.log'], 1),
+    # Killed without a finding (SIGKILL, out of memory, a time limit): no end record, and its
+    # process is not running here. Not a clean run: 1 (it was 0).
+    'killed': (['logs/killed.log'], 1),
+    'killed-json': (['--json', 'logs/killed.log'], 1),
+    'killed-fail-on-leaks': (['--fail-on-leaks', 'logs/killed.log'], 1),
     'format2': (['logs/format2.log'], 66),
     'unknown': (['logs/unknown.log'], 0),
     'unknown-json': (['--json', 'logs/unknown.log'], 0),

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 FAILURES = []
 
@@ -90,6 +91,43 @@ def completion_options(comp, cmd):
     script = (f"source {comp}; COMP_WORDS=(cumemguard {cmd} -); COMP_CWORD=2; _cumemguard; "
               "printf '%s\\n' \"${COMPREPLY[@]}\"")
     return set(run(["bash", "-c", script]).stdout.split()) - {"--"}
+
+
+def completion_values(comp, words, cwd):
+    """The words the completion offers for the last of `words` (after `cumemguard`), in cwd."""
+    quoted = " ".join("'" + w + "'" for w in ["cumemguard"] + words)
+    script = (f"source {comp}; COMP_WORDS=({quoted}); COMP_CWORD={len(words)}; _cumemguard; "
+              "printf '%s\\n' \"${COMPREPLY[@]}\"")
+    return set(run(["bash", "-c", script], cwd=cwd).stdout.split())
+
+
+def completion_values_check(comp, source):
+    """An output slot never offers an event log (`report --trace <TAB>` offered *.log: the
+    mistake of `report --trace LOG`); --torch-version offers the releases the judge knows."""
+    d = tempfile.mkdtemp(prefix="cmg-cli-")
+    try:
+        for f in ("cumemguard.a.1.log", "trace.json", "page.html", "notes.txt"):
+            open(os.path.join(d, f), "w").close()
+        os.mkdir(os.path.join(d, "out"))
+        for words, want in ((["report", "--trace", ""], {"trace.json", "out"}),
+                            (["report", "--html", ""], {"page.html", "out"}),
+                            (["report", "-o", ""], {"trace.json", "page.html", "notes.txt", "out"}),
+                            (["report", "--output", ""],
+                             {"trace.json", "page.html", "notes.txt", "out"}),
+                            (["report", ""], {"cumemguard.a.1.log", "out"})):
+            got = completion_values(comp, words, d)
+            check(got == want, f"completion of cumemguard {' '.join(words)}<TAB>: {sorted(got)}, "
+                               f"expected {sorted(want)}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    rows = open(os.path.join(source, "policy", "torch_releases.def")).read()
+    releases = set(re.findall(r'^TORCH_RELEASE\("([^"]+)"', rows, re.M))
+    got = completion_values(comp, ["config", "--torch-version", ""], source)
+    check(releases and got == releases,
+          f"completion of config --torch-version: {sorted(got)}, expected {sorted(releases)}")
+    got = completion_values(comp, ["config", "--torch-version", "2.1"], source)
+    check(got == {r for r in releases if r.startswith("2.1")},
+          f"completion of config --torch-version 2.1: {sorted(got)}")
 
 
 def main():
@@ -169,6 +207,8 @@ def main():
                 p = run([a.cg, cmd, opt, "x"], stdin=subprocess.DEVNULL, cwd=a.build)
                 check("unknown option" not in p.stderr,
                       f"{cmd} {opt}: --help lists it, the parser does not know it: {p.stderr!r}")
+
+    completion_values_check(comp, os.path.abspath(a.source))
 
     # One wording for an option a command does not know: run's, with its --help named.
     for cmd in ("run", "report", "config"):

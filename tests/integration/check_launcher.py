@@ -788,6 +788,60 @@ def first_use(e):
           "STATUS_DIR" not in mode[0], f"report header: {mode} {p.stderr[-300:]!r}")
 
 
+def log_without_end(e):
+    """A log without its end record: its process still running (read mid-run: 0, said) or killed
+    (SIGKILL: 1, said, also with --fail-on-leaks and in JSON; it was 0)."""
+    d = e.logdir()
+    prog = ("import ctypes, sys, time\n"
+            "rt = ctypes.CDLL('libcudart.so.13')\n"
+            "p = ctypes.c_void_p()\n"
+            "rt.cudaMalloc(ctypes.byref(p), 1 << 20)\n"
+            "print('allocated', flush=True)\n"
+            "time.sleep(120)\n")
+    env = dict(e.env, CUMEMGUARD_LOG=os.path.join(d, "live.log"))
+    child = subprocess.Popen(["python3", "-c", prog], cwd=d, stdout=subprocess.PIPE, text=True,
+                             env=dict(env, LD_PRELOAD=e.shim))
+    try:
+        check(child.stdout.readline().strip() == "allocated", "the sleeping program did not start")
+        log = os.path.join(d, "live.log")
+        p = e.run(["report", "--no-symbolize", log])
+        head = p.stdout.splitlines()[0] if p.stdout else ""
+        check(p.returncode == 0 and head.endswith(", STILL RUNNING") and
+              f"still running (no end record yet): pid {child.pid} is alive on this host" in
+              p.stdout, f"report of a running process: rc {p.returncode} {p.stdout[:600]!r}")
+        j = e.run(["report", "--json", log])
+        doc = json.loads(j.stdout) if j.stdout.startswith("{") else {}
+        check(j.returncode == 0 and doc.get("exit_status") == 0 and
+              doc["logs"][0].get("running") is True,
+              f"report --json of a running process: rc {j.returncode} {j.stdout[:300]!r}")
+    finally:
+        child.kill()
+        child.wait()
+    for args in ([], ["--fail-on-leaks"]):
+        p = e.run(["report", "--no-symbolize"] + args + [log])
+        check(p.returncode == 1 and
+              p.stdout.startswith("cumemguard report: 1 log, no findings; leaks not known, "
+                                  "TRUNCATED") and
+              "status   ended without its end record (killed?): " in p.stdout,
+              f"report {args} of a killed process: rc {p.returncode} {p.stdout[:600]!r}")
+    j = e.run(["report", "--json", log])
+    doc = json.loads(j.stdout) if j.stdout.startswith("{") else {}
+    check(j.returncode == 1 and doc.get("exit_status") == 1 and doc["logs"][0].get("running") is False,
+          f"report --json of a killed process: rc {j.returncode} {j.stdout[:300]!r}")
+    # Its pid given to a newer process: a log older than the process is not that process's.
+    with open(log) as f:
+        lines = f.read().splitlines(True)
+    hdr = json.loads(lines[0])
+    hdr["pid"] = os.getpid()
+    hdr["start_unix_ns"] = 1_000_000_000 * 1_000_000_000  # 2001, before this process started
+    reused = os.path.join(d, "reused.log")
+    with open(reused, "w") as f:
+        f.write(json.dumps(hdr) + "\n" + "".join(lines[1:]))
+    p = e.run(["report", "--no-symbolize", reused])
+    check(p.returncode == 1 and "(killed?)" in p.stdout,
+          f"report of a log whose pid was reused: rc {p.returncode} {p.stdout[:400]!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cg", required=True)
@@ -797,7 +851,8 @@ def main():
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
                  read_with, suppressions, generated_suppressions, runs_apart, option_rule,
                  log_target, log_unset_variable, alloc_conf_once,
-                 alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use):
+                 alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use,
+                 log_without_end):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed (files kept in {e.tmp})")

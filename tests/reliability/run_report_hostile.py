@@ -129,14 +129,35 @@ def case_no_overwrite(exe, tmp):
     with open(a, "rb") as f:
         before = f.read()
     # `cumemguard report --trace cumemguard.*.log`: the glob fills the output slot.
-    for opt in ("--trace", "--html", "-o"):
-        rc, out, err = report(exe, [opt, a, b])
-        expect(rc == 64, f"{opt}: exit status {rc}, expected 64 (usage)")
+    # An output that is a log cannot be written: 73, as for any output that cannot be (it was
+    # 64), whatever name reaches it: the same path, another spelling, a symlink, a hard link.
+    sym, hard = os.path.join(tmp, "page.html"), os.path.join(tmp, "hard.html")
+    os.symlink(a, sym)
+    os.link(a, hard)
+    dot = os.path.join(tmp, ".", os.path.basename(a))
+    for opt, target in (("--trace", a), ("--html", a), ("-o", a), ("-o", dot), ("--html", sym),
+                        ("--html", hard), ("--trace", sym), ("-o", hard)):
+        rc, out, err = report(exe, [opt, target, a, b])
+        expect(rc == 73, f"{opt} {target}: exit status {rc}, expected 73 (cannot write)")
         lines = err.decode().strip().splitlines()
-        expect(len(lines) == 1 and "cumemguard event log" in lines[0],
-               f"{opt}: not one line saying why: {err!r}")
+        expect(len(lines) == 1 and "it is a cumemguard event log" in lines[0],
+               f"{opt} {target}: not one line saying why: {err!r}")
         with open(a, "rb") as f:
-            expect(f.read() == before, f"{opt}: the log was overwritten")
+            expect(f.read() == before, f"{opt} {target}: the log was overwritten")
+    # The output operand forgotten: the log went to the output slot and no log is left. Said, 64.
+    for opt, out_name in (("--trace", "OUT.json"), ("--html", "OUT.html"), ("-o", "OUT")):
+        rc, out, err = report(exe, [opt, a])
+        want = (f"cumemguard report: no log given: {opt} takes an output file first, then the "
+                f"logs: cumemguard report {opt} {out_name} LOG... ({a} was taken as the output) "
+                "(see cumemguard report --help)\n")
+        expect(rc == 64 and err.decode() == want and not out,
+               f"{opt} LOG alone: rc {rc} {err!r}")
+    # Two reports for stdout: refused, not one of them silently dropped (it printed the rules, 0).
+    rc, out, err = report(exe, ["--json", "--gen-suppressions", a])
+    expect(rc == 64 and not out and err.decode() ==
+           "cumemguard report: --gen-suppressions prints rules, not a JSON report: give one of "
+           "them (see cumemguard report --help)\n",
+           f"--json --gen-suppressions: rc {rc} {out[:200]!r} {err!r}")
     # An output that is not a log is written as asked.
     out_path = os.path.join(tmp, "trace.json")
     with open(out_path, "w") as f:
