@@ -687,6 +687,9 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
                                                 : "'" + shown(printable(r.options, row)) + "'";
       bad.add(std::move(msg));
       rejected[row] = true;
+      // The value refused, for `cumemguard config` to show, unless a valid one was set before.
+      if (source[row] == OptionSource::Default || source[row] == OptionSource::Profile)
+        raw[row] = x->value;
       continue;
     }
     r.options = std::move(trial);

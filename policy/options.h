@@ -80,7 +80,7 @@ std::string_view option_source_name(OptionSource s);  // "default", "profile", "
 struct OptionValue {
   const OptionSpec *spec;
   OptionSource source;
-  std::string raw;        // as set (empty for Default and Profile)
+  std::string raw;        // as set (empty for Default and Profile), or the value rejected
   std::string effective;  // as used, printed form
   bool rejected = false;  // set, but the value was refused (the default was kept)
 };

@@ -37,10 +37,10 @@ constexpr ExitStatus kTopExits[] = {
      "(leaks only with --fail-on-leaks), or when no process of the run loaded the shim (a static "
      "or setuid program: nothing was checked), unless the program was killed by a signal"},
     {"64",
-     "a usage error: an unknown command or option, a bad argument or value; for run, a "
-     "CUMEMGUARD_* setting (from -e or the environment) that cannot apply, a suppressions file "
-     "that cannot be read, an event log name whose %q{VAR} is not set or with an unknown "
-     "placeholder, or an option given with an -e of the setting it makes"},
+     "a usage error: an unknown command or option, a bad argument or value; for run and config, "
+     "a CUMEMGUARD_* setting (from -e or the environment) that cannot apply; for run, a "
+     "suppressions file that cannot be read, an event log name whose %q{VAR} is not set or with "
+     "an unknown placeholder, or an option given with an -e of the setting it makes"},
     {"66",
      "an input cannot be read: a log for report; the shim for run (CUMEMGUARD_SHIM_PATH names "
      "no file, or a file that is not libcumemguard.so)"},
@@ -288,8 +288,13 @@ constexpr ExitStatus kConfigExits[] = {
      "PyTorch would fail on it (an exception at the first CUDA allocation, or an abort "
      "during import torch)"},
     {"64",
+<<<<<<< HEAD
      "bad arguments; with --run, a CUMEMGUARD_* setting that cumemguard run would refuse (one "
      "line each, as run says it)"},
+=======
+     "bad arguments, or a CUMEMGUARD_* setting that cannot apply (said first; cumemguard run "
+     "refuses it with 64 too)"},
+>>>>>>> 6fc277f (config: settings that cannot apply come first and exit 64, as run refuses them; their value kept)
 };
 
 constexpr std::array<Command, 4> kCommands = {{

@@ -299,7 +299,8 @@ json options_json(const ParsedOptions &po, const std::set<std::string_view> &by_
          {"debug_default", std::string(v.spec->debug_value)},
          {"effective", v.effective},
          {"source", by_run.count(v.spec->name) ? std::string("cumemguard run") : option_source(v)},
-         {"raw", v.source == OptionSource::Environment || v.source == OptionSource::Options
+         {"raw", v.source == OptionSource::Environment || v.source == OptionSource::Options ||
+                         v.rejected
                      ? json(v.raw)
                      : json(nullptr)},
          {"help", std::string(v.spec->help)}});
@@ -532,7 +533,14 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   // Judged, diagnosed and planned with the release's own grammar (its keys, its parser).
   const tc::Judgement jd = tc::judge(tenv, choice.version, choice.source);
   const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf, jd.grammar);
-  const int status = jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk : kExitTorchFails;
+  // A CUMEMGUARD_* setting that cannot apply is what `cumemguard run` refuses with 64: the same
+  // status here, and said first (the option listing is long). A name set twice is let through.
+  std::vector<std::string> refused;
+  for (std::size_t k = 0; k < po.problems.size(); ++k)
+    if (po.problem_kinds[k] != ProblemKind::Repeated) refused.push_back(po.problems[k]);
+  const int status = !refused.empty() ? kExitUsage
+                     : jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk
+                                                              : kExitTorchFails;
 
   if (args.json) {
     json j{
@@ -549,6 +557,13 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
         {"exit_status", status}};
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
+    if (!refused.empty()) {
+      out << "cumemguard options: " << refused.size()
+          << (refused.size() == 1 ? " setting" : " settings")
+          << " cannot apply (cumemguard run refuses to start; the shim would keep the default):\n";
+      for (const std::string &r : refused) out << "  " << r << '\n';
+      out << '\n';
+    }
     print_torch_text(out, tenv, p, jd, override_raw);
     print_options_text(out, po, env, by_run);
   }

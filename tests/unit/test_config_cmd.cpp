@@ -287,3 +287,33 @@ TEST_CASE("config's outcome names the release that accepts, and says when none w
                       "is the default release's answer)\n") != std::string::npos);
   CHECK(none.out.find("PyTorch accepts") == std::string::npos);
 }
+
+// A setting `cumemguard run` refuses is said on the first screen and exits 64 as run does (it
+// exited 0 with "problems: none", PyTorch's, at the top and the value lost from the JSON).
+TEST_CASE("config: settings that cannot apply come first, keep their value, exit 64",
+          "[config_cmd]") {
+  const std::vector<std::string> env{"CUMEMGUARD_STACKS=abc", "CUMEMGUARD_STAKS=4"};
+  Run t = run({"--torch-version", "2.11"}, env);
+  CHECK(t.status == 64);
+  CHECK(t.out.rfind("cumemguard options: 2 settings cannot apply (cumemguard run refuses to "
+                    "start; the shim would keep the default):\n"
+                    "  unknown option CUMEMGUARD_STAKS (did you mean CUMEMGUARD_STACKS?); "
+                    "ignored\n"
+                    "  CUMEMGUARD_STACKS: 'abc' is not valid: not a whole number; keeping '0'\n\n"
+                    "PyTorch allocator configuration",
+                    0) == 0);
+  Run j = run({"--json", "--torch-version", "2.11"}, env);
+  CHECK(j.status == 64);
+  auto doc = j.json();
+  CHECK(doc["exit_status"] == 64);
+  CHECK(option_row(doc, "CUMEMGUARD_STACKS")["source"] == "invalid");
+  CHECK(option_row(doc, "CUMEMGUARD_STACKS")["raw"] == "abc");
+  // An entry of CUMEMGUARD_OPTIONS refused: its value too.
+  auto o = run({"--json"}, {"CUMEMGUARD_OPTIONS=stacks=xyz"}).json();
+  CHECK(option_row(o, "CUMEMGUARD_STACKS")["raw"] == "xyz");
+  CHECK(o["exit_status"] == 64);
+  // A name set twice is let through by run: not a refusal here either.
+  Run twice = run({"--torch-version", "2.11"}, {"CUMEMGUARD_MODE=strict", "CUMEMGUARD_MODE=report"});
+  CHECK(twice.status == 0);
+  CHECK(twice.out.rfind("PyTorch allocator configuration", 0) == 0);
+}
