@@ -42,6 +42,12 @@ def main():
     r = _cuda.cudart().cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(base))
     print(f"cudaIpcGetMemHandle {r}", flush=True)
     if r != 0:
+        if not use_torch:
+            buf.free()
+        # The driver refuses legacy IPC of VMM memory (invalid argument); the bridge exports it.
+        print(f"exporter.py: cudaIpcGetMemHandle failed ({r}): legacy CUDA IPC cannot export VMM "
+              "memory, so no handle file was written; run the pair under cumemguard run -e "
+              "CUMEMGUARD_IPC=bridge (docs/ipc-bridge.md)", file=sys.stderr, flush=True)
         return 1
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Opens the buffer examples/exporter.py shared (cudaIpcOpenMemHandle), reads it back at the opened
 # pointer plus the buffer's offset, and checks every byte. See exporter.py for how to run the pair.
-#   importer.py HANDLE_FILE     (waits up to 120 s for the file)
+#   importer.py HANDLE_FILE [--wait SECONDS]     (waits up to 120 s for the file by default)
 import ctypes
 import json
 import os
@@ -14,12 +14,23 @@ import _cuda  # noqa: E402
 
 
 def main():
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: importer.py HANDLE_FILE")
-    path = sys.argv[1]
-    deadline = time.monotonic() + 120
+    args = sys.argv[1:]
+    wait = 120.0
+    if len(args) == 3 and args[1] == "--wait":
+        try:
+            wait = float(args[2])
+        except ValueError:
+            wait = -1
+        args = args[:1]
+    if len(args) != 1 or wait < 0:
+        raise SystemExit("usage: importer.py HANDLE_FILE [--wait SECONDS]")
+    path = args[0]
+    deadline = time.monotonic() + wait
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not os.path.exists(path):
+        raise SystemExit(f"importer.py: no handle file {path}: run the exporter first (under "
+                         "cumemguard run -e CUMEMGUARD_IPC=bridge)")
     job = json.load(open(path))
     rt = _cuda.cudart()
     h = _cuda.IpcHandle()

@@ -68,6 +68,20 @@ def main():
         check(p.returncode == 1 and "cudaIpcGetMemHandle 1" in p.stdout and
               "warning: ipc-vmm" in p.stderr, f"exporter.py without the bridge: {p.returncode} "
               f"{p.stdout!r} {p.stderr[-300:]!r}")
+        # It says why and what to run (it said only "cudaIpcGetMemHandle 1"), frees its buffer,
+        # and writes no handle file.
+        check("exporter.py: cudaIpcGetMemHandle failed (1): legacy CUDA IPC cannot export VMM "
+              "memory, so no handle file was written; run the pair under cumemguard run -e "
+              "CUMEMGUARD_IPC=bridge (docs/ipc-bridge.md)\n" in p.stderr and
+              "leaks:" not in p.stderr and not os.path.exists(h),
+              f"exporter.py without the bridge, its explanation: {p.stderr[-600:]!r}")
+        # The importer without a handle file: one line and 1 (it was a FileNotFoundError
+        # traceback).
+        p = run([py, os.path.join(ex, "importer.py"), h, "--wait", "0"])
+        check(p.returncode == 1 and not p.stdout and p.stderr ==
+              f"importer.py: no handle file {h}: run the exporter first (under cumemguard run -e "
+              "CUMEMGUARD_IPC=bridge)\n",
+              f"importer.py without a handle file: {p.returncode} {p.stderr[-400:]!r}")
         exp = subprocess.Popen([cg, "run", "--no-log", "-e", "CUMEMGUARD_IPC=bridge", "--", py,
                                 os.path.join(ex, "exporter.py"), h], env=env, cwd=d,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
