@@ -619,6 +619,27 @@ class Cleanup(unittest.TestCase):
 
 
 class Findings(unittest.TestCase):
+    def test_readme_snippet(self):
+        """The README's findings check names the missing shim (it was a bare AssertionError,
+        findings() being None without it) and passes under the shim."""
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                               "README.md")) as f:
+            readme = f.read()
+        lines = [l.split("  #")[0] for l in readme.splitlines()
+                 if l.startswith("assert cumemguard.")]
+        self.assertEqual(len(lines), 2, lines)
+        self.assertTrue(lines[0].startswith("assert cumemguard.active().loaded, "), lines)
+        p = subprocess.run([sys.executable, "-c", "import cumemguard\n" + "\n".join(lines)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=child_env(), timeout=120)
+        if SHIM:
+            self.assertEqual((p.returncode, p.stderr), (0, ""))
+        else:
+            self.assertEqual(p.returncode, 1)
+            self.assertTrue(p.stderr.endswith(
+                "AssertionError: the cumemguard shim is not loaded: run under cumemguard run\n"),
+                p.stderr)
+
     def test_findings_and_stats(self):
         if not SHIM:
             self.assertIsNone(cumemguard.findings())
