@@ -299,10 +299,10 @@ json options_json(const ParsedOptions &po, const std::set<std::string_view> &by_
          {"debug_default", std::string(v.spec->debug_value)},
          {"effective", v.effective},
          {"source", by_run.count(v.spec->name) ? std::string("cumemguard run") : option_source(v)},
-         {"raw", v.source == OptionSource::Environment || v.source == OptionSource::Options ||
-                         v.rejected
-                     ? json(v.raw)
-                     : json(nullptr)},
+         {"raw",
+          v.source == OptionSource::Environment || v.source == OptionSource::Options || v.rejected
+              ? json(v.raw)
+              : json(nullptr)},
          {"help", std::string(v.spec->help)}});
   }
   return a;
@@ -538,7 +538,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   std::vector<std::string> refused;
   for (std::size_t k = 0; k < po.problems.size(); ++k)
     if (po.problem_kinds[k] != ProblemKind::Repeated) refused.push_back(po.problems[k]);
-  const int status = !refused.empty() ? kExitUsage
+  const int status = !refused.empty()                         ? kExitUsage
                      : jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk
                                                               : kExitTorchFails;
 

@@ -213,10 +213,9 @@ int report_main(int argc, char **argv) {
     return usage_error("--gen-suppressions prints rules, not a JSON report: give one of them");
   if (files.empty()) {
     // `report --trace k.log`: the log went to the output slot, which takes a file first.
-    for (const auto &[name, path, out] :
-         {std::tuple{"--trace", &opt.trace_path, "OUT.json"},
-          std::tuple{"--html", &opt.html_path, "OUT.html"},
-          std::tuple{"-o", &opt.output_path, "OUT"}})
+    for (const auto &[name, path, out] : {std::tuple{"--trace", &opt.trace_path, "OUT.json"},
+                                          std::tuple{"--html", &opt.html_path, "OUT.html"},
+                                          std::tuple{"-o", &opt.output_path, "OUT"}})
       if (!path->empty() && is_log(*path))
         return usage_error(fmt::format(
             "no log given: {} takes an output file first, then the logs: cumemguard report {} "

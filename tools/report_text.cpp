@@ -143,8 +143,9 @@ std::string status_text(const Log &l) {
             "still running (no end record yet): pid {} is alive on this host; the report covers "
             "what was written so far",
             l.header.pid);
-      return fmt::format("ended without its end record (killed?){}: the report covers what was written",
-                         l.partial_last_line ? ", the last line cut off" : "");
+      return fmt::format(
+          "ended without its end record (killed?){}: the report covers what was written",
+          l.partial_last_line ? ", the last line cut off" : "");
     }
   }
   return "?";
@@ -665,11 +666,11 @@ void write_suppressed(const Model &m, std::ostream &out) {
 void write_headline(const Model &m, std::ostream &out) {
   std::string state;
   for (const auto &o : m.outcomes) {
-    const char *word = o.status == Status::Crashed   ? ", CRASHED"
-                       : o.status == Status::Aborted ? ", ABORTED"
+    const char *word = o.status == Status::Crashed                  ? ", CRASHED"
+                       : o.status == Status::Aborted                ? ", ABORTED"
                        : o.status == Status::Truncated && o.running ? ", STILL RUNNING"
-                       : o.status == Status::Truncated               ? ", TRUNCATED"
-                                                       : "";
+                       : o.status == Status::Truncated              ? ", TRUNCATED"
+                                                                    : "";
     if (*word && state.find(word) == std::string::npos) state += word;
   }
   const std::vector<std::string> classes = finding_classes(m);

@@ -313,7 +313,8 @@ TEST_CASE("config: settings that cannot apply come first, keep their value, exit
   CHECK(option_row(o, "CUMEMGUARD_STACKS")["raw"] == "xyz");
   CHECK(o["exit_status"] == 64);
   // A name set twice is let through by run: not a refusal here either.
-  Run twice = run({"--torch-version", "2.11"}, {"CUMEMGUARD_MODE=strict", "CUMEMGUARD_MODE=report"});
+  Run twice =
+      run({"--torch-version", "2.11"}, {"CUMEMGUARD_MODE=strict", "CUMEMGUARD_MODE=report"});
   CHECK(twice.status == 0);
   CHECK(twice.out.rfind("PyTorch allocator configuration", 0) == 0);
 }
