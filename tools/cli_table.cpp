@@ -288,13 +288,8 @@ constexpr ExitStatus kConfigExits[] = {
      "PyTorch would fail on it (an exception at the first CUDA allocation, or an abort "
      "during import torch)"},
     {"64",
-<<<<<<< HEAD
-     "bad arguments; with --run, a CUMEMGUARD_* setting that cumemguard run would refuse (one "
-     "line each, as run says it)"},
-=======
-     "bad arguments, or a CUMEMGUARD_* setting that cannot apply (said first; cumemguard run "
-     "refuses it with 64 too)"},
->>>>>>> 6fc277f (config: settings that cannot apply come first and exit 64, as run refuses them; their value kept)
+     "bad arguments, or a CUMEMGUARD_* setting that cannot apply, with or without --run (said "
+     "first, one line each, as cumemguard run says it; run refuses it with 64 too)"},
 };
 
 constexpr std::array<Command, 4> kCommands = {{
