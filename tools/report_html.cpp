@@ -164,7 +164,8 @@ void outcomes_html(const Model &m, std::ostream &out) {
     if (!o.explain()) continue;
     out << "<div class=\"what\"><b>" << esc(m.label(i)) << "</b> <span class=\"sub\">"
         << esc(m.logs[i].file) << "</span> &mdash; status <span class=\"bad\">"
-        << status_name(o.status) << (o.signal_name.empty() ? "" : " (" + esc(o.signal_name) + ")")
+        << (o.status == Status::Truncated && o.running ? "still running" : status_name(o.status))
+        << (o.signal_name.empty() ? "" : " (" + esc(o.signal_name) + ")")
         << "</span>";
     if (o.crash) {
       out << fmt::format("<div>killed by {} in thread {} at</div>", esc(o.signal_name),
@@ -287,12 +288,14 @@ void tables_html(const Model &m, std::ostream &out) {
     const Log &l = m.logs[i];
     std::string argv;
     for (const auto &a : l.header.argv) argv += (argv.empty() ? "" : " ") + a;
+    // A log without its end record whose process is alive on this host (the text report's rule).
+    const bool running = l.status() == Status::Truncated && l.running;
     out << fmt::format(
         "<tr class=\"process\"><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td>"
         "<td>{}</td><td class=\"{}\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
         esc(m.label(i)), esc(argv), esc(log_label(l)), esc(l.header.host), esc(l.header.mode),
-        l.status() == Status::Complete ? "ok" : "bad", status_name(l.status()), l.records,
-        esc(l.file));
+        l.status() == Status::Complete || running ? "ok" : "bad",
+        running ? "still running" : status_name(l.status()), l.records, esc(l.file));
   }
   out << "</table>\n";
   if (!m.memory.empty()) {

@@ -814,6 +814,12 @@ def log_without_end(e):
         check(j.returncode == 0 and doc.get("exit_status") == 0 and
               doc["logs"][0].get("running") is True,
               f"report --json of a running process: rc {j.returncode} {j.stdout[:300]!r}")
+        page = os.path.join(d, "live.html")
+        h = e.run(["report", "--html", page, log])
+        html = open(page).read() if os.path.exists(page) else ""
+        check(h.returncode == 0 and "still running" in html and ">truncated<" not in html,
+              f"report --html of a running process: rc {h.returncode}, 'still running' in the "
+              f"page: {'still running' in html}, '>truncated<': {'>truncated<' in html}")
     finally:
         child.kill()
         child.wait()
@@ -824,6 +830,12 @@ def log_without_end(e):
                                   "TRUNCATED") and
               "status   ended without its end record (killed?): " in p.stdout,
               f"report {args} of a killed process: rc {p.returncode} {p.stdout[:600]!r}")
+    page = os.path.join(d, "killed.html")
+    h = e.run(["report", "--html", page, log])
+    html = open(page).read() if os.path.exists(page) else ""
+    check(h.returncode == 1 and "still running" not in html and ">truncated<" in html,
+          f"report --html of a killed process: rc {h.returncode}, 'still running' in the page: "
+          f"{'still running' in html}")
     j = e.run(["report", "--json", log])
     doc = json.loads(j.stdout) if j.stdout.startswith("{") else {}
     check(j.returncode == 1 and doc.get("exit_status") == 1 and doc["logs"][0].get("running") is False,
