@@ -35,7 +35,8 @@ constexpr ExitStatus kTopExits[] = {
     {"N",
      "run --error-exitcode N when a process of the run had findings that are not suppressed "
      "(leaks only with --fail-on-leaks), or when no process of the run loaded the shim (a static "
-     "or setuid program: nothing was checked), unless the program was killed by a signal"},
+     "or setuid program) or the shim was disabled (CUMEMGUARD_DISABLE): nothing was checked; "
+     "unless the program was killed by a signal"},
     {"64",
      "a usage error: an unknown command or option, a bad argument or value; for run and config, "
      "a CUMEMGUARD_* setting (from -e or the environment) that cannot apply; for run, a "
@@ -66,7 +67,7 @@ constexpr EnvVar kShimEnv[] = {
      "The libcumemguard.so that cumemguard run preloads. Unset, an installed cumemguard uses the "
      "library installed beside it (PREFIX/LIBDIR), and a build tree's uses the one in its shim/; "
      "an installed one never uses a build tree's. Set to a path that is not a file, or to a file "
-     "that is not libcumemguard.so (no ELF shared object defining cumemguard_version), the run "
+     "that is not libcumemguard.so (no ELF shared object defining cumemguard_stats_json), the run "
      "stops with status 66."},
     {"CUMEMGUARD_OPTIONS",
      "Many options in one variable, NAME=VALUE entries separated by colons "
@@ -130,10 +131,10 @@ constexpr ExitStatus kRunExits[] = {
     {"0",
      "the program exited 0 (and, with --error-exitcode, no process of the run had findings)"},
     {"N",
-     "with --error-exitcode N, when a process of the run had findings, or when no process of the "
-     "run loaded the shim (a static or setuid program, which ld.so does not preload into: nothing "
-     "was checked) (unless the program was killed by a signal: the launcher then dies of the "
-     "same signal)"},
+     "with --error-exitcode N, when a process of the run had findings, or when nothing was "
+     "checked: no process of the run loaded the shim (a static or setuid program, which ld.so "
+     "does not preload into) or the shim was disabled (CUMEMGUARD_DISABLE) (unless the program "
+     "was killed by a signal: the launcher then dies of the same signal)"},
     {"64",
      "bad options or arguments, or a CUMEMGUARD_* setting (from -e or the environment) that "
      "cannot apply; an unreadable suppressions file; an event log name whose %q{VAR} is not set "
@@ -141,7 +142,7 @@ constexpr ExitStatus kRunExits[] = {
      "and -e CUMEMGUARD_LOG=...)"},
     {"66",
      "the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file), or is not "
-     "libcumemguard.so (an ELF shared object of this machine defining cumemguard_version)"},
+     "libcumemguard.so (an ELF shared object of this machine defining cumemguard_stats_json)"},
     {"71", "the program could not be started (fork failed)"},
     {"73",
      "the event log cannot be written (no such directory, not writable, a FIFO or a device, a "

@@ -125,7 +125,7 @@ std::string disabled_warning(bool gate) {
       set = v.source == OptionSource::Options ? "CUMEMGUARD_OPTIONS=...disable=" + shown(v.raw)
                                               : "CUMEMGUARD_DISABLE=" + shown(v.raw);
   std::string line = "warning: " + set + ": the shim is disabled and checks nothing in this run";
-  if (gate) line += "; --error-exitcode can find nothing to fail on";
+  if (gate) line += "; a run that checks nothing fails --error-exitcode";
   return line;
 }
 

@@ -12,8 +12,9 @@
 
 namespace cmg::tools {
 
-// The symbol every libcumemguard.so defines (include/cumemguard.h), and only it.
-inline constexpr const char *kShimMarker = "cumemguard_version";
+// A symbol every libcumemguard.so defines (include/cumemguard.h), and only it: the policy library
+// of the Python package (libcumemguard_policy.so) defines cumemguard_version too.
+inline constexpr const char *kShimMarker = "cumemguard_stats_json";
 
 // Why `path` is not a shim this launcher may preload, or empty: it must be an ELF shared object of
 // this machine's class and byte order whose dynamic symbol table defines kShimMarker. ld.so only

@@ -136,7 +136,13 @@ bool exists(const std::string &p) {
 std::string find_shim(std::string *err) {
   // Being told wins, and is not second-guessed: a path that names no file is an error.
   if (const char *e = std::getenv("CUMEMGUARD_SHIM_PATH"); e && *e) {
-    if (exists(e)) return e;
+    // Made absolute: LD_PRELOAD is read by every process of the run, in whatever directory it
+    // runs, and a relative name there preloads nothing once a process changes directory.
+    if (exists(e)) {
+      if (*e == '/') return e;
+      char cwd[PATH_MAX];
+      return getcwd(cwd, sizeof cwd) ? std::string(cwd) + "/" + e : std::string(e);
+    }
     if (err) *err = std::string("CUMEMGUARD_SHIM_PATH=") + e + " is not a file";
     return {};
   }
@@ -602,6 +608,12 @@ int run_main(int argc, char **argv) {
   if (!unloaded.empty()) std::fprintf(stderr, "cumemguard: %s\n", unloaded.c_str());
   if (WIFSIGNALED(status)) die_of(WTERMSIG(status));
   if (!unloaded.empty() && error_exitcode) return error_exitcode;
+  // A gate over a run the shim was told not to check: it found nothing because it looked at nothing.
+  if (!disabled.empty() && error_exitcode) {
+    std::fprintf(stderr, "cumemguard: the shim was disabled in this run; exiting %d "
+                         "(--error-exitcode)\n", error_exitcode);
+    return error_exitcode;
+  }
   if (error_exitcode) {
     const std::uint64_t counted = t.findings + (a.fail_on_leaks ? t.leaks : 0);
     if (counted) {

@@ -27,6 +27,7 @@ class Env:
     def __init__(self, a):
         self.cg = os.path.abspath(a.cg)
         b = os.path.abspath(a.build)
+        self.build = b
         self.rt = os.path.join(b, "tests", "integration", "runtime_cases")
         self.fake = os.path.join(b, "tests", "fakecuda")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
@@ -53,8 +54,13 @@ def not_the_shim(e):
     with open(passwd, "w") as f:
         f.write("root:x:0:0:root:/root:/bin/sh\n")
     cudart = os.path.join(e.fake, "libcudart.so")
+    # The Python package's policy library defines cumemguard_version too (it ran unchecked, and
+    # was then blamed on a static program).
+    policy = os.path.join(e.build, "python", "libcumemguard_policy.so")
+    check(os.path.exists(policy), f"{policy} is not built")
     for path, why in ((passwd, "it is not an ELF file"),
-                      (cudart, "it defines no cumemguard_version symbol")):
+                      (cudart, "it defines no cumemguard_stats_json symbol"),
+                      (policy, "it defines no cumemguard_stats_json symbol")):
         d = e.logdir()
         p = e.run(["--error-exitcode", "9", "--", e.rt, "P29"],
                   extra={"CUMEMGUARD_SHIM_PATH": path}, cwd=d)
@@ -63,6 +69,20 @@ def not_the_shim(e):
         check(p.returncode == 66 and p.stderr == want and p.stdout == "" and not os.listdir(d),
               f"CUMEMGUARD_SHIM_PATH={path}: rc {p.returncode} {p.stderr!r} {p.stdout!r} "
               f"{os.listdir(d)}")
+
+
+def relative_shim_path(e):
+    # A relative CUMEMGUARD_SHIM_PATH went into LD_PRELOAD as written: a process that changed
+    # directory preloaded nothing (ld.so: "cannot be preloaded ... ignored"), and the gate passed.
+    shim = os.path.join(e.build, "shim", "libcumemguard.so")
+    rel = os.path.relpath(shim, e.tmp)
+    sub = e.logdir()
+    p = e.run(["--error-exitcode", "9", "--", "sh", "-c", f"cd {sub} && exec {e.rt} P29"],
+              extra={"CUMEMGUARD_SHIM_PATH": rel}, cwd=e.tmp)
+    check(p.returncode == 9 and "cannot be preloaded" not in p.stderr and
+          "double-free" in p.stderr,
+          f"CUMEMGUARD_SHIM_PATH={rel} (relative), the program in another directory: "
+          f"rc {p.returncode} {p.stderr[-600:]!r}")
 
 
 def disabled(e):
@@ -74,10 +94,14 @@ def disabled(e):
             d = e.logdir()
             p = e.run(args + gate + ["--", e.rt, "P29"], extra=extra, cwd=d)
             want = (f"cumemguard run: warning: {said}: the shim is disabled and checks nothing "
-                    "in this run" + ("; --error-exitcode can find nothing to fail on" if gate
+                    "in this run" + ("; a run that checks nothing fails --error-exitcode" if gate
                                      else "") + "\n")
             # The entry of CUMEMGUARD_OPTIONS still opens a log (of no events): listed after.
-            check(p.returncode == 0 and p.stderr.splitlines(True)[:1] == [want] and
+            # With the gate: its status, said on the last line (it exited 0: a green gate that
+            # had looked at nothing).
+            last = "cumemguard: the shim was disabled in this run; exiting 9 (--error-exitcode)\n"
+            check(p.returncode == (9 if gate else 0) and p.stderr.splitlines(True)[:1] == [want]
+                  and (not gate or p.stderr.splitlines(True)[-1:] == [last]) and
                   "warning: double-free" not in p.stderr and "second_free" in p.stdout,
                   f"disabled {extra} {args} {gate}: rc {p.returncode} {p.stderr!r}")
     p = e.run(["--", e.rt, "P29"], extra={"CUMEMGUARD_DISABLE": "0"}, cwd=e.logdir())
@@ -185,7 +209,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--static")
     e = Env(ap.parse_args())
-    for t in (not_the_shim, disabled, log_paths, option_and_env, unloaded):
+    for t in (not_the_shim, relative_shim_path, disabled, log_paths, option_and_env, unloaded):
         t(e)
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
