@@ -88,6 +88,24 @@ bool another_process_log(int fd, std::string_view run_id) {
   return false;
 }
 
+// Why a file already at the log's path must not be truncated: it holds something other than an
+// event log (a source file, a result the program wrote), which a mistyped CUMEMGUARD_LOG or a
+// placeholder expanding to an existing name would lose. Every event log starts with its header.
+// A file that cannot be read (opened write-only) is taken as before: nothing says whose it is.
+std::string not_a_log(int fd, const struct stat &st) {
+  static constexpr std::string_view kHead = "{\"cumemguard_log\":";
+  char head[kHead.size()];
+  ssize_t n;
+  do n = pread(fd, head, sizeof head, 0);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return {};
+  if (static_cast<std::size_t>(n) == sizeof head && std::string_view(head, sizeof head) == kHead)
+    return {};
+  return "it is a file of " + std::to_string(st.st_size) +
+         " bytes that is not a cumemguard event log (refused: it would be overwritten; remove it "
+         "or name another log)";
+}
+
 std::string absolute(const std::string &path) {
   if (!path.empty() && path[0] == '/') return path;
   char cwd[4096];
@@ -162,6 +180,7 @@ std::string EventLog::open(const std::string &path, std::string_view run_id, boo
     if (taken) *taken = true;
     return what + "another process of the run writes or wrote it";
   }
+  if (refuse.empty() && S_ISREG(st.st_mode) && st.st_size > 0) refuse = not_a_log(fd.fd, st);
   if (refuse.empty() && S_ISREG(st.st_mode) && ftruncate(fd.fd, 0) != 0)
     refuse = std::strerror(errno);
   if (!refuse.empty()) {

@@ -67,8 +67,9 @@ def main():
     log = os.path.join(tmp, "run.log")
     senv = dict(env)
     # CMG_TEST_SHIM: another build of the shim (an older commit's, to see the check fail there).
-    senv["LD_PRELOAD"] = os.environ.get("CMG_TEST_SHIM") or os.path.join(build, "shim",
-                                                                          "libcumemguard.so")
+    shim = os.environ.get("CMG_TEST_SHIM") or os.path.join(build, "shim", "libcumemguard.so")
+    # A sanitized build's runtime first (CMG_PRELOAD_FIRST), as in every process of its tests.
+    senv["LD_PRELOAD"] = ":".join(x for x in (os.environ.get("CMG_PRELOAD_FIRST", ""), shim) if x)
     senv["CUMEMGUARD_LOG"] = log
     p = run([prog], senv)
     if p.returncode != 0:

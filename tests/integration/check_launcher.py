@@ -736,16 +736,20 @@ def first_use(e):
     plain = dict(e.env, LD_PRELOAD=(e.env.get("LD_PRELOAD", "") + " " + e.shim).strip(),
                  CUMEMGUARD_STAKS="3", CUMEMGUARD_LOG="")
     job = (f"for i in 1 2 3 4 5 6 7 8 9 10; do {e.rt} basic >/dev/null; done; "
-           f"CUMEMGUARD_MODE=stict {e.rt} basic >/dev/null; env | grep ^CUMEMGUARD_ | sort")
+           f"CUMEMGUARD_MODE=stict {e.rt} basic >/dev/null; export -p")
     p = subprocess.run(["sh", "-c", job], env=plain, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, timeout=120)
     staks = [l for l in p.stderr.splitlines() if "CUMEMGUARD_STAKS" in l]
     mode = [l for l in p.stderr.splitlines() if "CUMEMGUARD_MODE" in l]
-    seen = [l.split("=")[0] for l in p.stdout.splitlines()]
+    # The shell's own list of its environment (a builtin: no coreutils process, whose own leaks a
+    # sanitized build's preloaded runtime reports at exit, after they closed stderr).
+    seen = sorted(l.split()[1].split("=")[0] for l in p.stdout.splitlines()
+                  if l.startswith("export CUMEMGUARD_"))
     check(p.returncode == 0 and len(staks) == 2 and len(mode) == 1 and
           "'stict' is not valid: expected one of guard|report|strict (did you mean 'strict'?)"
           in mode[0] and seen == ["CUMEMGUARD_LOG", "CUMEMGUARD_SAID", "CUMEMGUARD_STAKS"],
-          f"plain LD_PRELOAD, an unknown option in a job of 11: {staks} {mode} {seen}")
+          f"plain LD_PRELOAD, an unknown option in a job of 11: rc {p.returncode} {staks} {mode} "
+          f"{seen} {p.stderr[-300:]!r}")
     # config --run refuses what run refuses, with the same status.
     for extra, want in (({"CUMEMGUARD_STAKS": "3"},
                          "cumemguard config: --run: unknown option CUMEMGUARD_STAKS (did you mean "
@@ -799,8 +803,10 @@ def log_without_end(e):
             "print('allocated', flush=True)\n"
             "time.sleep(120)\n")
     env = dict(e.env, CUMEMGUARD_LOG=os.path.join(d, "live.log"))
+    # (A sanitized build's runtime first, as in every process of its tests: CMG_PRELOAD_FIRST.)
+    preload = ":".join(x for x in (e.env.get("LD_PRELOAD", ""), e.shim) if x)
     child = subprocess.Popen(["python3", "-c", prog], cwd=d, stdout=subprocess.PIPE, text=True,
-                             env=dict(env, LD_PRELOAD=e.shim))
+                             env=dict(env, LD_PRELOAD=preload))
     try:
         check(child.stdout.readline().strip() == "allocated", "the sleeping program did not start")
         log = os.path.join(d, "live.log")

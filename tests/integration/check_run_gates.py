@@ -33,6 +33,10 @@ class Env:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUMEMGUARD_")}
         self.env["LD_LIBRARY_PATH"] = self.fake
         self.env.pop("LD_PRELOAD", None)
+        # A sanitized build's runtime comes first in every process its shim is preloaded into
+        # (an uninstrumented sh or true included); the launcher keeps what LD_PRELOAD holds.
+        if os.environ.get("CMG_PRELOAD_FIRST"):
+            self.env["LD_PRELOAD"] = os.environ["CMG_PRELOAD_FIRST"]
         self.static = os.path.abspath(a.static) if a.static else None
         self.tmp = tempfile.mkdtemp(prefix="cmg-gates-")
 

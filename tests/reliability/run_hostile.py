@@ -229,6 +229,27 @@ def case_log_fifo(r):
     expect(len(lines) == 1 and "cannot open event log" in lines[0], f"fifo: {lines}")
 
 
+def case_log_not_a_log(r):
+    # A file that is not an event log at the log's path (a mistyped name, a placeholder that
+    # expands to an existing file) was truncated and overwritten: refused, left as it was. An
+    # earlier event log at the path is written over as before.
+    d = tempfile.mkdtemp(dir=r.tmp)
+    precious = os.path.join(d, "train.py")
+    with open(precious, "w") as f:
+        f.write("precious\n")
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": precious}, "not a log", log=False)
+    lines = clean_lines(err, "not a log")
+    expect(len(lines) == 1 and "cannot open event log " + precious + ": it is a file of 9 bytes "
+           "that is not a cumemguard event log" in lines[0], f"not a log: {lines}")
+    expect(open(precious).read() == "precious\n", "the shim overwrote a file that is not a log")
+    old = os.path.join(d, "old.log")
+    with open(old, "w") as f:
+        f.write('{"cumemguard_log":1,"pid":1}\n')
+    _, err, _, _ = r.run({"CUMEMGUARD_LOG": old}, "earlier log", log=False)
+    expect(not clean_lines(err, "earlier log") and '"pid":1}' not in open(old).read() and
+           open(old).read().startswith('{"cumemguard_log":'), "an earlier log was not written over")
+
+
 def case_log_directory(r):
     _, err, _, _ = r.run({"CUMEMGUARD_LOG": r.tmp}, "directory", log=False)
     lines = clean_lines(err, "directory")
@@ -551,6 +572,7 @@ def main():
         "log-missing-dir": case_log_missing_dir,
         "log-symlink": case_log_symlink,
         "log-fifo": case_log_fifo,
+        "log-not-a-log": case_log_not_a_log,
         "log-directory": case_log_directory,
         "log-planted-file": case_log_planted_file,
         "log-planted-open-dir": case_log_planted_open_dir,
