@@ -204,6 +204,10 @@ void NcclHolds::on_import(const PeerImport &imp) {
 
 void NcclHolds::clear() {
   std::lock_guard lk(mu_);
+  clear_locked();
+}
+
+void NcclHolds::clear_locked() {
   holds_.clear();
   sleeping_.clear();
   imports_.clear();

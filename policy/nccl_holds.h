@@ -117,13 +117,17 @@ class NcclHolds {
   void clear();
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
+  // The child has one thread and this lock (fork_prepare): cleared under it, then given back.
+  // Taking it again here, while the fork handlers registered before this one still hold theirs,
+  // reverses the order fork_prepare took them in (ThreadSanitizer: lock-order-inversion).
   void fork_child() {
+    clear_locked();
     mu_.unlock();
-    clear();
   }
 
  private:
   void count_locked() { count_.store(holds_.size(), std::memory_order_relaxed); }
+  void clear_locked();
   mutable std::mutex mu_;
   std::multimap<std::uint64_t, Hold> holds_;  // by va (BindMem: 0)
   std::atomic<std::size_t> count_{0};
