@@ -122,6 +122,23 @@ Finding stale_release_paired(std::uint64_t handle, const ThreadVmmState &pair,
   return f;
 }
 
+Finding released_again_forgotten(std::uint64_t handle, const ThreadVmmState &pair,
+                                 const ThreadVmmState::Last &l) {
+  Finding f;
+  f.cls = FindingClass::DoubleRelease;
+  f.msg = "cuMemRelease of handle " + hex(handle) + " right after a no-op unmap of " +
+          range_text(pair.base, pair.size) + ": that range's last handle had this value and was " +
+          "released when the range was put to sleep (" + at_seq(l.unmapped) + "); no call " +
+          "issued the value since (the record of its release is older than the " +
+          std::to_string(VmmModel::kReleasedKept) + " the shim keeps)";
+  f.related.push_back({"sleep-time unmap", l.unmapped});
+  f.related.push_back({"no-op unmap", pair.noop_unmap});
+  f.state_json = "{\"handle\":\"" + hex(handle) + "\",\"released\":true,\"reservation_range\":\"" +
+                 hex(pair.base) + "\",\"sleeping_alloc\":" + std::to_string(l.alloc_id) +
+                 ",\"sleeping_generation\":" + std::to_string(l.gen) + ",\"record_aged_out\":true}";
+  return f;
+}
+
 Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
                        const EventRef &replaced_by) {
   Finding f;

@@ -489,6 +489,17 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   t.gen_floor = next_gen_;
   auto it = handles_.find(handle);
   if (it == handles_.end()) {
+    // A record is forgotten only while its value is released (remember_released_locked), and a
+    // value issued again through a hooked call has one: a sleeping range of the paired no-op unmap
+    // backed by this value names a release whose record aged out (a thread descheduled between its
+    // sleep and its free while asleep). That is a double release, proven as one.
+    if (paired)
+      if (const auto l = paired_forgotten_locked(ts, handle)) {
+        t.finding = vmm_findings::released_again_forgotten(handle, ts, *l);
+        t.decision = decide(o, FindingClass::DoubleRelease, trusted());
+        if (!t.decision.skip && !t.decision.abort_first) rests_on_freed(t.decision);
+        return t;
+      }
     t.finding = vmm_findings::release_unknown(handle);
     t.decision = decide(o, FindingClass::ReleaseUnknown, false);
     return t;
@@ -552,6 +563,17 @@ VmmTicket VmmModel::begin_release(std::uint64_t handle, const EventRef &ev, Thre
   // through a path the shim does not see is otherwise not told apart (docs/limitations.md).
   if (!t.decision.skip && !t.decision.abort_first) rests_on_freed(t.decision);
   return t;
+}
+
+std::optional<ThreadVmmState::Last> VmmModel::paired_forgotten_locked(const ThreadVmmState &ts,
+                                                                      std::uint64_t handle) const {
+  for (unsigned i = 0; i < ts.nlast; ++i)
+    if (ts.last[i].handle == handle && ts.last[i].alloc_id) return ts.last[i];
+  if (!ts.more) return std::nullopt;
+  // Past the eighth: a range still asleep in the reservation (generation 0 is never issued).
+  const Sleeper *s = paired_beyond_locked(ts, handle, 0);
+  if (!s || !s->alloc_id) return std::nullopt;
+  return ThreadVmmState::Last{s->handle, s->gen, s->alloc_id, s->unmapped};
 }
 
 const Sleeper *VmmModel::paired_beyond_locked(const ThreadVmmState &ts, std::uint64_t handle,

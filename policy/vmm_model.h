@@ -304,6 +304,10 @@ class VmmModel {
   void remember_released_locked(const HandleRec &h);
   void remember_freed_res_locked(std::uint64_t base, std::uint64_t size, const EventRef &ev);
   // The pairing rule's sleeping ranges past the eighth, looked up at the release.
+  // A sleeping range of the paired no-op unmap backed by `handle`, which the model knows of
+  // (the value's own record aged out).
+  std::optional<ThreadVmmState::Last> paired_forgotten_locked(const ThreadVmmState &ts,
+                                                              std::uint64_t handle) const;
   const Sleeper *paired_beyond_locked(const ThreadVmmState &ts, std::uint64_t handle,
                                       std::uint64_t gen) const;
   void end_map_locked(VmmTicket &t, bool ok);
@@ -348,6 +352,10 @@ Finding partial_unmap(std::uint64_t va, std::uint64_t size, const Reservation &r
 Finding release_unknown(std::uint64_t handle);
 Finding stale_release_paired(std::uint64_t handle, const ThreadVmmState &pair,
                              const ThreadVmmState::Last &l, const HandleRec &h);
+// A release paired with a no-op unmap whose sleeping range this value backed, the value's record
+// aged out (released, not issued again since through a hooked call).
+Finding released_again_forgotten(std::uint64_t handle, const ThreadVmmState &pair,
+                                 const ThreadVmmState::Last &l);
 Finding released_again(std::uint64_t handle, const HandleRec &h, bool replaced,
                        const EventRef &replaced_by);
 // A release the model held as redundant (`was`: its double or stale release) whose value the

@@ -653,6 +653,50 @@ TEST_CASE("Released values are remembered by age, a bounded number of them") {
   CHECK(recent.skipped);
 }
 
+TEST_CASE("A free while asleep is a double release even after the value's record aged out") {
+  // tests/stress/vmm_race: a sleeper thread descheduled between its sleep (unmap, release) and its
+  // free while asleep (unmap again, release again) while the other threads made kReleasedKept
+  // releases. The value's record was forgotten; the sleeping range still names it. Forwarded, the
+  // release failed (the driver no longer knew the value) or freed the value's next owner.
+  Vmm t;
+  const std::uint64_t V = 0x7f0000000000, H = 0x55d0c0a0;
+  t.reserve(V, G);
+  t.create(H);
+  REQUIRE_FALSE(t.map(V, G, H));
+  REQUIRE_FALSE(t.unmap(V, G).finding);
+  REQUIRE_FALSE(t.release(H).finding);
+  auto value = [](std::size_t i) { return 0x66d0c0a00000ull + 0x100ull * i; };
+  for (std::size_t i = 0; i < VmmModel::kReleasedKept; ++i) {
+    t.create(value(i));
+    REQUIRE_FALSE(t.release(value(i)).finding);
+  }
+  REQUIRE_FALSE(t.m.handle(H).has_value());  // forgotten
+  auto u = t.unmap(V, G);
+  CHECK(cls(u) == FindingClass::UnmapUnmapped);
+  CHECK(u.skipped);
+  auto r = t.release(H, /*driver_ok=*/false);
+  CHECK(cls(r) == FindingClass::DoubleRelease);
+  CHECK(r.skipped);
+  REQUIRE(r.finding->related.size() >= 1);
+  CHECK(r.finding->related[0].what == "sleep-time unmap");
+  CHECK(r.finding->related[0].ev.seq == 4);
+  SECTION("unpaired, the same release is the driver's to answer") {
+    Vmm f;
+    f.reserve(V, G);
+    f.create(H);
+    REQUIRE_FALSE(f.map(V, G, H));
+    REQUIRE_FALSE(f.unmap(V, G).finding);
+    REQUIRE_FALSE(f.release(H).finding);
+    for (std::size_t i = 0; i < VmmModel::kReleasedKept; ++i) {
+      f.create(value(i));
+      REQUIRE_FALSE(f.release(value(i)).finding);
+    }
+    auto unpaired = f.release(H, false);
+    CHECK(cls(unpaired) == FindingClass::ReleaseUnknown);
+    CHECK_FALSE(unpaired.skipped);
+  }
+}
+
 TEST_CASE("Freed reservations are remembered by age, not by address") {
   Vmm t;
   const std::size_t n = VmmModel::kFreedResKept + 10;
