@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "diag.h"
+#include "env_write.h"
 #include "state.h"
 #include "stderr_out.h"
 #include "summary.h"
@@ -163,6 +164,17 @@ void on_load() {
                            "program links libtorch), so PyTorch already read " +
                            std::string(tc::var_name(p.writes.front().var)) +
                            "; set it before the program starts (cumemguard run does)"),
+            true);
+      } else if (p.action == tc::PlanAction::Write && !environ_write_safe()) {
+        // A shim dlopen'ed while the program's threads run: writing the environment now races
+        // with their getenv (env_write.h). Said and recorded, not applied.
+        load_finding(
+            config_finding("CUMEMGUARD_TORCH_ALLOC_CONF='" + s.opts.torch_alloc_conf +
+                           "' not applied: the shim was loaded while the program's threads were "
+                           "running (dlopen), and setting " +
+                           std::string(tc::var_name(p.writes.front().var)) +
+                           " then races with their reads of the environment; preload it "
+                           "(LD_PRELOAD, or cumemguard run)"),
             true);
       } else if (p.action == tc::PlanAction::Write) {
         for (const tc::Write &w : p.writes) {

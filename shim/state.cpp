@@ -23,6 +23,7 @@
 #include "clock.h"
 #include "crash.h"
 #include "diag.h"
+#include "env_write.h"
 #include "exiting.h"
 #include "flush.h"
 #include "handlers.h"
@@ -147,7 +148,8 @@ void fork_child() {
 // says them leaves a digest of them in CUMEMGUARD_SAID, which its children inherit; a process whose
 // problems have the same digest says nothing, one with others (its environment was changed) says
 // its own. Fatal problems (CUMEMGUARD_STRICT_CONFIG) are said by each process, since each aborts.
-// Runs in the constructor, before the program's threads: setenv() is safe there.
+// Runs in the constructor (or at the first use of the shim): the digest is left only while no
+// other thread can read the environment (env_write.h); a dlopen'ed shim's children say them again.
 void say_option_problems(const ParsedOptions &p) {
   if (p.problems.empty()) return;
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the lines, each ended by a newline
@@ -157,7 +159,7 @@ void say_option_problems(const ParsedOptions &p) {
   std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(h));
   if (!p.fatal && p.options.said == digest) return;
   for (const auto &msg : p.problems) note(LogLevel::Warn, msg);
-  setenv("CUMEMGUARD_SAID", digest, 1);
+  if (environ_write_safe()) setenv("CUMEMGUARD_SAID", digest, 1);
 }
 
 }  // namespace
