@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # `cumemguard run` refuses to start a run that would check nothing and still exit 0: a
 # CUMEMGUARD_SHIM_PATH that is not the shim (66), a log path that is a device (73), an existing
-# file there that is not a cumemguard log (73), an unknown placeholder in the log's name (64), a
+# file there that is not a cumemguard log (73), a relative CUMEMGUARD_LOG made absolute as --log is,
+# an unknown placeholder in the log's name (64), a
 # launcher option given with an -e of the setting it makes (64); and it says so when the
 # environment disables the shim, or when no process of the run loaded it (a static program), where
 # --error-exitcode N then exits N.
@@ -87,6 +88,26 @@ def relative_shim_path(e):
           "double-free" in p.stderr,
           f"CUMEMGUARD_SHIM_PATH={rel} (relative), the program in another directory: "
           f"rc {p.returncode} {p.stderr[-600:]!r}")
+
+
+def relative_log(e):
+    # A relative CUMEMGUARD_LOG (-e, the environment, an entry of CUMEMGUARD_OPTIONS) went into the
+    # environment as written: a program that changed directory wrote its log there, and the list
+    # of logs and the "read with" line named a file in the launcher's directory that was not there.
+    # Made absolute against the launcher's directory, as --log is.
+    self_cmd = os.path.realpath(e.cg)
+    for args, extra in ((["-e", "CUMEMGUARD_LOG=rel.log"], None),
+                        ([], {"CUMEMGUARD_LOG": "rel.log"}),
+                        ([], {"CUMEMGUARD_OPTIONS": "log=rel.log"})):
+        d, sub = e.logdir(), e.logdir()
+        p = e.run(["--no-summary"] + args + ["--", "sh", "-c", f"cd {sub} && exec {e.rt} P29"],
+                  extra=extra, cwd=d)
+        log = os.path.join(d, "rel.log")
+        check(p.returncode == 0 and os.listdir(d) == ["rel.log"] and os.listdir(sub) == [] and
+              p.stderr.splitlines()[-2:] == [f"cumemguard: 1 log: {log}",
+                                              f"cumemguard: read with: {self_cmd} report {log}"],
+              f"relative log {args} {extra}: rc {p.returncode} in {d}: {os.listdir(d)}, in the "
+              f"program's directory: {os.listdir(sub)}; {p.stderr[-400:]!r}")
 
 
 def disabled(e):
@@ -213,7 +234,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--static")
     e = Env(ap.parse_args())
-    for t in (not_the_shim, relative_shim_path, disabled, log_paths, option_and_env, unloaded):
+    for t in (not_the_shim, relative_shim_path, relative_log, disabled, log_paths, option_and_env, unloaded):
         t(e)
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
