@@ -12,7 +12,11 @@ std::string log_file_refusal(mode_t mode, uid_t owner, nlink_t links, uid_t euid
   if (S_ISFIFO(mode) || S_ISSOCK(mode))
     return "it is a FIFO or socket (refused: a reader that stops would block the program)";
   if (S_ISDIR(mode)) return "it is a directory";
-  if (S_ISCHR(mode)) return {};
+  // A log is a file to read afterwards: /dev/zero or /dev/null took the events and kept nothing
+  // a report could read, and `cumemguard run` refused them already (an empty CUMEMGUARD_LOG is
+  // how no log is asked for).
+  if (S_ISCHR(mode)) return "not a regular file (a character device)";
+  if (S_ISBLK(mode)) return "not a regular file (a block device)";
   if (!S_ISREG(mode)) return "not a regular file";
   if (owner != euid)
     return "the file belongs to another user (uid " + std::to_string(owner) +

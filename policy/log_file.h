@@ -13,8 +13,9 @@ namespace cmg {
 // Why an existing file (its lstat/fstat mode, owner and link count) is not one a log of user euid
 // may replace, or empty. A FIFO or socket would block the writer; a file another user owns was
 // planted (in /tmp, or in any directory others may write, sticky or not); a file with more than
-// one link is also some other name, which a planted hard link would make the log truncate. A
-// character device (/dev/null, /dev/full) is allowed.
+// one link is also some other name, which a planted hard link would make the log truncate; a
+// device (/dev/null, /dev/zero) keeps nothing a report could read. A log is a regular file or a
+// new one.
 std::string log_file_refusal(mode_t mode, uid_t owner, nlink_t links, uid_t euid);
 
 }  // namespace cmg

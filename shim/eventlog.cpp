@@ -157,7 +157,8 @@ std::string EventLog::open(const std::string &path, std::string_view run_id, boo
   // No O_TRUNC yet: nothing is changed before the file is known to be ours. O_NONBLOCK: a FIFO
   // planted at the path would otherwise block the host in open() until someone reads it.
   // Read and write: the header of a file already there says whose it is (another_process_log).
-  constexpr int kFlags = O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
+  // O_NOCTTY: a terminal at the path is refused below, and must not become the controlling one.
+  constexpr int kFlags = O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   int raw = ::open(path.c_str(), O_RDWR | kFlags, 0666);
   if (raw < 0 && errno == EACCES) raw = ::open(path.c_str(), O_WRONLY | kFlags, 0666);
   if (raw < 0) {
@@ -187,7 +188,7 @@ std::string EventLog::open(const std::string &path, std::string_view run_id, boo
     fd.close();
     return what + refuse;
   }
-  // Writes block normally from here on (a character device such as /dev/full is allowed).
+  // Writes block normally from here on (a regular file: devices were refused above).
   fcntl(fd.fd, F_SETFL, fcntl(fd.fd, F_GETFL) & ~O_NONBLOCK);
   lock();
   path_ = path;

@@ -7,7 +7,9 @@
 # say so in at most one clear line per problem on stderr.
 import argparse
 import os
+import resource
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -403,10 +405,36 @@ def case_log_long_path(r):
     expect(len(lines) == 1 and "cannot open event log" in lines[0], f"long path: {lines}")
 
 
+def case_log_device(r):
+    # A device as the log under a plain LD_PRELOAD: the shim wrote its events into /dev/zero or
+    # /dev/null, which keep nothing a report could read (`cumemguard run --log /dev/zero` refused
+    # it with 73). One line, no log, the program as without the shim.
+    for dev in ("/dev/zero", "/dev/null"):
+        _, err, _, _ = r.run({"CUMEMGUARD_LOG": dev}, dev, log=False)
+        lines = clean_lines(err, dev)
+        want = (f"warning: cannot open event log {dev}: not a regular file (a character "
+                "device); continuing without an event log")
+        expect(len(lines) == 1 and re.fullmatch(r"cumemguard\[\d+\]: " + re.escape(want),
+                                                lines[0]), f"{dev}: {lines}")
+
+
 def case_disk_full(r):
-    _, err, _, _ = r.run({"CUMEMGUARD_LOG": "/dev/full"}, "/dev/full", log=False)
-    lines = clean_lines(err, "/dev/full")
-    expect(len(lines) == 1 and "write failed" in lines[0], f"/dev/full: {lines}")
+    # Every write of the log fails as on a full disk: the file size limit, with SIGXFSZ ignored
+    # (inherited through exec), makes write(2) return EFBIG. (/dev/full did this before devices
+    # were refused as logs.)
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+    # host_double: host memory only (the fake driver backs device memory with a memfd, which the
+    # limit would refuse too); its second free is the shim's finding, said on its own line.
+    d = tempfile.mkdtemp(dir=r.tmp)
+    out, err, _, _ = r.run({"CUMEMGUARD_LOG": os.path.join(d, "full.log")}, "file size limit",
+                           argv=[r.b.prog("tests", "integration", "runtime_cases"), "host_double"],
+                           log=False, preexec=limit)
+    failed = [l for l in clean_lines(err, "file size limit") if "write failed" in l]
+    expect(out == "first_free cudaSuccess\nsecond_free cudaSuccess\n" and
+           failed == ["cumemguard: warning: event log write failed; further events are not logged"],
+           f"file size limit: {out!r} {failed}")
 
 
 def case_disk_tmpfs(r):
@@ -581,6 +609,7 @@ def main():
         "log-umask": case_log_umask,
         "log-pattern": case_log_pattern,
         "log-long-path": case_log_long_path,
+        "log-device": case_log_device,
         "disk-full": case_disk_full,
         "disk-tmpfs": case_disk_tmpfs,
         "interposer-before": lambda r: case_interposer(r, True),
