@@ -31,7 +31,8 @@ constexpr ExitStatus kTopExits[] = {
     {"1",
      "findings: report when the logs hold findings (leaks only with --fail-on-leaks) or a "
      "process crashed, was aborted or was killed (its log has no end record and it is not "
-     "running on this host); config when PyTorch would fail on the environment"},
+     "running on this host), or a log has records that cannot be read; config when PyTorch would "
+     "fail on the environment"},
     {"N",
      "run --error-exitcode N when a process of the run had findings that are not suppressed "
      "(leaks only with --fail-on-leaks), or when no process of the run loaded the shim (a static "
@@ -185,12 +186,14 @@ constexpr Option kReportOptions[] = {
      "one JSON document instead of text (its fields: report-schema.md in the documentation "
      "directory, " CMG_DOCDIR ")"},
     {"-o, --output", "OUT", Value::Output, "*.log*",
-     "write the text or JSON report to OUT instead of stdout"},
+     "write the text or JSON report to OUT instead of stdout (- is stdout)"},
     {"--trace", "OUT.json", Value::Output, "!*.json",
      "write a Chrome trace-event file for Perfetto / chrome://tracing (stdout then gets the "
-     "report's first line only, unless --json or -o asks for the report)"},
+     "report's first line only, unless --json or -o asks for the report; OUT.json - writes it to "
+     "stdout, and the first line to stderr)"},
     {"--html", "OUT.html", Value::Output, "!*.html",
-     "write one self-contained HTML page: memory over time, findings (stdout as with --trace)"},
+     "write one self-contained HTML page: memory over time, findings (stdout as with --trace; - "
+     "writes it to stdout)"},
     {"--no-symbolize", "", Value::None, "",
      "print frames as module+offset without reading the modules"},
     {"--run", "ID", Value::Text, "",
@@ -224,14 +227,20 @@ constexpr ExitStatus kReportExits[] = {
      "rules were printed"},
     {"1",
      "findings (suppressed ones excepted), or a process crashed, was aborted or ended without "
-     "its end record (killed: SIGKILL, out of memory, a time limit)"},
-    {"64", "usage error; logs of more than one run without --run"},
+     "its end record (killed: SIGKILL, out of memory, a time limit), or a log has records that "
+     "cannot be read (a line cut off or with a bad field: what it said is not known)"},
+    {"64",
+     "usage error; logs of more than one run without --run; two outputs on stdout (-); --diff "
+     "naming one snapshot twice"},
     {"66",
      "a log cannot be read, is not a cumemguard log or is of a newer format; with --diff, a "
      "snapshot named is not in its log"},
     {"73", "an output file cannot be written, or is a cumemguard event log (not written over)"},
 };
 constexpr sv kReportNotes[] = {
+    "A run in which every CUDA call failed with one status (no driver) is said to be not checked "
+    "(its first line, What happened, the page and the JSON's every_call_failed), with status 0 "
+    "as cumemguard run gives it: it has no findings, and the program's own status tells it failed. "
     "The report never writes an output over a cumemguard event log. It holds at most 256 logs "
     "open at once and a bounded line buffer per log, so any number of rank logs can be read "
     "together; a line over 16 MiB is skipped and said.",

@@ -265,6 +265,27 @@ SuppressedRule rule_of(od::object o) {
   return r;
 }
 
+AllFailed all_failed_of(od::object o) {
+  AllFailed a;
+  for (auto field : o) {
+    std::string_view k;
+    if (!key_of(field, k)) break;
+    od::value v;
+    if (field.value().get(v) != SUCCESS) break;
+    if (k == "calls"sv)
+      a.calls = i64_of(v).value_or(0);
+    else if (k == "res"sv)
+      a.res = i64_of(v).value_or(0);
+    else if (k == "name"sv)
+      a.name = str_of(v).value_or("");
+    else if (k == "cause"sv)
+      a.cause = str_of(v).value_or("");
+    else if (k == "fake_cuda"sv)
+      a.fake_cuda = str_of(v).value_or("");
+  }
+  return a;
+}
+
 // Keys of up to 7 bytes as one integer (bytes, then the length in the top byte): the dispatch over
 // ~50 field names of every field of every record is a switch, not a chain of memcmp.
 constexpr std::uint64_t pack(std::string_view s) {
@@ -465,6 +486,11 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
   else if (key == "findings"sv) f.findings = counts_of(v);
   else if (key == "signal_name"sv) f.signal_name = str_of(v);
   else if (key == "cumemguard_log"sv) f.cumemguard_log = i64_of(v);
+  else if (key == "every_call_failed"sv) {
+    od::object o;
+    if (v.get_object().get(o) != SUCCESS) return false;
+    f.all_failed = all_failed_of(o);
+  }
   return true;
 }
 

@@ -60,6 +60,7 @@ struct Fields {
   std::vector<std::pair<std::string, std::int64_t>> calls, findings, live_counts, bridge;
   std::vector<SummaryBytes> summary_bytes;
   std::vector<SuppressedRule> rules;
+  std::optional<AllFailed> all_failed;  // summary: every_call_failed
   ArgsInfo call_args;
   bool call_args_done = false;
 };

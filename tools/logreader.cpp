@@ -502,6 +502,7 @@ struct LogReader::Impl {
       s.findings = std::move(f.findings);
       s.suppressed = std::move(f.rules);
       s.bridge = std::move(f.bridge);
+      s.every_call_failed = std::move(f.all_failed);
       log.summary = std::move(s);
     } else if (k == "end"sv) {
       log.end_ts = f.ts.value_or(0);

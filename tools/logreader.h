@@ -212,6 +212,13 @@ struct SuppressedRule {
   std::int64_t count = 0;
 };
 
+// The summary's `every_call_failed` (docs/log-format.md): every CUDA call the shim saw failed with
+// one status (no driver, the toolkit's stub library, no device), so nothing was checked.
+struct AllFailed {
+  std::int64_t calls = 0, res = 0;
+  std::string name, cause, fake_cuda;  // empty when the shim named none
+};
+
 struct Summary {
   std::int64_t ts = 0;
   std::vector<std::pair<std::string, std::int64_t>> calls;
@@ -221,6 +228,7 @@ struct Summary {
   std::vector<SuppressedRule> suppressed;
   // The exporter's bridge: exports, never_requested, never_requested_bytes (docs/log-format.md).
   std::vector<std::pair<std::string, std::int64_t>> bridge;
+  std::optional<AllFailed> every_call_failed;
   std::int64_t bridge_count(std::string_view k) const {
     for (const auto &[n, v] : bridge)
       if (n == k) return v;

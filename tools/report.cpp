@@ -69,7 +69,7 @@ bool is_log(const std::string &path) {
 // `cumemguard report --trace cumemguard.*.log`: the glob fills the output slot with a log, and
 // writing the trace there would destroy it. An output that cannot be written: 73.
 bool refuse_over_log(const std::string &path, const char *what) {
-  if (!is_log(path)) return false;
+  if (path == "-" || !is_log(path)) return false;
   std::cerr << "cumemguard report: will not write the " << what << " to " << report::clean(path)
             << ": it is a cumemguard event log (did a glob fill the output slot? name the "
                "output file first)\n";
@@ -194,6 +194,25 @@ int report_main(int argc, char **argv) {
                          tools::cli::option_hint(tools::cli::command("report"), a));
     }
   }
+  // "-" is standard output, as for any tool that writes a file (it wrote a file named "-"). One
+  // output at most goes there: a page and a trace, or a page and the report, in one stream could
+  // be read as neither.
+  {
+    std::vector<std::string> to_stdout;
+    if (opt.output_path == "-") to_stdout.push_back("-o -");
+    if (opt.html_path == "-") to_stdout.push_back("--html -");
+    if (opt.trace_path == "-") to_stdout.push_back("--trace -");
+    if (to_stdout.size() > 1)
+      return usage_error(
+          fmt::format("{} and {} both write to standard output; name a file for "
+                      "one of them",
+                      to_stdout[0], to_stdout[1]));
+    if (!to_stdout.empty() && opt.output_path.empty() && (opt.json || opt.gen_suppressions))
+      return usage_error(
+          fmt::format("{} writes to standard output, where {} writes too; give "
+                      "that a file with -o OUT",
+                      to_stdout[0], opt.json ? "the JSON report" : "--gen-suppressions"));
+  }
   if (diff) {
     if (!files.empty()) return usage_error("--diff compares two snapshots; it takes no other log");
     if (run) return usage_error("--diff names its snapshots' logs; it takes no --run");
@@ -299,12 +318,15 @@ int report_main(int argc, char **argv) {
 
     // Every output file asked for is opened before anything is printed: one that cannot be
     // written is said, with status 73, and no report goes to stdout in its place.
+    // "-" (standard output) is no file to open: the stream is there already.
+    const bool report_file = !opt.output_path.empty() && opt.output_path != "-";
+    const bool html_stdout = opt.html_path == "-", trace_stdout = opt.trace_path == "-";
     std::ofstream html, file;
-    if (!opt.output_path.empty()) {
+    if (report_file) {
       file.open(opt.output_path, std::ios::binary | std::ios::trunc);
       if (!file) cannot_write(opt.output_path, "report");
     }
-    if (!opt.html_path.empty()) {
+    if (!opt.html_path.empty() && !html_stdout) {
       html.open(opt.html_path, std::ios::binary | std::ios::trunc);
       if (!html) cannot_write(opt.html_path, "HTML page");
     }
@@ -312,7 +334,7 @@ int report_main(int argc, char **argv) {
     std::FILE *trace_file = nullptr;
     bool trace_failed = false;
     if (!opt.trace_path.empty() && !write_status) {
-      trace_file = std::fopen(opt.trace_path.c_str(), "we");
+      trace_file = trace_stdout ? stdout : std::fopen(opt.trace_path.c_str(), "we");
       if (!trace_file) {
         cannot_write(opt.trace_path, "trace");
       } else {
@@ -333,7 +355,9 @@ int report_main(int argc, char **argv) {
                   << (l.overlong == 1 ? std::string("1 line") : fmt::format("{} lines", l.overlong))
                   << " over " << (kMaxLine >> 20)
                   << " MiB (no record the shim writes is that long)\n";
-    if (trace_file) {
+    if (trace_stdout) {
+      if (std::fflush(stdout) != 0 || trace_failed) cannot_write("standard output", "trace");
+    } else if (trace_file) {
       if (std::fclose(trace_file) != 0 || trace_failed) {
         cannot_write(opt.trace_path, "trace");
       } else {
@@ -341,7 +365,10 @@ int report_main(int argc, char **argv) {
                   << " (open it in ui.perfetto.dev or chrome://tracing)\n";
       }
     }
-    if (!opt.html_path.empty()) {
+    if (html_stdout) {
+      write_html(m, opt, std::cout);
+      if (!std::cout.flush()) cannot_write("standard output", "HTML page");
+    } else if (!opt.html_path.empty()) {
       write_html(m, opt, html);
       html.close();
       if (!html)
@@ -350,21 +377,24 @@ int report_main(int argc, char **argv) {
         std::cerr << "cumemguard report: HTML page written to " << clean(opt.html_path) << "\n";
     }
 
-    std::ostream &out = opt.output_path.empty() ? std::cout : file;
-    if (opt.output_path.empty() || file) {
+    std::ostream &out = report_file ? static_cast<std::ostream &>(file) : std::cout;
+    if (!report_file || file) {
       if (opt.gen_suppressions)
         write_suppressions(m, out);
       else if (opt.json)
         out << report_json(m, opt).dump(2, ' ', false, Json::error_handler_t::replace) << '\n';
-      // The page or the trace is the report asked for: stdout says what is in it, in one line.
+      // The page or the trace is the report asked for: stdout says what is in it, in one line;
+      // stderr does when the page or the trace is what stdout holds.
       else if ((!opt.trace_path.empty() || !opt.html_path.empty()) && opt.output_path.empty())
-        write_headline(m, out);
+        write_headline(m, html_stdout || trace_stdout ? std::cerr : out);
       else
         write_text(m, opt, out);
       out.flush();
-      if (!opt.output_path.empty()) {
+      if (report_file) {
         file.close();
         if (!file) cannot_write(opt.output_path, "report");
+      } else if (!out) {
+        cannot_write("standard output", "report");
       }
     }
     // --gen-suppressions succeeded when it printed the rules: the findings are what they are for.

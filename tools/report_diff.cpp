@@ -224,12 +224,30 @@ int diff_main(const std::string &a_text, const std::string &b_text, const Report
     std::cerr << "cumemguard report: --diff " << clean(ob.text) << ": " << why << "\n";
     return kExitNoInput;
   }
+  // One snapshot on both sides (LOG@1 LOG@1, LOG LOG, or a copy of the log): a diff of nothing,
+  // which printed "0 sites" and exit 0 as if two moments had been compared. Refused as the other
+  // diff requests that cannot say anything are (usage, 64).
+  const Header &ha = m.logs[a->log].header, &hb = m.logs[b->log].header;
+  if (a == b || (a->id == b->id && ha.pid == hb.pid && ha.host == hb.host &&
+                 ha.start_unix_ns == hb.start_unix_ns && ha.start_unix_ns != 0)) {
+    std::cerr << fmt::format(
+        "cumemguard report: --diff {} {}: both name snapshot {} \"{}\" of one process's log "
+        "({}): nothing to compare; name two snapshots (LOG@N, LOG@LABEL) (see cumemguard report "
+        "--help)\n",
+        clean(oa.text), clean(ob.text), a->id, a->label, m.logs[a->log].file);
+    return kExitUsage;
+  }
   const SnapView va = view_of(m, *a), vb = view_of(m, *b);
   const std::vector<Change> ch = changes(va, vb);
 
   int status = 0;
+  // "-" is standard output; the page there is the diff asked for, unless -o names a file for the
+  // text or JSON (report_main refuses two outputs on standard output).
+  const bool html_stdout = opt.html_path == "-";
   if (!opt.html_path.empty()) {
-    std::ofstream html(opt.html_path, std::ios::binary | std::ios::trunc);
+    std::ofstream page_file;
+    if (!html_stdout) page_file.open(opt.html_path, std::ios::binary | std::ios::trunc);
+    std::ostream &html = html_stdout ? std::cout : page_file;
     if (html) {
       html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
               "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
@@ -254,23 +272,30 @@ int diff_main(const std::string &a_text, const std::string &b_text, const Report
             html_escape(c.site().kind), html_escape(c.site().state), html_escape(c.site().creator));
       }
       html << "</table></body></html>\n";
-      html.close();
+      if (html_stdout)
+        html.flush();
+      else
+        page_file.close();
     }
     if (!html) {
-      std::cerr << "cumemguard report: " << clean(opt.html_path)
+      std::cerr << "cumemguard report: "
+                << (html_stdout ? std::string("standard output") : clean(opt.html_path))
                 << ": cannot write the HTML page\n";
       status = kExitCantCreate;
     }
+    if (html_stdout && opt.output_path.empty()) return status;
   }
   std::ofstream file;
-  if (!opt.output_path.empty()) {
+  if (!opt.output_path.empty() && opt.output_path != "-") {
     file.open(opt.output_path, std::ios::binary | std::ios::trunc);
     if (!file) {
       std::cerr << "cumemguard report: " << clean(opt.output_path) << ": cannot write the diff\n";
       return kExitCantCreate;
     }
   }
-  std::ostream &out = opt.output_path.empty() ? std::cout : file;
+  std::ostream &out = opt.output_path.empty() || opt.output_path == "-"
+                          ? std::cout
+                          : static_cast<std::ostream &>(file);
   if (opt.json) {
     Json rows = Json::array();
     for (const Change &c : ch) rows.push_back(change_json(m, c));

@@ -167,6 +167,9 @@ void outcomes_html(const Model &m, std::ostream &out) {
         << (o.status == Status::Truncated && o.running ? "still running" : status_name(o.status))
         << (o.signal_name.empty() ? "" : " (" + esc(o.signal_name) + ")")
         << "</span>";
+    if (o.all_failed)
+      out << "<div class=\"bad\">nothing was checked: " << esc(all_failed_long(*o.all_failed))
+          << "</div>";
     if (o.crash) {
       out << fmt::format("<div>killed by {} in thread {} at</div>", esc(o.signal_name),
                          o.crash->tid);
@@ -210,7 +213,10 @@ void outcomes_html(const Model &m, std::ostream &out) {
 
 void findings_html(const Model &m, std::ostream &out) {
   out << fmt::format("<h2 id=\"findings\">Findings: {}</h2>\n", m.finding_count);
-  if (m.findings.empty()) out << "<p class=\"ok\">none</p>\n";
+  if (m.findings.empty() && not_checked_count(m))
+    out << "<p class=\"bad\">none: " << esc(not_checked_text(m)) << "</p>\n";
+  else if (m.findings.empty())
+    out << "<p class=\"ok\">none</p>\n";
   for (const auto &c : m.findings) {
     out << fmt::format("<section class=\"finding-class\" data-class=\"{}\"><h3>{}: {}</h3>",
                        esc(c.cls), esc(c.cls), c.count);
@@ -337,11 +343,26 @@ void write_html(const Model &m, const ReportOptions &opt, std::ostream &out) {
          "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
          "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">\n"
       << "<title>cumemguard report</title>\n<style>" << kStyle << "</style></head>\n<body>\n";
+  // The first line says what the text report's does: nothing checked, findings the shim counted
+  // whose records cannot be read, records that did not parse ("0 findings" read as a clean run).
+  const std::vector<std::string> counted = m.counted_not_read();
+  const std::string unchecked = not_checked_text(m);
+  std::string counted_text;
+  for (const auto &c : counted) counted_text += (counted_text.empty() ? "" : ", ") + c;
+  std::string findings =
+      m.finding_count == 0 && !counted.empty()
+          ? "0 finding records (the shim counted " + counted_text + ")"
+      : m.finding_count == 0 && !unchecked.empty() && not_checked_count(m) == m.logs.size()
+          ? unchecked
+          : fmt::format("{} finding{}", m.finding_count, m.finding_count == 1 ? "" : "s");
+  if (!unchecked.empty() && findings != unchecked) findings += "; " + unchecked;
+  if (const std::size_t n = m.unreadable_records())
+    state += fmt::format("; {} unreadable record{}: not clean", n, n == 1 ? "" : "s");
   out << fmt::format(
-      "<h1>cumemguard report</h1>\n<div class=\"sub\" id=\"summary\">{} log{}, {} finding{}, {} "
+      "<h1>cumemguard report</h1>\n<div class=\"sub\" id=\"summary\">{} log{}, {}, {} "
       "leak{}{}</div>\n",
-      m.logs.size(), m.logs.size() == 1 ? "" : "s", m.finding_count,
-      m.finding_count == 1 ? "" : "s", m.leak_count, m.leak_count == 1 ? "" : "s", state);
+      m.logs.size(), m.logs.size() == 1 ? "" : "s", esc(findings), m.leak_count,
+      m.leak_count == 1 ? "" : "s", esc(state));
   outcomes_html(m, out);
   out << "<h2 id=\"memory-over-time\">Memory over time, per device and kind</h2>\n"
          "<div id=\"chart\"><noscript>The chart needs scripts; the tables below have the "

@@ -145,6 +145,14 @@ Json log_json(const Model &m, std::size_t i) {
     bridge = {{"exports", l.summary->bridge_count("exports")},
               {"never_requested", l.summary->bridge_count("never_requested")},
               {"never_requested_bytes", l.summary->bridge_count("never_requested_bytes")}};
+  // Every CUDA call failed with one status (null when not): nothing was checked in this process.
+  Json all_failed = nullptr;
+  if (const auto &a = m.outcomes[i].all_failed)
+    all_failed = {{"calls", a->calls},
+                  {"res", a->res},
+                  {"name", a->name.empty() ? Json(nullptr) : Json(a->name)},
+                  {"cause", a->cause.empty() ? Json(nullptr) : Json(a->cause)},
+                  {"fake_cuda", a->fake_cuda.empty() ? Json(nullptr) : Json(a->fake_cuda)}};
   return {{"label", m.label(i)},
           {"file", l.file},
           {"format", h.format},
@@ -167,6 +175,7 @@ Json log_json(const Model &m, std::size_t i) {
           {"partial_last_line", l.partial_last_line},
           {"has_summary", l.summary.has_value()},
           {"bridge", bridge},
+          {"every_call_failed", std::move(all_failed)},
           {"records", l.records},
           {"malformed_lines", l.malformed},
           {"unknown_kinds", std::move(unknown)},
@@ -385,10 +394,14 @@ Json report_json(const Model &m, const ReportOptions &opt) {
           {"exit_status", m.exit_status(opt)},
           {"t0_unix_ns", m.t0},
           {"truncated", m.truncated_any()},
+          {"unreadable_records", m.unreadable_records()},
           {"logs", std::move(logs)},
           {"errors", std::move(errors)},
           {"duplicates", std::move(duplicates)},
-          {"findings", {{"count", m.finding_count}, {"classes", std::move(classes)}}},
+          {"findings",
+           {{"count", m.finding_count},
+            {"not_checked", not_checked_count(m)},
+            {"classes", std::move(classes)}}},
           {"suppressed", {{"count", m.suppressed_count}, {"rules", std::move(rules)}}},
           {"leaks",
            {{"count", m.leak_count},

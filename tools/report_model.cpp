@@ -224,6 +224,20 @@ bool Model::truncated_any() const {
   return std::any_of(logs.begin(), logs.end(), [](const Log &l) { return l.truncated(); });
 }
 
+std::size_t Model::unreadable_records() const {
+  std::size_t n = 0;
+  for (const Log &l : logs) n += l.malformed;
+  return n;
+}
+
+std::vector<std::string> Model::counted_not_read() const {
+  std::vector<std::string> out;
+  for (const auto &c : findings)
+    if (c.cls != "leak" && c.at_exit && *c.at_exit > static_cast<std::int64_t>(c.count))
+      out.push_back(fmt::format("{} {}", c.cls, *c.at_exit));
+  return out;
+}
+
 bool Model::all_complete() const {
   return std::all_of(outcomes.begin(), outcomes.end(),
                      [](const Outcome &o) { return o.status == Status::Complete; });
@@ -243,6 +257,9 @@ int Model::exit_status(const ReportOptions &opt) const {
     if (o.status == Status::Crashed || o.status == Status::Aborted ||
         (o.status == Status::Truncated && !o.running))
       status = kExitFindings;
+  // Records that did not parse may have been findings (a finding line cut off, a field of the
+  // wrong type): a log that cannot be read whole is not a clean one. Its first line says so.
+  if (unreadable_records() > 0) status = std::max(status, kExitFindings);
   for (const auto &e : errors) status = std::max(status, e.exit_status);
   return status;
 }

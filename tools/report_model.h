@@ -263,8 +263,13 @@ struct Outcome {
   std::vector<AsleepRange> asleep;  // the last sleep first, at most 16
   std::size_t asleep_total = 0;
   bool asleep_at_error = false;  // taken when the first sticky error was returned
-  // Leads the text report: not complete, or a context poisoned by a sticky error.
-  bool explain() const { return status != Status::Complete || first_sticky.has_value(); }
+  // Every CUDA call failed with one status (the summary's every_call_failed): nothing was checked.
+  std::optional<AllFailed> all_failed;
+  // Leads the text report: not complete, a context poisoned by a sticky error, or no CUDA call
+  // that worked.
+  bool explain() const {
+    return status != Status::Complete || first_sticky.has_value() || all_failed.has_value();
+  }
 };
 
 class OutcomeTracker {
@@ -324,6 +329,12 @@ struct Model {
   // first line is written.
   void resolve_shown(const ReportOptions &opt) const;
   bool truncated_any() const;
+  // Lines of the logs that did not parse (a record cut or with a bad field): what they said is
+  // not known, so the report is not clean (exit status 1) and its first line says how many.
+  std::size_t unreadable_records() const;
+  // Finding classes the shim's summaries counted more of than there are readable records, as
+  // "double-free 1" (the counts at exit), leaks apart.
+  std::vector<std::string> counted_not_read() const;
   // Some process crashed, aborted or was cut off: leaks at exit are not known for it.
   bool all_complete() const;
   int exit_status(const ReportOptions &opt) const;
@@ -352,6 +363,16 @@ Model read_model(std::vector<std::unique_ptr<LogReader>> readers, std::vector<Lo
 // Logs in memory (tests, the fuzzer): the ones that do not open become errors.
 Model model_of_texts(const std::vector<std::string> &texts, const ReportOptions &opt,
                      EventSink *also = nullptr);
+
+// "every CUDA call failed (3 calls) with 35 (cudaErrorInsufficientDriver)".
+std::string all_failed_short(const AllFailed &a);
+// The same with the likely cause and the build's fake CUDA stack, as the exit summary says it.
+std::string all_failed_long(const AllFailed &a);
+// The logs nothing was checked in (every CUDA call failed), as the first line of the text report
+// and of the page say it: "not checked: every CUDA call failed (3 calls) with 35 (...)", "p12 not
+// checked: ..." when other logs were; "" when every log had a call that worked (or none).
+std::string not_checked_text(const Model &m);
+std::size_t not_checked_count(const Model &m);
 
 // "rank 0 (pid 4242)" or "pid 4242".
 std::string log_label(const Log &log);

@@ -2,11 +2,16 @@
 // How each process ended, for the "What happened" block: its status, the fatal signal, the first
 // CUDA errors (a sticky one poisons the context: every later call fails, so the first is the one
 // that explains the crash), the memory lifecycle calls just before, and the VMM ranges asleep at
-// the first sticky error (or at the end), the last sleep first with its stack. It follows what is
-// live only: reservations and their mapped ranges, and 8 calls.
+// the first sticky error (or at the end), the last sleep first with its stack, and whether any CUDA
+// call worked at all (no driver: nothing was checked). It follows what is live only: reservations
+// and their mapped ranges, and 8 calls.
 #include <algorithm>
 #include <array>
 #include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "report_model.h"
 
@@ -163,6 +168,7 @@ Outcome OutcomeTracker::finish(const Log &log) {
   o.running = o.status == Status::Truncated && log.running;
   o.signal = log.end_signal;
   o.signal_name = log.end_signal_name;
+  if (log.summary) o.all_failed = log.summary->every_call_failed;
   if (log.crash) {
     o.crash = log.crash;
     if (!o.signal) o.signal = log.crash->signal;
@@ -193,6 +199,51 @@ Outcome OutcomeTracker::finish(const Log &log) {
   if (all.size() > kAsleepShown) all.resize(kAsleepShown);
   o.asleep = std::move(all);
   return o;
+}
+
+std::string all_failed_short(const AllFailed &a) {
+  return fmt::format("every CUDA call failed ({} {}) with {}{}", a.calls,
+                     a.calls == 1 ? "call" : "calls", a.res,
+                     a.name.empty() ? std::string() : " (" + a.name + ")");
+}
+
+std::string all_failed_long(const AllFailed &a) {
+  std::string s = all_failed_short(a);
+  if (!a.cause.empty()) s += ": " + a.cause;
+  if (!a.fake_cuda.empty())
+    s += "; on a machine without a GPU, run with the fake CUDA stack of this build: "
+         "LD_LIBRARY_PATH=" +
+         a.fake_cuda;
+  return s;
+}
+
+std::size_t not_checked_count(const Model &m) {
+  std::size_t n = 0;
+  for (const Outcome &o : m.outcomes) n += o.all_failed.has_value();
+  return n;
+}
+
+std::string not_checked_text(const Model &m) {
+  std::vector<std::size_t> logs;
+  for (std::size_t i = 0; i < m.outcomes.size(); ++i)
+    if (m.outcomes[i].all_failed) logs.push_back(i);
+  if (logs.empty()) return {};
+  std::string who;
+  if (logs.size() < m.logs.size()) {
+    for (std::size_t k = 0; k < logs.size() && k < 3; ++k)
+      who += (k ? ", " : "") + m.label(logs[k]);
+    if (logs.size() > 3) who += fmt::format(" and {} more", logs.size() - 3);
+    who += " ";
+  }
+  if (logs.size() == 1)
+    return who + "not checked: " + all_failed_short(*m.outcomes[logs[0]].all_failed);
+  const AllFailed &first = *m.outcomes[logs[0]].all_failed;
+  bool same = true;
+  for (std::size_t i : logs) same = same && m.outcomes[i].all_failed->res == first.res;
+  return who + "not checked: every CUDA call failed" +
+         (same ? fmt::format(" with {}{}", first.res,
+                             first.name.empty() ? std::string() : " (" + first.name + ")")
+               : std::string(" (each log with one status)"));
 }
 
 }  // namespace cmg::report

@@ -251,7 +251,14 @@ void write_findings(const Model &m, const ReportOptions &opt, std::ostream &out)
   const std::vector<std::string> classes = finding_classes(m);
   const std::string leaks = m.leak_count ? "; " + leaks_text(m) + ": see Leaks at exit" : "";
   if (m.finding_count == 0) {
-    out << "\n== Findings: none" << leaks << "\n";
+    // "none" is not a clean run when nothing was checked, or when the shim counted findings whose
+    // records cannot be read.
+    const std::vector<std::string> counted = m.counted_not_read();
+    std::string why;
+    if (!counted.empty())
+      why = fmt::format(" in the records (the shim counted {})", join(counted, ", "));
+    if (not_checked_count(m)) why += " (" + not_checked_text(m) + ": see What happened)";
+    out << "\n== Findings: none" << why << leaks << "\n";
     if (m.findings.empty()) return;
   } else {
     out << fmt::format("\n== Findings: {} in {} ({}){}\n", m.finding_count,
@@ -589,6 +596,8 @@ void write_outcomes(const Model &m, const ReportOptions &opt, std::ostream &out)
           "not known)\n",
           sig);
     }
+    if (o.all_failed)
+      out << fmt::format("  nothing was checked: {}\n", all_failed_long(*o.all_failed));
     if (o.status == Status::Aborted)
       out << "  aborted: strict mode stopped the process at a finding (see Findings)\n";
     if (o.status == Status::Truncated && o.running)
@@ -674,13 +683,24 @@ void write_headline(const Model &m, std::ostream &out) {
     if (*word && state.find(word) == std::string::npos) state += word;
   }
   const std::vector<std::string> classes = finding_classes(m);
+  const std::vector<std::string> counted = m.counted_not_read();
+  const std::string unchecked = not_checked_text(m);
   std::string findings =
-      m.finding_count == 0
-          ? std::string("no findings")
-          : fmt::format("{} ({})", plural(m.finding_count, "finding", "findings"),
-                        join(classes, ", "));
+      m.finding_count > 0 ? fmt::format("{} ({})", plural(m.finding_count, "finding", "findings"),
+                                        join(classes, ", "))
+      // The exit status counts what the shim counted at exit: "no findings" beside status 1
+      // told two stories.
+      : !counted.empty()
+          ? fmt::format("no finding records (the shim counted {})", join(counted, ", "))
+      // A run in which no CUDA call worked was not checked: "no findings" read as a clean one.
+      : !unchecked.empty() && not_checked_count(m) == m.logs.size() ? unchecked
+                                                                    : std::string("no findings");
+  if (!unchecked.empty() && findings != unchecked) findings += "; " + unchecked;
   if (m.leak_count) findings += ", " + leaks_text(m);
   else if (!m.all_complete()) findings += "; leaks not known";
+  if (const std::size_t n = m.unreadable_records())
+    findings +=
+        fmt::format("; {} unreadable (see Logs): not clean", plural(n, "record", "records"));
   out << fmt::format("cumemguard report: {}, {}{}\n", plural(m.logs.size(), "log", "logs"),
                      findings, state);
 }

@@ -81,6 +81,20 @@ CASES = {
     'diff-missing': (['--diff', 'logs/resident.log@9', 'logs/resident-b.log'], 66),
     'diff-usage': (['--diff', 'logs/resident.log'], 64),
     'diff-with-logs': (['--diff', 'logs/resident.log', 'logs/resident-b.log', 'logs/clean.log'], 64),
+    # One snapshot on both sides, by number or as each log's last: nothing to compare, refused as
+    # the other diffs that cannot say anything are (it printed "0 sites" and exited 0).
+    'diff-same': (['--diff', 'logs/resident.log@1', 'logs/resident.log@1'], 64),
+    'diff-same-last': (['--diff', 'logs/resident.log', './logs/resident.log'], 64),
+    # Every CUDA call failed with 35 (no driver): the first line says nothing was checked, and
+    # What happened says why and where the fake stack is (it read "no findings" as a clean run).
+    'no-driver': (['logs/no-driver.log'], 0),
+    'no-driver-json': (['--json', 'logs/no-driver.log'], 0),
+    # Finding records that do not parse while the summary counts them: the first line says so
+    # and how many records were unreadable, status 1 (it said "no findings" beside status 1).
+    'corrupt-finding': (['logs/corrupt-finding.log'], 1),
+    # A cut call record and nothing else: not clean either, 1 (it was "no findings" and 0).
+    'corrupt-call': (['logs/corrupt-call.log'], 1),
+    'corrupt-call-json': (['--json', 'logs/corrupt-call.log'], 1),
 }
 
 

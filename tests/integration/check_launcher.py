@@ -860,6 +860,71 @@ def log_without_end(e):
           f"report of a log whose pid was reused: rc {p.returncode} {p.stdout[:400]!r}")
 
 
+def report_outputs(e):
+    """`-` as an output of report is standard output (it wrote a file named `-`): the bytes the
+    file would hold, on stdout, and no file `-`; two outputs there at once are refused (64). A run
+    in which every CUDA call failed (the toolkit's runtime, no driver) reads as not checked in the
+    page and the JSON too (they said 0 findings)."""
+    d = e.logdir()
+    log = os.path.join(d, "p29.log")
+    e.run(["run", "--no-summary", "--log", log, "--", e.rt, "P29"], cwd=d)
+    text = e.run(["report", "--no-symbolize", log], cwd=d)
+    for args, ref in ((["-o", "-"], None), (["--html", "-"], "page.html"),
+                      (["--trace", "-"], "trace.json")):
+        p = e.run(["report", "--no-symbolize"] + args + [log], cwd=d)
+        want = text.stdout
+        if ref:
+            e.run(["report", "--no-symbolize", args[0], os.path.join(d, ref), log], cwd=d)
+            with open(os.path.join(d, ref)) as f:
+                want = f.read()
+        headline = text.stdout.splitlines(True)[0]
+        check(p.returncode == text.returncode == 1 and p.stdout == want and
+              not os.path.exists(os.path.join(d, "-")) and
+              p.stderr == ("" if not ref else headline),
+              f"report {args}: rc {p.returncode} stdout {len(p.stdout)} bytes (want {len(want)}) "
+              f"{p.stdout[:80]!r}, stderr {p.stderr!r}, a file '-': "
+              f"{os.path.exists(os.path.join(d, '-'))}")
+    for args, first, second in ((["--html", "-", "--trace", "-"], "--html -", "--trace -"),
+                                (["-o", "-", "--html", "-"], "-o -", "--html -")):
+        p = e.run(["report"] + args + [log], cwd=d)
+        check(p.returncode == 64 and p.stdout == "" and p.stderr ==
+              f"cumemguard report: {first} and {second} both write to standard output; name a "
+              "file for one of them (see cumemguard report --help)\n",
+              f"report {args}: rc {p.returncode} {p.stderr!r}")
+    p = e.run(["report", "--json", "--trace", "-", log], cwd=d)
+    check(p.returncode == 64 and p.stdout == "" and p.stderr ==
+          "cumemguard report: --trace - writes to standard output, where the JSON report writes "
+          "too; give that a file with -o OUT (see cumemguard report --help)\n",
+          f"report --json --trace -: rc {p.returncode} {p.stderr!r}")
+    libdir = os.environ.get("CMG_CUDA_LIBDIR", "")
+    if not os.path.exists(os.path.join(libdir, "libcudart.so.13")):
+        print(f"SKIP no-driver report: no CUDA runtime in CMG_CUDA_LIBDIR={libdir!r}")
+        return
+    nd = os.path.join(d, "nd.log")
+    r = e.run(["run", "--no-summary", "--log", nd, "--", e.supp, "double"], cwd=d,
+              extra={"LD_LIBRARY_PATH": libdir})
+    fake = os.path.join(os.path.dirname(e.shim), "..", "tests", "fakecuda")
+    fake = os.path.realpath(fake)
+    short = "every CUDA call failed (3 calls) with 35 (cudaErrorInsufficientDriver)"
+    p = e.run(["report", "--no-symbolize", nd], cwd=d)
+    check(r.returncode == 0 and p.returncode == 0 and
+          p.stdout.splitlines()[0] == f"cumemguard report: 1 log, not checked: {short}" and
+          p.stdout.count("on a machine without a GPU, run with the fake CUDA stack of this "
+                         f"build: LD_LIBRARY_PATH={fake}\n") == 1,
+          f"no-driver report: rc {p.returncode} (run {r.returncode}) {p.stdout[:900]!r}")
+    j = json.loads(e.run(["report", "--json", nd], cwd=d).stdout)
+    got = j["logs"][0].get("every_call_failed") or {}
+    check(j["findings"].get("not_checked") == 1 and
+          {k: got.get(k) for k in ("calls", "res", "name", "fake_cuda")} ==
+          {"calls": 3, "res": 35, "name": "cudaErrorInsufficientDriver", "fake_cuda": fake},
+          f"no-driver JSON: {j['findings'].get('not_checked')} {got}")
+    page = e.run(["report", "--html", "-", nd], cwd=d).stdout
+    check(f'id="summary">1 log, not checked: {short}, 0 leaks</div>' in page and
+          "<div class=\"bad\">nothing was checked: " + short in page and
+          '<p class="ok">none</p>' not in page,
+          f"no-driver page: {[l for l in page.splitlines() if 'summary' in l][:2]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cg", required=True)
@@ -870,7 +935,7 @@ def main():
                  read_with, suppressions, generated_suppressions, runs_apart, option_rule,
                  log_target, log_unset_variable, alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use,
-                 log_without_end):
+                 log_without_end, report_outputs):
         step(e)
     if FAILURES:
         print(f"{len(FAILURES)} failed (files kept in {e.tmp})")
