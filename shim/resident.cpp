@@ -62,7 +62,7 @@ void report_boundary(Finding f, const char *where, std::uint32_t stack) {
   if (a == Action::Abort) {
     diag_line(LogLevel::Error,
               "strict mode: aborting at the first finding (CUMEMGUARD_MODE=strict)");
-    exit_summary(/*from_abort=*/true);
+    exit_summary(ExitHow::Abort);
     std::abort();
   }
 }

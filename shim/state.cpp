@@ -31,6 +31,7 @@
 #include "interposers.h"
 #include "loader.h"
 #include "records.h"
+#include "sanitizer_exit.h"
 #include "resident.h"
 #include "stacks.h"
 #include "status_channel.h"
@@ -378,7 +379,7 @@ void report_finding(const Call &c, Finding f, Action action, int res, const Args
   if (!sup) print_finding(f, action, res, api_name(c.api()), true, stack);
   if (action == Action::Abort) {
     diag_line(LogLevel::Error, "strict mode: aborting at the first finding (CUMEMGUARD_MODE=strict)");
-    exit_summary(/*from_abort=*/true);
+    exit_summary(ExitHow::Abort);
     std::abort();
   }
 }
@@ -404,7 +405,7 @@ namespace {
 
 void final_summary(void *) {
   cmg::shim::say_load_findings_at_exit();
-  cmg::shim::exit_summary(/*from_abort=*/false);
+  cmg::shim::exit_summary(cmg::shim::ExitHow::Exit);
 }
 
 // Whether the shim was loaded with the program (LD_PRELOAD, or a library it links), not by a later
@@ -454,6 +455,7 @@ __attribute__((constructor)) static void cmg_load() {
   cmg::shim::options_ready();
   cmg::shim::status_loaded();
   cmg::shim::on_load();
+  cmg::shim::sanitizer_exit_install();
   // Before any CUDA call: the signal must never end the program, whenever it comes.
   cmg::shim::snapshot_signal_install();
 }
@@ -470,7 +472,7 @@ __attribute__((destructor)) static void cmg_unload() {
   cmg::shim::exit_begun();
   cmg::shim::held().close();
   if (!g_summary_at_exit) {
-    cmg::shim::exit_summary(/*from_abort=*/false);
+    cmg::shim::exit_summary(cmg::shim::ExitHow::Exit);
   } else {
     cmg::shim::state().log.flush();
   }

@@ -391,7 +391,7 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
 
 }  // namespace
 
-void exit_summary(bool from_abort) {
+void exit_summary(ExitHow how) {
   State &s = state();
   // exit() from one thread can race a second exit path (strict mode's abort, a late destructor,
   // a second exit(), the crash handler): exactly one of them writes the last records, and a
@@ -411,7 +411,8 @@ void exit_summary(bool from_abort) {
     char buf[128];
     JsonLine j(buf, sizeof buf);
     j.str("k", "end").unum("ts", now_ns());
-    if (from_abort) j.boolean("aborted", true);
+    if (how == ExitHow::Abort) j.boolean("aborted", true);
+    if (how == ExitHow::Sanitizer) j.boolean("sanitizer", true);
     s.log.write_last(j.finish());
   }
   if (s.opts.summary) print_summary(s, live, held_now, failed);

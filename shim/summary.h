@@ -5,11 +5,16 @@
 // interrupted): docs/reliability.md, "Exit and signal paths".
 #pragma once
 
+#include <cstdint>
+
 #include "exiting.h"
 
 namespace cmg::shim {
 
-void exit_summary(bool from_abort);
+// How the process is ending: exit(), strict mode's abort, or a sanitizer's exit (AddressSanitizer's
+// error report, LeakSanitizer's leak check: sanitizer_exit.h), which ends the process right after.
+enum class ExitHow : std::uint8_t { Exit, Abort, Sanitizer };
+void exit_summary(ExitHow how);
 // Policies applied once at load, before any library reads the environment.
 void on_load();
 // At the first CUDA call: did the environment change since load (bug-patterns.md P21)?

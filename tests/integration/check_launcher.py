@@ -677,6 +677,25 @@ def sanitized(e):
     p2 = e.run(["run", "--no-summary", "--no-log", "--", e.sanitized, "overflow"])
     check(p2.returncode != 0 and "heap-buffer-overflow" in p2.stderr,
           f"ASan still reports under run: rc {p2.returncode} {p2.stderr[-300:]!r}")
+    # LeakSanitizer's check at exit ends the process with exit_group (status 23): the shim's
+    # summary, leak records and `end` come from the sanitizer's death callback, and the report
+    # reads a complete log (it read "truncated ... killed" before, and no summary was printed).
+    log = os.path.join(d, "leak.log")
+    p3 = e.run(["run", "--log", log, "--error-exitcode", "9", "--", e.sanitized, "leak"])
+    check(p3.returncode == 9 and "LeakSanitizer: detected memory leaks" in p3.stderr
+          and "10 byte(s) leaked in 1 allocation(s)" in p3.stderr,
+          f"LeakSanitizer under run: rc {p3.returncode} {p3.stderr[-400:]!r}")
+    check("  findings: double-free 1" in p3.stderr
+          and p3.stderr.index("LeakSanitizer") < p3.stderr.index("cumemguard: summary for pid"),
+          f"the shim's summary after LeakSanitizer's report: {p3.stderr[-600:]!r}")
+    with open(log) as f:
+        last = f.read().splitlines()[-1]
+    check(json.loads(last).get("k") == "end" and json.loads(last).get("sanitizer") is True,
+          f"the log's last record after LeakSanitizer's exit: {last!r}")
+    r = e.run(["report", log])
+    check(r.returncode == 1 and r.stdout.startswith("cumemguard report: 1 log, 1 finding (double-free 1)")
+          and "TRUNCATED" not in r.stdout,
+          f"report of the LeakSanitizer-ended log: rc {r.returncode} {r.stdout[:300]!r}")
 
 
 def interpreter_fifo(e):

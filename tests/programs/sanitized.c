@@ -4,6 +4,8 @@
 // ("ASan runtime does not come first"). `cumemguard run` must put it in front of the shim.
 //   sanitized double-free   a CUDA double free (the shim's finding) under a live ASan runtime
 //   sanitized overflow      a host heap overflow: ASan's own report must still come
+//   sanitized leak          a CUDA double free and a 10-byte host leak: LeakSanitizer ends the
+//                           process at exit (exit_group); the shim's summary and `end` still come
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -18,6 +20,17 @@ int main(int argc, char **argv) {
     printf("malloc %d\n", (int)cudaMalloc(&p, 1 << 20));
     printf("first_free %d\n", (int)cudaFree(p));
     printf("second_free %d\n", (int)cudaFree(p));
+    return 0;
+  }
+  if (strcmp(argv[1], "leak") == 0) {
+    void *p = NULL;
+    printf("malloc %d\n", (int)cudaMalloc(&p, 1 << 20));
+    printf("first_free %d\n", (int)cudaFree(p));
+    printf("second_free %d\n", (int)cudaFree(p));
+    static volatile char *leaked;
+    leaked = malloc(10);
+    leaked[0] = 1;
+    leaked = NULL;  // the only pointer to it gone: a direct leak
     return 0;
   }
   if (strcmp(argv[1], "overflow") == 0) {
