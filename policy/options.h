@@ -64,7 +64,7 @@ struct OptionSpec {
   std::string_view debug_value;    // the debug profile's
   std::string_view choices;        // "a|b|c" for Enum; "auto" for a Size that takes it
   std::string_view help;
-  bool internal = false;  // set by `cumemguard run` or the shim itself, not by the user
+  bool internal = false;  // set (or read, SHIM_PATH) by `cumemguard run` or the shim itself
 };
 
 // The table rows, then one ACTION_<CLASS> row per finding class.

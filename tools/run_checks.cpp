@@ -72,49 +72,7 @@ std::string elf_problem(int fd) {
   return why;
 }
 
-struct OptionName {
-  std::string_view id, name;
-};
-constexpr OptionName kNames[] = {
-#define CMG_RUN_OPTION(id, name, alias, value, help) {#id, name},
-#include "run_options.def"
-};
-constexpr OptionName kSets[] = {
-#define CMG_RUN_OPTION_SETS(id, name) {#id, name},
-#include "run_options.def"
-};
-
-// The -e that sets shim option `var`, as given, or empty.
-std::string setting_of(std::string_view var,
-                       const std::vector<std::pair<std::string, std::string>> &sets) {
-  for (const auto &[name, value] : sets) {
-    if (name.starts_with("CUMEMGUARD_") && std::string_view(name).substr(11) == var)
-      return name + "=" + value;
-    if (name != "CUMEMGUARD_OPTIONS") continue;
-    const std::pair<std::string_view, std::string_view> kv[] = {{name, value}};
-    for (const OptionValue &v : parse_options(kv).values)
-      if (v.source == OptionSource::Options && v.spec->name == var) return name + "=" + value;
-  }
-  return {};
-}
-
 }  // namespace
-
-std::string option_env_conflict(const std::vector<std::string_view> &given,
-                                const std::vector<std::pair<std::string, std::string>> &sets) {
-  for (std::string_view opt : given)
-    for (const OptionName &n : kNames) {
-      if (n.name != opt) continue;
-      for (const OptionName &s : kSets) {
-        if (s.id != n.id) continue;
-        const std::string e = setting_of(s.name, sets);
-        if (e.empty()) continue;
-        return std::string(opt) + " and -e " + shown(e) + " both set CUMEMGUARD_" +
-               std::string(s.name) + "; give one of them (the program was not started)";
-      }
-    }
-  return {};
-}
 
 std::string disabled_warning(bool gate) {
   const ParsedOptions p = parse_options(environ);

@@ -32,13 +32,6 @@ std::string log_name_problem(const std::string &pattern);
 // A log is overwritten as valgrind overwrites its --log-file; someone's text file is not.
 std::string log_overwrite_problem(const std::string &path);
 
-// The launcher options given (`given`: their names as the table spells them, "--log") against the
-// -e NAME=VALUE settings (`sets`): the line refusing the first option whose shim option an -e
-// also sets, as CUMEMGUARD_NAME or as an entry of CUMEMGUARD_OPTIONS (run_options.def,
-// CMG_RUN_OPTION_SETS), or empty. One rule for every such option: neither silently wins.
-std::string option_env_conflict(const std::vector<std::string_view> &given,
-                                const std::vector<std::pair<std::string, std::string>> &sets);
-
 // The line saying that the shim will be disabled (CUMEMGUARD_DISABLE, or the entry disable of
 // CUMEMGUARD_OPTIONS, in the environment the program starts with), so nothing is checked; or
 // empty. `gate`: --error-exitcode was given, and checks nothing either.

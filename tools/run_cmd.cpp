@@ -27,6 +27,7 @@
 #include "cmg_config.h"
 #include "logname.h"
 #include "options.h"
+#include "run_args.h"
 #include "run_checks.h"
 #include "run_defaults.h"
 #include "run_files.h"
@@ -42,23 +43,6 @@ namespace {
 // Statuses of the launcher itself (sysexits.h names; README "Exit status").
 constexpr int kUsage = 64, kNoInput = 66, kOsErr = 71, kCantCreate = 73;
 
-enum class Opt {
-#define CMG_RUN_OPTION(id, name, alias, value, help) id,
-#include "run_options.def"
-#undef CMG_RUN_OPTION
-};
-
-struct RunOption {
-  Opt id;
-  std::string_view name, alias, value, help;
-};
-
-constexpr RunOption kRunOptions[] = {
-#define CMG_RUN_OPTION(id, name, alias, value, help) {Opt::id, name, alias, value, help},
-#include "run_options.def"
-#undef CMG_RUN_OPTION
-};
-
 // The help comes from the commands' table (cli_table.cpp, its run options from run_options.def),
 // as the man page and the completion do.
 void usage(FILE *f) {
@@ -71,13 +55,6 @@ std::string dir_of(const std::string &p) {
 }
 
 volatile sig_atomic_t g_child = 0;
-
-std::string absolute(const std::string &p) {
-  if (p.empty() || p[0] == '/') return p;
-  char cwd[PATH_MAX];
-  if (!getcwd(cwd, sizeof cwd)) return p;
-  return std::string(cwd) + "/" + p;
-}
 
 // CUMEMGUARD_TORCH_ALLOC_CONF is applied here, before exec, as well as by the shim at load: a
 // program linked against libtorch initialises libc10_cuda.so before a preloaded library's
@@ -98,7 +75,7 @@ bool apply_torch_override(const std::string &label) {
   }
   if (plan.action == cmg::torchconf::PlanAction::Refuse) {
     std::fprintf(stderr, "cumemguard run: %s: %s; the program was not started\n", label.c_str(),
-                 plan.reason.c_str());
+                 torch_override_refusal(ov, plan.reason).c_str());
     return false;
   }
   if (plan.action == cmg::torchconf::PlanAction::Write)
@@ -181,17 +158,6 @@ std::string find_shim(std::string *err) {
 
 namespace {
 
-// `--log --`: an option's value is never the end of the options (a log named "--" is a mistake).
-bool take_value(int argc, char **argv, int &i, std::string_view what, std::string &out) {
-  if (i + 1 >= argc || std::strcmp(argv[i + 1], "--") == 0) {
-    std::fprintf(stderr, "cumemguard run: %.*s needs a value (see cumemguard run --help)\n",
-                 static_cast<int>(what.size()), what.data());
-    return false;
-  }
-  out = argv[++i];
-  return true;
-}
-
 // What the shim would make of these CUMEMGUARD_* settings, checked here so that one that cannot
 // apply (an unknown name, a bad value, a malformed CUMEMGUARD_OPTIONS entry) stops the run with a
 // line saying so, instead of becoming a warning in the program and the shim's default. A name set
@@ -265,16 +231,10 @@ void forward_info(int sig, siginfo_t *info, void *) {
   _exit(128 + sig);  // a signal whose default action is not to end the process
 }
 
-struct RunArgs {
-  std::string log, mode, stacks, exitcode, suppressions;
-  bool no_log = false, no_summary = false, fail_on_leaks = false, brief = false;
-  std::vector<std::string> env_sets;
-  std::vector<std::string_view> given;  // the options given, by their table name
-  int prog = -1;  // index of PROGRAM in argv
-  int done = -1;  // >= 0: the status to return without running anything
-};
-
-RunArgs parse_args(int argc, char **argv) {
+// run's options up to PROGRAM (or --), through the reader `cumemguard config --run` shares
+// (run_args.h). `prog`: the index of PROGRAM in argv; `done` >= 0: the status to return without
+// running anything.
+RunArgs parse_args(int argc, char **argv, int &prog, int &done) {
   RunArgs r;
   int i = 0;
   for (; i < argc; ++i) {
@@ -284,131 +244,51 @@ RunArgs parse_args(int argc, char **argv) {
       break;
     }
     if (a.size() < 2 || a[0] != '-') break;
-    const RunOption *o = nullptr;
-    std::string value;
-    bool inline_value = false;
-    for (const RunOption &c : kRunOptions) {
-      if (a == c.name || (!c.alias.empty() && a == c.alias)) {
-        o = &c;
-        break;
-      }
-      if (!c.value.empty() && c.name.starts_with("--") && a.starts_with(c.name) &&
-          a.size() > c.name.size() && a[c.name.size()] == '=') {
-        o = &c;
-        value = a.substr(c.name.size() + 1);
-        inline_value = true;
-        break;
-      }
-    }
-    if (!o) {
+    std::string err;
+    const RunOptionRead got = read_run_option(argc, argv, i, r, "run", err);
+    if (got == RunOptionRead::NotOne) {
       std::fprintf(stderr, "cumemguard run: unknown option '%s'%s (see cumemguard run --help)\n",
                    argv[i], cli::option_hint(cli::command("run"), a).c_str());
-      r.done = kUsage;
+      done = kUsage;
       return r;
     }
-    if (!o->value.empty() && !inline_value && !take_value(argc, argv, i, o->name, value)) {
-      r.done = kUsage;
+    if (got == RunOptionRead::Bad) {
+      std::fprintf(stderr, "cumemguard run: %s\n", err.c_str());
+      done = kUsage;
       return r;
     }
-    r.given.push_back(o->name);
-    switch (o->id) {
-      case Opt::log:
-        if (value.empty()) {
-          // Not the default log, which an empty path used to give: an empty CUMEMGUARD_LOG means
-          // no log, so the user asked for one of the two without saying which.
-          std::fprintf(stderr, "cumemguard run: --log needs a path (use --no-log for no log)\n");
-          r.done = kUsage;
-          return r;
-        }
-        r.log = value;
-        break;
-      case Opt::no_log: r.no_log = true; break;
-      case Opt::mode: r.mode = value; break;
-      case Opt::stacks: r.stacks = value; break;
-      case Opt::suppressions:
-        if (!r.suppressions.empty()) {
-          // The shim reads one file (CUMEMGUARD_SUPPRESSIONS); a second would be dropped.
-          std::fprintf(stderr, "cumemguard run: --suppressions takes one file; given twice "
-                               "('%s', then '%s')\n",
-                       r.suppressions.c_str(), value.c_str());
-          r.done = kUsage;
-          return r;
-        }
-        r.suppressions = value;
-        break;
-      case Opt::brief: r.brief = true; break;
-      case Opt::no_summary: r.no_summary = true; break;
-      case Opt::error_exitcode: r.exitcode = value; break;
-      case Opt::fail_on_leaks: r.fail_on_leaks = true; break;
-      case Opt::env: r.env_sets.push_back(value); break;
-      case Opt::help:
-        usage(stdout);
-        r.done = 0;
-        return r;
-      case Opt::version:
-        std::printf("cumemguard run %s\n", CMG_VERSION);
-        r.done = 0;
-        return r;
+    if (r.help) {
+      usage(stdout);
+      done = 0;
+      return r;
+    }
+    if (r.version) {
+      std::printf("cumemguard run %s\n", CMG_VERSION);
+      done = 0;
+      return r;
     }
   }
   if (i >= argc) {
     std::fprintf(stderr, "cumemguard run: no program given (see cumemguard run --help)\n");
-    r.done = kUsage;
+    done = kUsage;
     return r;
   }
-  r.prog = i;
+  prog = i;
   return r;
 }
 
 }  // namespace
 
 int run_main(int argc, char **argv) {
-  RunArgs a = parse_args(argc, argv);
-  if (a.done >= 0) return a.done;
-  if (!a.mode.empty() && a.mode != "guard" && a.mode != "report" && a.mode != "strict") {
-    std::fprintf(stderr, "cumemguard run: --mode must be guard, report or strict, not '%s'%s\n",
-                 shown(a.mode).c_str(), choice_hint("guard|report|strict", a.mode).c_str());
-    return kUsage;
-  }
-  if (a.no_log && !a.log.empty()) {
-    // Either order: one of the two would be dropped without a word.
-    std::fprintf(stderr, "cumemguard run: --log and --no-log conflict (give one)\n");
-    return kUsage;
-  }
-  int error_exitcode = 0;
-  if (!a.exitcode.empty()) {
-    char *end = nullptr;
-    long v = std::strtol(a.exitcode.c_str(), &end, 10);
-    if (!end || *end || v < 0 || v > 255) {
-      std::fprintf(stderr, "cumemguard run: --error-exitcode must be 0 to 255, not '%s'\n",
-                   a.exitcode.c_str());
-      return kUsage;
-    }
-    error_exitcode = static_cast<int>(v);
-  }
-  if (a.fail_on_leaks && !error_exitcode) {
-    std::fprintf(stderr, "cumemguard run: --fail-on-leaks needs --error-exitcode N\n");
-    return kUsage;
-  }
-  if (!a.stacks.empty() && !check_options({{"CUMEMGUARD_STACKS", a.stacks}}, "--stacks"))
-    return kUsage;
-  std::vector<std::pair<std::string, std::string>> sets;
-  for (const auto &kv : a.env_sets) {
-    auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      std::fprintf(stderr, "cumemguard run: -e expects NAME=VALUE, got '%s'\n", kv.c_str());
-      return kUsage;
-    }
-    sets.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  for (const auto &[name, value] : sets)
-    if (has_option_prefix(name) &&
-        !check_options({{name, value}}, "-e " + name + "=" + shown(value)))
-      return kUsage;
-  if (const std::string c = option_env_conflict(a.given, sets); !c.empty()) {
-    std::fprintf(stderr, "cumemguard run: %s\n", c.c_str());
-    return kUsage;
-  }
+  int prog_index = -1, done = -1;
+  const RunArgs a = parse_args(argc, argv, prog_index, done);
+  if (done >= 0) return done;
+  const RunChecked checked = check_run_args(a, "the program was not started");
+  for (const std::string &line : checked.refusals)
+    std::fprintf(stderr, "cumemguard run: %s\n", line.c_str());
+  if (!checked.refusals.empty()) return kUsage;
+  const int error_exitcode = checked.error_exitcode;
+  const auto &sets = checked.sets;
   std::string why;
   std::string shim = find_shim(&why);
   if (shim.empty()) {
@@ -421,28 +301,16 @@ int run_main(int argc, char **argv) {
     return kNoInput;
   }
   for (const auto &[name, value] : sets) setenv(name.c_str(), value.c_str(), 1);
-  const std::string prog = argv[a.prog];
+  const std::string prog = argv[prog_index];
   setenv("LD_PRELOAD",
          preload_with(shim, std::getenv("LD_PRELOAD"), program_sanitizer_runtimes(prog)).c_str(),
          1);
-  if (!a.mode.empty()) setenv("CUMEMGUARD_MODE", a.mode.c_str(), 1);
-  if (!a.stacks.empty()) setenv("CUMEMGUARD_STACKS", a.stacks.c_str(), 1);
-  if (!a.suppressions.empty())
-    setenv("CUMEMGUARD_SUPPRESSIONS", absolute(a.suppressions).c_str(), 1);
-  if (a.brief) setenv("CUMEMGUARD_WARN_FRAMES", "0", 1);
-  // What the user set, by a variable or an entry of CUMEMGUARD_OPTIONS, is left as it is; the rest
-  // gets the launcher's defaults, the same list `cumemguard config --run` shows (run_defaults.h).
+  // The settings of the launcher's options, then its defaults where the user set nothing (by a
+  // variable or an entry of CUMEMGUARD_OPTIONS): the same list `cumemguard config --run` shows.
   const ParsedOptions user = parse_options(environ);
   char cwd[PATH_MAX];
-  for (const RunDefault &d : run_defaults(user, prog, getcwd(cwd, sizeof cwd) ? cwd : ".")) {
-    if (d.name == "CUMEMGUARD_SUMMARY" && a.no_summary) continue;
-    if (d.name == "CUMEMGUARD_LOG" && (a.no_log || !a.log.empty())) continue;
+  for (const RunDefault &d : run_exports(a, user, prog, getcwd(cwd, sizeof cwd) ? cwd : "."))
     setenv(d.name.c_str(), d.value.c_str(), 1);
-  }
-  if (a.no_log)
-    setenv("CUMEMGUARD_LOG", "", 1);  // empty: no log, and it wins over a CUMEMGUARD_OPTIONS entry
-  else if (!a.log.empty())
-    setenv("CUMEMGUARD_LOG", absolute(a.log).c_str(), 1);
   // A relative CUMEMGUARD_LOG (-e, the environment or an entry of CUMEMGUARD_OPTIONS) as --log
   // makes it: against this directory. The shim opens its log where the process is at its first
   // CUDA call, and a program that changed directory wrote it there while the list of logs and the
@@ -571,7 +439,7 @@ int run_main(int argc, char **argv) {
     if (getppid() != launcher) _exit(128 + SIGKILL);
     for (int k = 0; k < 6; ++k) sigaction(forwarded[k], &old[k], nullptr);
     sigprocmask(SIG_SETMASK, &unblocked, nullptr);
-    execvp(prog.c_str(), argv + a.prog);
+    execvp(prog.c_str(), argv + prog_index);
     const int err = errno;
     if (exec_err[1] >= 0) (void)!::write(exec_err[1], &err, sizeof err);
     errno = err;

@@ -4,7 +4,8 @@
 # CUMEMGUARD_SHIM_PATH that is not the shim (66), a log path that is a device (73), an existing
 # file there that is not a cumemguard log (73), a relative CUMEMGUARD_LOG made absolute as --log is,
 # an unknown placeholder in the log's name (64), a
-# launcher option given with an -e of the setting it makes (64); and it says so when the
+# launcher option given with an -e of the setting it makes (64), an -e of a variable the launcher
+# sets or reads itself (64); and it says so when the
 # environment disables the shim, or when no process of the run loaded it (a static program), where
 # --error-exitcode N then exits N.
 #   check_run_gates.py --cg CUMEMGUARD --build BUILD_DIR [--static PROGRAM]
@@ -204,6 +205,38 @@ def option_and_env(e):
           f"{p.stderr!r}")
 
 
+def launcher_variables(e):
+    # The launcher's own variables: an -e of one was dropped without a word (CUMEMGUARD_RUN_ID
+    # replaced, CUMEMGUARD_SHIM_PATH given to the program while another shim was preloaded), or
+    # taken for an outer launcher's (CUMEMGUARD_STATUS_DIR with CUMEMGUARD_RUN_ID: the counts went
+    # to that directory). Each is refused before anything runs, P29's double free unchecked.
+    shim = os.path.join(e.build, "shim", "libcumemguard.so")
+    outer = tempfile.mkdtemp(dir=e.tmp)
+    internal = "is set by the launcher and the shim themselves; -e cannot give it to the program"
+    for sets, line in (
+            (["CUMEMGUARD_RUN_ID=x"], f"-e CUMEMGUARD_RUN_ID=x: CUMEMGUARD_RUN_ID {internal}"),
+            ([f"CUMEMGUARD_STATUS_DIR={outer}", "CUMEMGUARD_RUN_ID=x"],
+             f"-e CUMEMGUARD_STATUS_DIR={outer}: CUMEMGUARD_STATUS_DIR {internal}"),
+            (["CUMEMGUARD_SAID=1"], f"-e CUMEMGUARD_SAID=1: CUMEMGUARD_SAID {internal}"),
+            ([f"CUMEMGUARD_SHIM_PATH={shim}"],
+             f"-e CUMEMGUARD_SHIM_PATH={shim}: the launcher reads CUMEMGUARD_SHIM_PATH in its own "
+             f"environment, not in the program's: set it before the command "
+             f"(CUMEMGUARD_SHIM_PATH={shim} cumemguard run ...)")):
+        d = e.logdir()
+        args = [w for kv in sets for w in ("-e", kv)]
+        p = e.run(["--error-exitcode", "9"] + args + ["--", e.rt, "P29"], cwd=d)
+        check(p.returncode == 64 and p.stdout == "" and not os.listdir(d) and
+              not os.listdir(outer) and
+              p.stderr == f"cumemguard run: {line}; the program was not started\n",
+              f"-e {sets}: rc {p.returncode} {p.stdout!r} {p.stderr!r} {os.listdir(outer)}")
+    # The supported way: CUMEMGUARD_SHIM_PATH in the launcher's own environment.
+    d = e.logdir()
+    p = e.run(["--error-exitcode", "9", "--no-summary", "--", e.rt, "P29"],
+              extra={"CUMEMGUARD_SHIM_PATH": shim}, cwd=d)
+    check(p.returncode == 9, f"CUMEMGUARD_SHIM_PATH in the launcher's environment: rc "
+                             f"{p.returncode} {p.stderr[-300:]!r}")
+
+
 def unloaded(e):
     line = ("cumemguard: warning: no process of the run loaded the shim (ld.so ignores LD_PRELOAD "
             "for a static or setuid program): nothing was checked")
@@ -234,7 +267,8 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--static")
     e = Env(ap.parse_args())
-    for t in (not_the_shim, relative_shim_path, relative_log, disabled, log_paths, option_and_env, unloaded):
+    for t in (not_the_shim, relative_shim_path, relative_log, disabled, log_paths, option_and_env,
+              launcher_variables, unloaded):
         t(e)
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
