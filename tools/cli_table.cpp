@@ -42,7 +42,8 @@ constexpr ExitStatus kTopExits[] = {
      "a usage error: an unknown command or option, a bad argument or value; for run and config, "
      "a CUMEMGUARD_* setting (from -e or the environment) that cannot apply; for run, a "
      "suppressions file that cannot be read, an event log name whose %q{VAR} is not set or with "
-     "an unknown placeholder, or an option given with an -e of the setting it makes"},
+     "an unknown placeholder, an option given with an -e of the setting it makes, or an -e of a "
+     "variable the launcher sets or reads itself"},
     {"66",
      "an input cannot be read: a log for report; the shim for run (CUMEMGUARD_SHIM_PATH names "
      "no file, or a file that is not libcumemguard.so)"},
@@ -140,7 +141,8 @@ constexpr ExitStatus kRunExits[] = {
      "bad options or arguments, or a CUMEMGUARD_* setting (from -e or the environment) that "
      "cannot apply; an unreadable suppressions file; an event log name whose %q{VAR} is not set "
      "or with an unknown placeholder; an option given with an -e of the setting it makes (--log "
-     "and -e CUMEMGUARD_LOG=...)"},
+     "and -e CUMEMGUARD_LOG=...); an -e of a variable the launcher sets or reads itself "
+     "(CUMEMGUARD_RUN_ID, CUMEMGUARD_SHIM_PATH, ...)"},
     {"66",
      "the shim cannot be found or read (CUMEMGUARD_SHIM_PATH names no file), or is not "
      "libcumemguard.so (an ELF shared object of this machine defining cumemguard_stats_json)"},
@@ -274,14 +276,16 @@ constexpr sv kConfigDescription[] = {
     "it comes from: its own variable, an entry of CUMEMGUARD_OPTIONS, the profile in force "
     "(CUMEMGUARD_PROFILE), cumemguard run (with --run) or the default.",
 };
-constexpr Option kConfigOptions[] = {
+constexpr Option kConfigOwnOptions[] = {
     {"--json", "", Value::None, "",
      "machine-readable output (its fields: config-json.md in the documentation "
      "directory, " CMG_DOCDIR ")"},
     {"--run", "", Value::None, "",
      "evaluate the environment cumemguard run gives the program: the debug profile, the exit "
-     "summary and a log in the current directory, where the environment does not set them; "
-     "a setting run would refuse is refused (status 64)"},
+     "summary and a log in the current directory, where the environment does not set them, and "
+     "what run's own options given with it make of it (--log, --no-log, -e and the others, "
+     "listed after --python and read as run reads them); a setting run would refuse is refused "
+     "(status 64)"},
     {"--env", "NAME=VALUE", Value::EnvName, "",
      "evaluate as if NAME were set to VALUE (nothing is exported); --env NAME: as if NAME were "
      "unset"},
@@ -289,17 +293,41 @@ constexpr Option kConfigOptions[] = {
      "judge for PyTorch V (default: the torch that --python would import)"},
     {"--python", "PATH", Value::File, "",
      "the interpreter asked where torch is, without importing it (python3)"},
+};
+constexpr Option kConfigHelpVersion[] = {
     {"-h, --help", "", Value::None, "", "print this help"},
     {"--version", "", Value::None, "", "print the version"},
 };
+// run's options but its own --help and --version: config --run takes them (run_args.h), so its
+// help, page and completion list them from run's table, never from a copy.
+constexpr bool shared_with_run(const Option &o) {
+  return o.names != sv(kRunNames_help.data()) && o.names != sv(kRunNames_version.data());
+}
+constexpr std::size_t kRunShared = [] {
+  std::size_t n = 0;
+  for (const Option &o : kRunOptions) n += shared_with_run(o);
+  return n;
+}();
+constexpr auto kConfigOptions = [] {
+  std::array<Option, std::size(kConfigOwnOptions) + kRunShared + std::size(kConfigHelpVersion)>
+      out{};
+  std::size_t k = 0;
+  for (const Option &o : kConfigOwnOptions) out[k++] = o;
+  for (const Option &o : kRunOptions)
+    if (shared_with_run(o)) out[k++] = o;
+  for (const Option &o : kConfigHelpVersion) out[k++] = o;
+  return out;
+}();
 constexpr ExitStatus kConfigExits[] = {
     {"0", "PyTorch accepts this environment"},
     {"1",
      "PyTorch would fail on it (an exception at the first CUDA allocation, or an abort "
      "during import torch)"},
     {"64",
-     "bad arguments, or a CUMEMGUARD_* setting that cannot apply, with or without --run (said "
-     "first, one line each, as cumemguard run says it; run refuses it with 64 too)"},
+     "bad arguments (one of run's options without --run, or a value run refuses), or a "
+     "CUMEMGUARD_* setting that cannot apply, with or without --run, an -e of a variable the "
+     "launcher sets itself included (one line each on stderr, labelled as cumemguard run labels "
+     "it; run refuses it with 64 too)"},
 };
 
 constexpr std::array<Command, 4> kCommands = {{
@@ -320,7 +348,8 @@ constexpr std::array<Command, 4> kCommands = {{
      kReportNotes},
     {"config",
      "show the PyTorch allocator configuration and the cumemguard options in force",
-     "[--json] [--run] [--env NAME=VALUE | --env NAME]... [--torch-version V] [--python PATH]",
+     "[--json] [--run [RUN-OPTIONS]] [--env NAME=VALUE | --env NAME]... [--torch-version V] "
+     "[--python PATH]",
      kConfigDescription,
      kConfigOptions,
      Value::None,

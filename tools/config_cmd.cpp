@@ -23,6 +23,7 @@
 #include "cmg_config.h"
 #include "config_torch_version.h"
 #include "options.h"
+#include "run_args.h"
 #include "run_defaults.h"
 #include "torch_conf.h"
 
@@ -46,6 +47,8 @@ struct Args {
   std::vector<std::pair<std::string, std::optional<std::string>>> env;
   std::optional<torchconf::TorchVersion> torch_version;
   std::string python = "python3";
+  tools::RunArgs run;      // cumemguard run's own options, for --run (run_options.def)
+  bool err_whole = false;  // the error is run's reader's line, which says what to do itself
 };
 
 bool valid_name(std::string_view n) {
@@ -114,10 +117,24 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
                                                 ? std::nullopt
                                                 : std::optional<std::string>(v.substr(eq + 1)));
     } else {
-      err = (arg.starts_with('-') ? "unknown option '" : "unexpected argument '") + shown(arg) +
-            "'" + tools::cli::option_hint(tools::cli::command("config"), arg);
-      return false;
+      // run's options, read as run reads them: --run shows what they make of the environment.
+      std::string bad;
+      const tools::RunOptionRead got = tools::read_run_option(argc, argv, i, a.run, "config", bad);
+      if (got == tools::RunOptionRead::Bad) {
+        err = bad;
+        a.err_whole = true;
+        return false;
+      }
+      if (got == tools::RunOptionRead::NotOne) {
+        err = (arg.starts_with('-') ? "unknown option '" : "unexpected argument '") + shown(arg) +
+              "'" + tools::cli::option_hint(tools::cli::command("config"), arg);
+        return false;
+      }
     }
+  }
+  if (!a.as_run && !a.run.given.empty()) {
+    err = std::string(a.run.given[0]) + " is an option of cumemguard run: give --run with it";
+    return false;
   }
   return true;
 }
@@ -424,10 +441,22 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
   }
 }
 
+// What --error-exitcode and --fail-on-leaks given with --run make of the launcher's status: they
+// set nothing in the program's environment.
+std::string gate_text(const tools::RunArgs &run, int error_exitcode) {
+  if (run.exitcode.empty()) return {};
+  if (!error_exitcode) return "exit status: the program's own (--error-exitcode 0)";
+  const std::string n = std::to_string(error_exitcode);
+  return "exit status: " + n + " when a process of the run has findings that are not suppressed" +
+         (run.fail_on_leaks ? ", leaks at exit included (--fail-on-leaks)" : "") +
+         ", or when nothing was checked (--error-exitcode " + n + ")";
+}
+
 void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env,
-                        const std::set<std::string_view> &by_run) {
+                        const std::set<std::string_view> &by_run, const std::string &gate) {
   out << "\ncumemguard options\n"
       << "  profile " << profile_why(po, by_run.count("PROFILE") > 0) << '\n';
+  if (!gate.empty()) out << "  " << gate << '\n';
   if (po.has_options_variable)
     out << "  " << kOptionsVariable << "=" << in_quotes(po.options_variable)
         << "  (a separate CUMEMGUARD_<NAME> variable wins over its entries)\n";
@@ -474,7 +503,8 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   Args args;
   std::string why;
   if (!parse_args(argc, argv, args, why)) {
-    err << "cumemguard config: " << why << " (see cumemguard config --help)\n";
+    err << "cumemguard config: " << why << (args.err_whole ? "" : " (see cumemguard config --help)")
+        << '\n';
     return kExitUsage;
   }
   if (args.help) {
@@ -491,28 +521,56 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     for (const auto &e : env) pairs.emplace_back(e.first, e.second);
     return parse_options(pairs);
   };
-  ParsedOptions po = parse_env();
-  // --run: what the launcher adds when the user did not set it (run_defaults.h), shown as set by
-  // cumemguard run. The log is named after the program, which config does not know: PROGRAM.
-  std::set<std::string_view> by_run;
+  auto set_env = [&](const std::string &name, const std::string &value) {  // as setenv() does
+    std::erase_if(env, [&](const auto &e) { return e.first == name; });
+    env.emplace_back(name, value);
+  };
+  const std::string override_var = std::string(kOptionPrefix) + "TORCH_ALLOC_CONF";
+  // What `cumemguard run` refuses (the same checks, labelled as run labels them) is refused here
+  // with its status, one line each on stderr, with or without --run.
+  constexpr std::string_view kRefused = "refused: cumemguard run would not start the program";
+  std::string torch_label = "environment";
+  tools::RunChecked checked;
   if (args.as_run) {
-    // What would stop `cumemguard run` stops this too, with its status and one line each: the
-    // listing shows the environment a program gets, and it would get none.
-    std::vector<std::string> refused = tools::run_refusals(po);
-    const std::optional<std::string> ov = lookup(env, std::string(kOptionPrefix) + "TORCH_ALLOC_CONF");
-    if (ov && !ov->empty()) {
+    // --run: run's own options first, then their -e values in the program's environment.
+    checked = tools::check_run_args(args.run, kRefused);
+    for (const std::string &line : checked.refusals) err << "cumemguard config: " << line << '\n';
+    if (!checked.refusals.empty()) return kExitUsage;
+    for (const auto &[name, value] : checked.sets) {
+      set_env(name, value);
+      if (name == override_var) torch_label = "-e " + name + "=" + shown(value);
+    }
+  }
+  ParsedOptions po = parse_env();
+  // A name set twice is let through, as run lets it through.
+  std::vector<std::string> refused;
+  for (const std::string &line : tools::run_refusals(po)) refused.push_back("environment: " + line);
+  // An override PyTorch's grammar refuses stops run too; planned, as run and the shim plan it,
+  // with the newest grammar (the release is not known before `import torch`).
+  if (const std::optional<std::string> ov = lookup(env, override_var); ov && !ov->empty()) {
+    try {
       const tc::Plan tp = tc::plan(
           tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); }), *ov,
           tc::newest_grammar());
-      if (tp.action == tc::PlanAction::Refuse) refused.push_back(tp.reason);
+      if (tp.action == tc::PlanAction::Refuse)
+        refused.push_back(torch_label + ": " + tools::torch_override_refusal(*ov, tp.reason));
+    } catch (...) {
+      // run lets through what it cannot evaluate (the shim says why); so does this
     }
-    for (const std::string &line : refused)
-      err << "cumemguard config: --run: " << line << "; cumemguard run would not start the program\n";
-    if (!refused.empty()) return kExitUsage;
+  }
+  for (const std::string &line : refused)
+    err << "cumemguard config: " << line << "; " << kRefused << '\n';
+  // --run: the listing shows the environment a program gets, and it would get none.
+  if (args.as_run && !refused.empty()) return kExitUsage;
+  // --run: what the launcher exports for its options and its defaults where the user did not set
+  // them (run_args.h), shown as set by cumemguard run. The log is named after the program, which
+  // config does not know: PROGRAM.
+  std::set<std::string_view> by_run;
+  if (args.as_run) {
     char cwd[PATH_MAX];
     const std::string dir = getcwd(cwd, sizeof cwd) ? cwd : ".";
-    for (const tools::RunDefault &d : tools::run_defaults(po, "PROGRAM", dir)) {
-      env.emplace_back(d.name, d.value);
+    for (const tools::RunDefault &d : tools::run_exports(args.run, po, "PROGRAM", dir)) {
+      set_env(d.name, d.value);
       const std::string_view name = std::string_view(d.name).substr(kOptionPrefix.size());
       for (const OptionSpec &sp : option_specs())
         if (sp.name == name) by_run.insert(sp.name);
@@ -533,11 +591,6 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   // Judged, diagnosed and planned with the release's own grammar (its keys, its parser).
   const tc::Judgement jd = tc::judge(tenv, choice.version, choice.source);
   const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf, jd.grammar);
-  // A CUMEMGUARD_* setting that cannot apply is what `cumemguard run` refuses with 64: the same
-  // status here, and said first (the option listing is long). A name set twice is let through.
-  std::vector<std::string> refused;
-  for (std::size_t k = 0; k < po.problems.size(); ++k)
-    if (po.problem_kinds[k] != ProblemKind::Repeated) refused.push_back(po.problems[k]);
   const int status = !refused.empty()                         ? kExitUsage
                      : jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk
                                                               : kExitTorchFails;
@@ -554,18 +607,16 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
         {"options_variable", po.has_options_variable ? json(po.options_variable) : json(nullptr)},
         {"options", options_json(po, by_run)},
         {"option_problems", po.problems},
+        {"run", args.as_run ? json{{"error_exitcode", args.run.exitcode.empty()
+                                                          ? json(nullptr)
+                                                          : json(checked.error_exitcode)},
+                                   {"fail_on_leaks", args.run.fail_on_leaks}}
+                            : json(nullptr)},
         {"exit_status", status}};
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
-    if (!refused.empty()) {
-      out << "cumemguard options: " << refused.size()
-          << (refused.size() == 1 ? " setting" : " settings")
-          << " cannot apply (cumemguard run refuses to start; the shim would keep the default):\n";
-      for (const std::string &r : refused) out << "  " << r << '\n';
-      out << '\n';
-    }
     print_torch_text(out, tenv, p, jd, override_raw);
-    print_options_text(out, po, env, by_run);
+    print_options_text(out, po, env, by_run, gate_text(args.run, checked.error_exitcode));
   }
   return status;
 }

@@ -21,10 +21,12 @@ FAILURES = []
 
 # The parser of each command: the source file and the function the comparisons are in.
 # run's parser reads its options from tools/run_options.def (as its table here does); the others
-# compare arguments with literals in these functions.
+# compare arguments with literals in these functions, and config's reads run's table too (RUN_TOO:
+# config --run takes run's options).
 PARSERS = {"run": ("tools/run_options.def", None),
            "report": ("tools/report.cpp", "int report_main("),
            "config": ("tools/config_cmd.cpp", "bool parse_args(")}
+RUN_TOO = {"config"}
 
 
 def check(cond, msg):
@@ -57,12 +59,19 @@ def help_options(text):
 
 def parser_options(source, cmd):
     """The option literals the command's parser compares an argument with: `== "--x"`,
-    `"--x="` prefixes and `starts_with("--x")`; for run, the names of its options table."""
+    `"--x="` prefixes and `starts_with("--x")`; for run, the names of its options table (config
+    reads them too)."""
     path, start = PARSERS[cmd]
     text = open(os.path.join(source, path)).read()
     if start is None:  # CMG_RUN_OPTION(id, "name", "alias", ...)
         return {n for pair in re.findall(r'^CMG_RUN_OPTION\(\w+,\s*"([^"]*)",\s*"([^"]*)"', text,
                                           re.M) for n in pair if n}
+    if cmd in RUN_TOO:
+        return parser_options(source, "run") | parser_options_in(text, start)
+    return parser_options_in(text, start)
+
+
+def parser_options_in(text, start):
     body = text[text.index(start):]
     # The function ends at the first line that is a lone closing brace.
     body = body[:body.index("\n}\n")]

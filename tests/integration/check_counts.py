@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -167,6 +168,70 @@ def main():
     for name in ("CUMEMGUARD_LOG", "CUMEMGUARD_SUMMARY", "CUMEMGUARD_PROFILE"):
         check(re.search(rf"^{name}=\S+  \(set by cumemguard run\)$", t, re.M),
               f"config --run text: {name} not shown as set by cumemguard run")
+
+    # config --run takes run's own options (the same table) and shows what they export: each
+    # CUMEMGUARD_* variable the program gets has the effective value config lists, and what config
+    # says cumemguard run set is among them. config rejected them all (unknown option '--log').
+    with open(os.path.join(tmp, "s.supp"), "w") as f:
+        f.write("double-free:vendor_*\n")
+    own = ("CUMEMGUARD_RUN_ID", "CUMEMGUARD_STATUS_DIR", "CUMEMGUARD_SAID")
+    for opts in (["--log", "x.log"], ["--log=sub.%p.log", "--no-summary"], ["--no-log"],
+                 ["--brief", "--mode", "report", "--stacks", "4"], ["--suppressions", "s.supp"],
+                 ["-e", "CUMEMGUARD_WARN_LIMIT=5", "-e", "CUMEMGUARD_OPTIONS=ipc=deny"],
+                 ["--error-exitcode", "3", "--fail-on-leaks"]):
+        c = subprocess.run([a.cg, "config", "--run", "--json"] + opts, env=env, cwd=tmp,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        if not check(c.returncode == 0, f"config --run {opts}: rc {c.returncode} {c.stderr!r}"):
+            continue
+        doc = json.loads(c.stdout)
+        listed = {o["name"]: o for o in doc["options"]}
+        e4 = subprocess.run([a.cg, "run"] + opts + ["--", "sh", "-c", "export -p"], env=env,
+                            cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            timeout=120)
+        got = {}  # the shell's own listing, quoted as the shell quotes it
+        for l in e4.stdout.splitlines():
+            words = shlex.split(l) if l.startswith("export CUMEMGUARD_") else []
+            name, _, value = words[1].partition("=") if len(words) == 2 else ("", "", "")
+            if name and name not in own:
+                got[name] = value
+        for name, value in got.items():
+            if name == "CUMEMGUARD_OPTIONS":
+                continue
+            shown = listed[name]["effective"].replace("cumemguard.PROGRAM.", "cumemguard.sh.")
+            check(shown == value, f"config --run {opts}: {name}={shown!r} "
+                                  f"({listed[name]['source']}); run exports {value!r}")
+        by_run = sorted(n for n, o in listed.items() if o["source"] == "cumemguard run")
+        check(set(by_run) <= set(got), f"config --run {opts}: set by run {by_run}, run exports "
+                                       f"{sorted(got)}")
+        gate = {"error_exitcode": 3, "fail_on_leaks": True} if "--error-exitcode" in opts else \
+            {"error_exitcode": None, "fail_on_leaks": False}
+        check(doc["run"] == gate, f"config --run {opts}: run {doc['run']}")
+    c = subprocess.run([a.cg, "config", "--run", "--json", "--log", "x.log"], env=env, cwd=tmp,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    log = {o["name"]: o for o in json.loads(c.stdout or "{}").get("options", [])}.get(
+        "CUMEMGUARD_LOG", {})
+    check(c.returncode == 0 and log.get("effective") == os.path.join(os.path.realpath(tmp),
+                                                                      "x.log") and
+          log.get("source") == "cumemguard run",
+          f"config --run --log x.log: rc {c.returncode} {log} {c.stderr!r}")
+    # Without --run, run's options are a usage error that says so; what run refuses of them,
+    # config --run refuses with run's line.
+    for opts, line in ((["--log", "x.log"], "cumemguard config: --log is an option of cumemguard "
+                        "run: give --run with it (see cumemguard config --help)"),
+                       (["--run", "--log", "a.log", "-e", "CUMEMGUARD_LOG=b.log"],
+                        "cumemguard config: --log and -e CUMEMGUARD_LOG=b.log both set "
+                        "CUMEMGUARD_LOG; give one of them (refused: cumemguard run would not "
+                        "start the program)"),
+                       (["--run", "-e", "CUMEMGUARD_RUN_ID=x"],
+                        "cumemguard config: -e CUMEMGUARD_RUN_ID=x: CUMEMGUARD_RUN_ID is set by "
+                        "the launcher and the shim themselves; -e cannot give it to the program; "
+                        "refused: cumemguard run would not start the program"),
+                       (["--run", "--error-exitcode", "256"],
+                        "cumemguard config: --error-exitcode must be 0 to 255, not '256'")):
+        c = subprocess.run([a.cg, "config"] + opts, env=env, cwd=tmp, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        check(c.returncode == 64 and c.stdout == "" and c.stderr.splitlines() == [line],
+              f"config {opts}: rc {c.returncode} {c.stderr!r} {c.stdout[:200]!r}")
 
     if FAILURES:
         print(f"{len(FAILURES)} failed (files kept in {tmp})")

@@ -769,18 +769,29 @@ def first_use(e):
           in mode[0] and seen == ["CUMEMGUARD_LOG", "CUMEMGUARD_SAID", "CUMEMGUARD_STAKS"],
           f"plain LD_PRELOAD, an unknown option in a job of 11: rc {p.returncode} {staks} {mode} "
           f"{seen} {p.stderr[-300:]!r}")
-    # config --run refuses what run refuses, with the same status.
-    for extra, want in (({"CUMEMGUARD_STAKS": "3"},
-                         "cumemguard config: --run: unknown option CUMEMGUARD_STAKS (did you mean "
-                         "CUMEMGUARD_STACKS?); cumemguard run would not start the program"),
-                        ({"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"},
-                         "cumemguard config: --run: CUMEMGUARD_TORCH_ALLOC_CONF: 'bogus' needs "
-                         "':value' (or write -bogus to remove it); cumemguard run would not start "
-                         "the program")):
-        p = e.run(["config", "--run", "--torch-version", "2.9.1"], extra=extra)
+    # config refuses what run refuses, with the same status and run's words, with or without
+    # --run: one line each on stderr, the listing (without --run) alone on stdout. Without --run a
+    # refused CUMEMGUARD_TORCH_ALLOC_CONF exited 0, and a refused option was said on stdout only,
+    # as "ignored".
+    for extra, why in (({"CUMEMGUARD_STAKS": "3"},
+                        "unknown option CUMEMGUARD_STAKS (did you mean CUMEMGUARD_STACKS?)"),
+                       ({"CUMEMGUARD_STACKS": "abc"},
+                        "CUMEMGUARD_STACKS: 'abc' is not valid: not a whole number"),
+                       ({"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"},
+                        "CUMEMGUARD_TORCH_ALLOC_CONF: 'bogus' needs ':value' (or write -bogus to "
+                        "remove it)")):
         r = e.run(["run", "--no-summary"] + prog, extra=extra, cwd=d)
-        check(p.returncode == 64 == r.returncode and p.stderr.splitlines() == [want],
-              f"config --run {extra}: rc {p.returncode} (run {r.returncode}) {p.stderr!r}")
+        check(r.returncode == 64 and r.stderr.splitlines() ==
+              [f"cumemguard run: environment: {why}; the program was not started"],
+              f"run {extra}: rc {r.returncode} {r.stderr!r}")
+        want = f"cumemguard config: environment: {why}; refused: cumemguard run would not start " \
+               "the program"
+        for args in (["--run"], []):
+            p = e.run(["config"] + args + ["--torch-version", "2.9.1"], extra=extra)
+            check(p.returncode == 64 and p.stderr.splitlines() == [want] and
+                  (p.stdout == "" if args else
+                   p.stdout.startswith("PyTorch allocator configuration")),
+                  f"config {args} {extra}: rc {p.returncode} {p.stderr!r} {p.stdout[:200]!r}")
     # --log and --no-log together, either order.
     for args in (["--no-log", "--log", "x.log"], ["--log", "x.log", "--no-log"]):
         p = e.run(["run", "--no-summary"] + args + prog, cwd=d)

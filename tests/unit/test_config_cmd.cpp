@@ -2,6 +2,9 @@
 // tools/config_cmd: arguments, exit status, --env edits, and the JSON listing (config-json.md).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -132,9 +135,18 @@ TEST_CASE("config: the shim's override is shown", "[config_cmd][P22]") {
   CHECK(o["writes"][0]["new"] ==
         "max_split_size_mb:512,garbage_collection_threshold:0.8,expandable_segments:False");
   CHECK(o["result_outcome"] == "ok");
-  auto refused = run({"--json"}, {"CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:true"}).json();
+  Run r = run({"--json"}, {"CUMEMGUARD_TORCH_ALLOC_CONF=expandable_segments:true"});
+  auto refused = r.json();
   CHECK(refused["torch"]["override"]["action"] == "refuse");
-  CHECK(refused["exit_status"] == 0);  // PyTorch itself is fine: the shim keeps the original
+  // PyTorch itself is fine, but `cumemguard run` does not start a program with this value: 64 as
+  // run exits (it was 0), said on stderr.
+  CHECK(r.status == 64);
+  CHECK(refused["exit_status"] == 64);
+  CHECK(r.err ==
+        "cumemguard config: environment: CUMEMGUARD_TORCH_ALLOC_CONF='expandable_segments:true': "
+        "the result would make the first CUDA allocation raise ValueError: Expected 'True' or "
+        "'False' at index 2 in ConfigTokenizer but got 'true'; refused: cumemguard run would not "
+        "start the program\n");
   CHECK(run({"--json"}).json()["torch"]["override"]["action"] == "none");
 }
 
@@ -290,18 +302,20 @@ TEST_CASE("config's outcome names the release that accepts, and says when none w
 
 // A setting `cumemguard run` refuses is said on the first screen and exits 64 as run does (it
 // exited 0 with "problems: none", PyTorch's, at the top and the value lost from the JSON).
-TEST_CASE("config: settings that cannot apply come first, keep their value, exit 64",
+// Refused on stderr, one line each, in run's words: they were said on stdout only, as "ignored"
+// and "keeping '0'", before a listing that exited 64.
+TEST_CASE("config: settings that cannot apply are refused on stderr, keep their value, exit 64",
           "[config_cmd]") {
   const std::vector<std::string> env{"CUMEMGUARD_STACKS=abc", "CUMEMGUARD_STAKS=4"};
   Run t = run({"--torch-version", "2.11"}, env);
   CHECK(t.status == 64);
-  CHECK(t.out.rfind("cumemguard options: 2 settings cannot apply (cumemguard run refuses to "
-                    "start; the shim would keep the default):\n"
-                    "  unknown option CUMEMGUARD_STAKS (did you mean CUMEMGUARD_STACKS?); "
-                    "ignored\n"
-                    "  CUMEMGUARD_STACKS: 'abc' is not valid: not a whole number; keeping '0'\n\n"
-                    "PyTorch allocator configuration",
-                    0) == 0);
+  CHECK(t.err ==
+        "cumemguard config: environment: unknown option CUMEMGUARD_STAKS (did you mean "
+        "CUMEMGUARD_STACKS?); refused: cumemguard run would not start the program\n"
+        "cumemguard config: environment: CUMEMGUARD_STACKS: 'abc' is not valid: not a whole "
+        "number; refused: cumemguard run would not start the program\n");
+  CHECK(t.out.rfind("PyTorch allocator configuration", 0) == 0);
+  CHECK(t.out.find("cannot apply") == std::string::npos);
   Run j = run({"--json", "--torch-version", "2.11"}, env);
   CHECK(j.status == 64);
   auto doc = j.json();
@@ -317,4 +331,104 @@ TEST_CASE("config: settings that cannot apply come first, keep their value, exit
       run({"--torch-version", "2.11"}, {"CUMEMGUARD_MODE=strict", "CUMEMGUARD_MODE=report"});
   CHECK(twice.status == 0);
   CHECK(twice.out.rfind("PyTorch allocator configuration", 0) == 0);
+}
+
+// An override run refuses exited 0 without --run (and 64 with it).
+TEST_CASE("config: an override that cannot apply is refused as run refuses it", "[config_cmd]") {
+  const std::string line =
+      "cumemguard config: environment: CUMEMGUARD_TORCH_ALLOC_CONF: 'bogus' needs ':value' (or "
+      "write -bogus to remove it); refused: cumemguard run would not start the program\n";
+  for (const std::vector<std::string> &env :
+       {std::vector<std::string>{"CUMEMGUARD_TORCH_ALLOC_CONF=bogus"}}) {
+    Run t = run({"--torch-version", "2.11"}, env);
+    CHECK(t.status == 64);
+    CHECK(t.err == line);
+    CHECK(t.out.rfind("PyTorch allocator configuration", 0) == 0);
+    Run j = run({"--json", "--torch-version", "2.11"}, env);
+    CHECK(j.status == 64);
+    CHECK(j.json()["exit_status"] == 64);
+    Run r = run({"--run", "--torch-version", "2.11"}, env);
+    CHECK(r.status == 64);
+    CHECK(r.err == line);
+    CHECK(r.out.empty());
+  }
+  // Given with --env, it is the environment config evaluates; an empty one is no override.
+  CHECK(run({"--env", "CUMEMGUARD_TORCH_ALLOC_CONF=bogus"}).err == line);
+  CHECK(run({"--torch-version", "2.11"}, {"CUMEMGUARD_TORCH_ALLOC_CONF="}).status == 0);
+}
+
+// run's own options with --run, from its table: they were "unknown option" here.
+TEST_CASE("config --run takes run's options and shows what they set", "[config_cmd]") {
+  char cwd[4096];
+  REQUIRE(getcwd(cwd, sizeof cwd));
+  const std::string dir = cwd;
+  auto opts = [](const Run &r) {
+    std::map<std::string, nlohmann::json> m;
+    const nlohmann::json doc = r.json();  // kept: the loop reads into it
+    for (const auto &o : doc["options"]) m[o["name"].get<std::string>()] = o;
+    return m;
+  };
+  Run r = run({"--run", "--json", "--torch-version", "2.11", "--log", "x.log", "--brief",
+               "--mode=report", "--stacks", "4", "--suppressions", "s.supp", "-e",
+               "CUMEMGUARD_WARN_LIMIT=5", "--error-exitcode", "3", "--fail-on-leaks"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto o = opts(r);
+  CHECK(o["CUMEMGUARD_LOG"]["effective"] == dir + "/x.log");
+  CHECK(o["CUMEMGUARD_LOG"]["source"] == "cumemguard run");
+  CHECK(o["CUMEMGUARD_WARN_FRAMES"]["effective"] == "0");
+  CHECK(o["CUMEMGUARD_WARN_FRAMES"]["source"] == "cumemguard run");
+  CHECK(o["CUMEMGUARD_MODE"]["effective"] == "report");
+  CHECK(o["CUMEMGUARD_STACKS"]["effective"] == "4");
+  CHECK(o["CUMEMGUARD_SUPPRESSIONS"]["effective"] == dir + "/s.supp");
+  CHECK(o["CUMEMGUARD_WARN_LIMIT"]["effective"] == "5");
+  CHECK(o["CUMEMGUARD_SUMMARY"]["source"] == "cumemguard run");
+  CHECK(r.json()["run"] == nlohmann::json{{"error_exitcode", 3}, {"fail_on_leaks", true}});
+  Run t = run({"--run", "--torch-version", "2.11", "--error-exitcode", "3"});
+  CHECK(t.out.find("\n  exit status: 3 when a process of the run has findings that are not "
+                   "suppressed, or when nothing was checked (--error-exitcode 3)\n") !=
+        std::string::npos);
+  // --no-log: an empty log, set by run; --no-summary: the summary left to the environment.
+  auto n = opts(run({"--run", "--json", "--no-log", "--no-summary"}));
+  CHECK(n["CUMEMGUARD_LOG"]["effective"] == "");
+  CHECK(n["CUMEMGUARD_LOG"]["source"] == "cumemguard run");
+  CHECK(n["CUMEMGUARD_SUMMARY"]["source"] == "default");
+  CHECK(run({"--json"}).json()["run"].is_null());
+  // Refused as run refuses them, one line, nothing on stdout.
+  for (const auto &[args, line] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--log", "x.log"},
+            "--log is an option of cumemguard run: give --run with it (see cumemguard config "
+            "--help)"},
+           {{"--run", "--log"}, "--log needs a value (see cumemguard config --help)"},
+           {{"--run", "--log", ""}, "--log needs a path (use --no-log for no log)"},
+           {{"--run", "--mode", "stict"},
+            "--mode must be guard, report or strict, not 'stict' (did you mean 'strict'?)"},
+           {{"--run", "--no-log", "--log", "a"}, "--log and --no-log conflict (give one)"},
+           {{"--run", "--fail-on-leaks"}, "--fail-on-leaks needs --error-exitcode N"},
+           {{"--run", "-e", "X"}, "-e expects NAME=VALUE, got 'X'"},
+           {{"--run", "--stacks", "x"},
+            "--stacks: CUMEMGUARD_STACKS: 'x' is not valid: not a whole number; refused: "
+            "cumemguard run would not start the program"},
+           {{"--run", "-e", "CUMEMGUARD_MODE=stict"},
+            "-e CUMEMGUARD_MODE=stict: CUMEMGUARD_MODE: 'stict' is not valid: expected one of "
+            "guard|report|strict (did you mean 'strict'?); refused: cumemguard run would not "
+            "start the program"},
+           {{"--run", "-e", "CUMEMGUARD_STATUS_DIR=/tmp"},
+            "-e CUMEMGUARD_STATUS_DIR=/tmp: CUMEMGUARD_STATUS_DIR is set by the launcher and the "
+            "shim themselves; -e cannot give it to the program; refused: cumemguard run would "
+            "not start the program"},
+           {{"--run", "--brief", "-e", "CUMEMGUARD_WARN_FRAMES=3"},
+            "--brief and -e CUMEMGUARD_WARN_FRAMES=3 both set CUMEMGUARD_WARN_FRAMES; give one "
+            "of them (refused: cumemguard run would not start the program)"}}) {
+    Run b = run(args);
+    INFO(b.err);
+    CHECK(b.status == 64);
+    CHECK(b.out.empty());
+    CHECK(b.err == "cumemguard config: " + line + "\n");
+  }
+  // An -e override run refuses is named as run names it.
+  CHECK(run({"--run", "-e", "CUMEMGUARD_TORCH_ALLOC_CONF=bogus"}).err ==
+        "cumemguard config: -e CUMEMGUARD_TORCH_ALLOC_CONF=bogus: CUMEMGUARD_TORCH_ALLOC_CONF: "
+        "'bogus' needs ':value' (or write -bogus to remove it); refused: cumemguard run would "
+        "not start the program\n");
 }
