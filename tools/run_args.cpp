@@ -232,6 +232,13 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
     out.push_back({prefix + "LOG", ""});
   else if (!a.log.empty())
     out.push_back({prefix + "LOG", absolute_in(a.log, cwd)});
+  // A relative CUMEMGUARD_LOG (-e, the environment or an entry of CUMEMGUARD_OPTIONS) as --log
+  // makes it: against this directory. The shim opens its log where the process is at its first
+  // CUDA call, and a program that changed directory wrote it there while the list of logs and the
+  // "read with" line named it here. The separate variable wins over an entry; a placeholder never
+  // adds a directory, so a name that does not start with '/' is relative whatever it expands to.
+  else if (const std::string &l = user.options.log; !l.empty() && l[0] != '/')
+    out.push_back({prefix + "LOG", absolute_in(l, cwd)});
   return out;
 }
 

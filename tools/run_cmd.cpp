@@ -311,13 +311,6 @@ int run_main(int argc, char **argv) {
   char cwd[PATH_MAX];
   for (const RunDefault &d : run_exports(a, user, prog, getcwd(cwd, sizeof cwd) ? cwd : "."))
     setenv(d.name.c_str(), d.value.c_str(), 1);
-  // A relative CUMEMGUARD_LOG (-e, the environment or an entry of CUMEMGUARD_OPTIONS) as --log
-  // makes it: against this directory. The shim opens its log where the process is at its first
-  // CUDA call, and a program that changed directory wrote it there while the list of logs and the
-  // "read with" line named it here. The separate variable wins over an entry; a placeholder never
-  // adds a directory, so a name that does not start with '/' is relative whatever it expands to.
-  if (const std::string l = parse_options(environ).options.log; !l.empty() && l[0] != '/')
-    setenv("CUMEMGUARD_LOG", absolute(l).c_str(), 1);
   std::string torch_label = "environment";
   for (const auto &[name, value] : sets)
     if (name == "CUMEMGUARD_TORCH_ALLOC_CONF") torch_label = "-e " + name + "=" + shown(value);
