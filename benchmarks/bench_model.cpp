@@ -63,8 +63,8 @@ void BM_model_free_lookup_live1M(benchmark::State &st) {
   std::uint64_t i = 0;
   for (auto _ : st) {
     const std::uint64_t p = addr(7, (i++ * 7919) % 1000000);
-    FreeVerdict v = m.begin_free(p, kDevice, ev(i));
-    m.rollback(v);
+    LinearTicket t = m.begin_free(p, kDevice, ev(i));
+    m.end(t, false);
   }
 }
 BENCHMARK(BM_model_free_lookup_live1M);

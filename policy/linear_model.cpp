@@ -9,6 +9,7 @@
 
 #include "lock_within.h"
 #include "text.h"
+#include "vmm_model.h"
 
 namespace cmg {
 
@@ -145,6 +146,7 @@ void LinearModel::on_alloc(const LinearRec &rec) {
   // The address issued again: its old free no longer says anything (a live record here is one
   // whose free the model missed; the driver's answer wins).
   if (!r) r = &insert(s, rec.ptr);
+  if (r->st == St::Held) unhold(s, *r);  // its held free went to the driver, not yet given back
   if (r->st != St::Live) ++s.live_n;
   r->rec = rec;
   r->st = St::Live;
@@ -152,11 +154,35 @@ void LinearModel::on_alloc(const LinearRec &rec) {
   s.changed = true;
 }
 
-FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev) {
-  FreeVerdict v;
+void LinearModel::unhold(Shard &s, Rec &r) {
+  s.held_slots[r.slot].next_unused = s.held_unused;
+  s.held_unused = r.slot;
+}
+
+void LinearModel::hold(Shard &s, Rec &r, const EventRef &ev) {
+  std::uint32_t h;
+  if (s.held_unused != kNone) {
+    h = s.held_unused;
+    s.held_unused = s.held_slots[h].next_unused;
+    s.held_slots[h].free = ev;
+  } else {
+    h = static_cast<std::uint32_t>(s.held_slots.size());
+    s.held_slots.push_back(HeldSlot{ev});
+  }
+  r.st = St::Held;
+  r.slot = h;
+  r.gen = ++s.gen;
+}
+
+__attribute__((always_inline)) inline bool LinearModel::classify_fast(LinearTicket &v,
+                                                                      std::uint64_t ptr,
+                                                                      KindMask accepted,
+                                                                      KindMask hold_kinds,
+                                                                      const EventRef &ev) {
+  v.this_free = ev;
   if (ptr == 0) {
     v.cls = FreeClass::Null;
-    return v;
+    return true;
   }
   {
     Shard &s = shards_[shard_of(ptr)];
@@ -166,23 +192,44 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
       v.rec = r->rec;
       if (!(accepted & kind_bit(r->rec.kind))) {
         v.cls = FreeClass::WrongKind;
-        return v;
+        return false;
       }
       v.cls = FreeClass::Live;
-      v.this_free = ev;
       --s.live_n;
       s.changed = true;
-      remember_freed(s, *r, ptr, ev);
+      // Held at once (the caller holds this kind back): the bounded history gets the free only
+      // when it is given back, once.
+      if (hold_kinds & kind_bit(r->rec.kind)) {
+        hold(s, *r, ev);
+        v.holding = true;
+      } else {
+        remember_freed(s, *r, ptr, ev);
+      }
       v.gen = r->gen;
-      return v;
+      return true;
+    }
+    if (r && r->st == St::Held) {
+      // The shim still holds this address's free (quarantine, deferred): the program freed it
+      // before and the driver has not, so forwarding would free it twice. No live allocation can
+      // cover it (the driver still has the memory).
+      v.cls = FreeClass::DoubleFree;
+      v.held = true;
+      v.rec = r->rec;
+      v.first_free = s.held_slots[r->slot].free;
+      v.gen = r->gen;
+      return false;
     }
   }
-  // Slow path (only for frees that are not a live base address): an interior pointer, or a
-  // double free, which is proven only when no live allocation covers the address now.
+  return false;
+}
+
+void LinearModel::classify_slow(LinearTicket &v, std::uint64_t ptr) {
+  // Slow path (only for frees that are not a live or held base address): an interior pointer, or
+  // a double free, which is proven only when no live allocation covers the address now.
   if (auto c = find_containing(ptr)) {
     v.rec = *c;
     v.cls = FreeClass::Interior;
-    return v;
+    return;
   }
   Shard &s = shards_[shard_of(ptr)];
   std::lock_guard lk(s.mu);
@@ -192,35 +239,90 @@ FreeVerdict LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const 
     v.rec = f->rec;
     v.first_free = s.freed_ring[f->slot].free;
     v.gen = f->gen;
-    return v;
+    return;
+  }
+  if (f && f->st == St::Held) {  // held since the first look (a concurrent free of the address)
+    v.cls = FreeClass::DoubleFree;
+    v.held = true;
+    v.rec = f->rec;
+    v.first_free = s.held_slots[f->slot].free;
+    v.gen = f->gen;
+    return;
   }
   v.cls = FreeClass::Unknown;
-  return v;
 }
 
-void LinearModel::rollback(const FreeVerdict &v) {
-  if (v.cls != FreeClass::Live) return;
-  Shard &s = shards_[shard_of(v.rec.ptr)];
+void LinearModel::judge(LinearTicket &t, std::uint64_t ptr, const Options &o, const VmmModel *vmm) {
+  if (t.cls == FreeClass::Unknown) classify_slow(t, ptr);  // not classified under the first lock
+  if (t.cls == FreeClass::Unknown || t.cls == FreeClass::Interior) {
+    if (auto res = vmm ? vmm->reservation_range(ptr) : std::nullopt) {
+      t.cls = FreeClass::InVmm;
+      t.vmm_base = res->first;
+      t.vmm_size = res->second;
+    }
+  }
+  t.finding = std::make_unique<Finding>(finding_for_free(t, t.this_free.api, ptr));
+  t.decision = decide_free(o, t, trusted());
+}
+
+LinearTicket LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev,
+                                     const Options &o, const VmmModel *vmm, KindMask hold_kinds) {
+  LinearTicket t;
+  if (classify_fast(t, ptr, accepted, hold_kinds, ev)) [[likely]]
+    return t;
+  judge(t, ptr, o, vmm);
+  return t;
+}
+
+LinearTicket LinearModel::begin_free(std::uint64_t ptr, KindMask accepted, const EventRef &ev) {
+  static const Options defaults{};
+  return begin_free(ptr, accepted, ev, defaults, nullptr);
+}
+
+void LinearModel::end_changed(const LinearTicket &t, bool unseen) {
+  Shard &s = shards_[shard_of(t.rec.ptr)];
   std::lock_guard lk(s.mu);
+  // The record this free made (or judged), not a later one: the generation keeps a misused ticket
+  // (a second end(), or one after the address was issued and freed again) from changing anything.
+  Rec *f = find(s, t.rec.ptr);
+  if (!f || f->st != St::Freed || f->gen != t.gen) return;
+  if (unseen) {
+    // The address had been issued again through a path the shim does not see, and the driver
+    // freed it now: the free the model remembers is this one.
+    remember_freed(s, *f, t.rec.ptr, t.this_free);
+    return;
+  }
   // The inverse of this free only: the driver refused it, so the address was never free and
-  // nothing can have been issued there since; the generation keeps that true if a caller misuses
-  // it (a second rollback, or one after the address was issued and freed again).
-  Rec *f = find(s, v.rec.ptr);
-  if (!f || f->st != St::Freed || f->gen != v.gen) return;
-  f->rec = v.rec;
+  // nothing can have been issued there since.
+  f->rec = t.rec;
   f->st = St::Live;
   f->gen = ++s.gen;
   ++s.live_n;
   s.changed = true;
 }
 
-void LinearModel::refreed(const FreeVerdict &v, const EventRef &ev) {
-  if (v.cls != FreeClass::DoubleFree) return;
-  Shard &s = shards_[shard_of(v.rec.ptr)];
+std::uint32_t LinearModel::mark_held(const LinearTicket &t) {
+  if (t.cls != FreeClass::Live) return 0;
+  Shard &s = shards_[shard_of(t.rec.ptr)];
   std::lock_guard lk(s.mu);
-  Rec *f = find(s, v.rec.ptr);
-  if (!f || f->st != St::Freed || f->gen != v.gen) return;  // issued again, or freed again since
-  remember_freed(s, *f, v.rec.ptr, ev);
+  Rec *f = find(s, t.rec.ptr);
+  if (!f || f->st != St::Freed || f->gen != t.gen) return 0;
+  // The free's slot in the bounded history stays behind, stale: its overwrite drops only a Freed
+  // record that still names it.
+  hold(s, *f, t.this_free);
+  return f->gen;
+}
+
+std::uint32_t LinearModel::given_back(std::uint64_t ptr, std::uint32_t gen) {
+  if (gen == 0) return 0;
+  Shard &s = shards_[shard_of(ptr)];
+  std::lock_guard lk(s.mu);
+  Rec *f = find(s, ptr);
+  if (!f || f->st != St::Held || f->gen != gen) return 0;
+  const EventRef ev = s.held_slots[f->slot].free;
+  unhold(s, *f);
+  remember_freed(s, *f, ptr, ev);
+  return f->gen;
 }
 
 const LinearRec *LinearModel::containing_in(const Shard &s, std::uint64_t p) {
@@ -310,6 +412,8 @@ void LinearModel::clear() {
     s.live_n = 0;
     s.freed_ring.clear();
     s.fifo_head = 0;
+    s.held_slots.clear();
+    s.held_unused = kNone;
     s.ranges.clear();
     s.changed = false;
   }
@@ -360,12 +464,12 @@ Finding finding_for_free(const FreeVerdict &v, const char *api, std::uint64_t pt
   return f;
 }
 
-Decision decide_free(const Options &o, const FreeVerdict &v, bool held, bool trusted) {
+Decision decide_free(const Options &o, const FreeVerdict &v, bool trusted) {
   const bool dbl = v.cls == FreeClass::DoubleFree;
   const bool async = v.rec.kind == MemKind::Async;
   const FindingClass c = dbl ? FindingClass::DoubleFree : FindingClass::InvalidFree;
   Decision d = decide(o, c, dbl && !async && trusted, dbl && async);
-  if (dbl && !async && !held) rests_on_freed(d);
+  if (dbl && !async && !v.held) rests_on_freed(d);
   return d;
 }
 

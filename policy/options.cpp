@@ -454,6 +454,26 @@ std::size_t row_of(std::string_view key, bool exact) {
   return specs().size();
 }
 
+}  // namespace
+
+std::string misspelt_prefix_meant(std::string_view name) {
+  constexpr std::string_view kWord = kOptionPrefix.substr(0, kOptionPrefix.size() - 1);
+  const std::size_t us = name.find('_');
+  // A word of 8 to 12 letters: at most two edits from the prefix's 10.
+  if (us == std::string_view::npos || us + 2 < kWord.size() || us > kWord.size() + 2) return {};
+  const std::string_view word = name.substr(0, us), rest = name.substr(us + 1);
+  if (word == kWord || has_option_prefix(name)) return {};
+  std::string up;
+  for (char c : rest) up += c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c;
+  if (up != kOptionsVariable.substr(kOptionPrefix.size()) && row_of(up, true) == specs().size())
+    return {};
+  const std::size_t d = edit_distance(word, kWord);
+  if (d == 0 || d > 2) return {};
+  return std::string(kOptionPrefix) + up;
+}
+
+namespace {
+
 std::string unknown_message(std::string_view shown_as, std::string_view key, bool upper) {
   std::string msg = "unknown option ";
   msg += shown(shown_as);
@@ -556,7 +576,15 @@ ParsedOptions parse_options(std::span<const std::pair<std::string_view, std::str
   std::vector<std::string_view> order_seen;
   std::optional<std::string_view> options_var;
   for (const auto &[name, value] : env) {
-    if (!has_option_prefix(name)) continue;
+    if (!has_option_prefix(name)) {
+      if (const std::string meant = misspelt_prefix_meant(name); !meant.empty()) {
+        if (unknown.room())
+          unknown.add("unknown option " + shown(name) + " (did you mean " + meant + "?); ignored");
+        else
+          unknown.count();
+      }
+      continue;
+    }
     auto [it, fresh] = seen.try_emplace(name, Seen{value, 0});
     if (++it->second.times > 1) continue;
     order_seen.push_back(name);
@@ -730,9 +758,9 @@ ParsedOptions parse_options(char *const *envp) {
   std::vector<std::pair<std::string_view, std::string_view>> env;
   for (char *const *e = envp; e && *e; ++e) {
     std::string_view kv(*e);
-    if (!has_option_prefix(kv)) continue;
-    std::size_t eq = kv.find('=');
+    const std::size_t eq = kv.find('=');
     if (eq == std::string_view::npos) continue;
+    if (!has_option_prefix(kv) && misspelt_prefix_meant(kv.substr(0, eq)).empty()) continue;
     env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
   return parse_options(env);

@@ -43,6 +43,12 @@ constexpr bool has_option_prefix(std::string_view name) {
 // variable wins over an entry here; a later entry wins over an earlier one.
 inline constexpr std::string_view kOptionsVariable = "CUMEMGUARD_OPTIONS";
 
+// A name with the prefix misspelt (CUMEMGAURD_STACKS, CUMEMGUARG_OPTIONS): the part before its
+// first '_' one or two edits from CUMEMGUARD and the rest an option's name (any case) or OPTIONS.
+// Such a variable is read by nothing; it is reported as an unknown option with the name it
+// meant, and `cumemguard run` refuses it as one. Empty when `name` is not one.
+std::string misspelt_prefix_meant(std::string_view name);
+
 struct Options {
 #define CMG_OPTION(field, name, kind, type, def, debug_def, choices, help, ...) type field{};
 #include "options.def"

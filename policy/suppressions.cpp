@@ -26,6 +26,18 @@ bool frame_matches(std::string_view glob, const SuppressionFrame &f) {
          (f.function.empty() && f.module.empty() && glob == "*");  // a frame nothing names
 }
 
+// In an anchored rule, `FUNCTION@FILE` names one frame by both: its function and its module (or a
+// Python frame's file, by path or basename). A glob that matches as a whole still does, so a
+// frame string holding `@` of its own (a versioned symbol) means what it meant.
+bool anchored_frame_matches(std::string_view glob, const SuppressionFrame &f) {
+  if (frame_matches(glob, f)) return true;
+  const std::size_t at = glob.find('@');
+  if (at == std::string_view::npos || f.function.empty() || f.module.empty()) return false;
+  const std::string_view fn = glob.substr(0, at), mod = glob.substr(at + 1);
+  return glob_match(fn, f.function) &&
+         (glob_match(mod, f.module) || glob_match(mod, basename_of(f.module)));
+}
+
 // `^G1;G2;...`: the stack from its call site begins with frames matching G1, G2, ... in order.
 bool stack_matches(std::string_view globs, std::span<const SuppressionFrame> frames) {
   std::size_t first = frames.size();
@@ -41,7 +53,7 @@ bool stack_matches(std::string_view globs, std::span<const SuppressionFrame> fra
     const std::size_t semi = globs.find(';');
     const std::string_view glob = globs.substr(0, semi);
     while (python && at < frames.size() && !frames[at].python) ++at;  // Python frames only
-    if (at >= frames.size() || !frame_matches(glob, frames[at])) return false;
+    if (at >= frames.size() || !anchored_frame_matches(glob, frames[at])) return false;
     ++at;
     if (semi == std::string_view::npos) return true;
     globs.remove_prefix(semi + 1);

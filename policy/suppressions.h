@@ -13,8 +13,10 @@
 // frames, in order, must match G1..Gn (each glob as above, against one frame's names), where the
 // stack starts at the call site: with Python frames, the innermost Python frame (the Python frames
 // alone, as the interpreter's native frames differ between builds); otherwise the innermost native
-// frame that is not the shim's, the CUDA libraries' or libc's. `report --gen-suppressions` writes
-// these, so that a rule stands for the one stack it came from, not every stack through a frame.
+// frame that is not the shim's, the CUDA libraries' or libc's. A glob `FUNCTION@FILE` there names a
+// frame by its function and its module (or Python file: path or basename) at once. `report
+// --gen-suppressions` writes these, so that a rule stands for the one stack it came from (that
+// script's main(), not every script's), not every stack through a frame.
 #pragma once
 
 #include <cstddef>

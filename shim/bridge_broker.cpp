@@ -378,7 +378,6 @@ void stop_lost(Own &o) {
 }
 
 void *broker_main(void *) {
-  pthread_setname_np(pthread_self(), "cmg-ipc-broker");
   // Nothing this thread does is a call of the program: any wrapper it reached would only forward.
   ReentryGuard guard;
   Own o;
@@ -465,7 +464,7 @@ bool open_broker_fds(std::uint64_t tag, Own &o, std::string &err) {
 }
 
 // Every signal blocked in the broker: the program's handlers run on the program's threads.
-int spawn_broker() { return start_detached_quiet(broker_main, nullptr); }
+int spawn_broker() { return start_detached_quiet(broker_main, nullptr, "cmg-ipc-broker"); }
 
 // The broker of this process, started on the first export. Returns its tag, 0 on failure.
 std::uint64_t start_broker(std::string &err) {

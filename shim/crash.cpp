@@ -68,10 +68,12 @@ void crash_record(int sig, const siginfo_t *info, const void *uc, std::uint64_t 
   used += rec.size();
 }
 
+// sig 0: the process ends by _exit() or _Exit() (quick_exit_records below), maybe from a signal
+// handler of the program's: the same records without the crash context, marked "_exit".
 void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   State &s = state();
   if (!active()) return;
-  status_signalled();  // the launcher's record counts the signal whoever writes the records
+  if (sig) status_signalled();  // the launcher's record counts the signal whoever writes them
   // The last records are the crash handler's unless the exit path has them: written already (the
   // log is complete), or being written (this crash may be in the exit path itself, or on another
   // thread while exit runs): then the crash record and an `end` naming the signal still go in,
@@ -80,13 +82,16 @@ void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   const bool ours = s.last_records.compare_exchange_strong(claimed, kRecordsCrash,
                                                            std::memory_order_acq_rel);
   if (!ours && claimed == kRecordsDone) return;
+  // _exit: the process got to its end (the leaks are not known: the models are not read); only
+  // when these are its last records, never over the count an exit path stored.
+  if (!sig && ours) status_exit(0);
   const std::uint64_t ts = mono_ns() - s.start_mono_ns;
   // Static buffers, since the crashing thread's stack may be nearly spent: the crash context
   // (modules, the stack, the crash record) first, then the counters, large enough for every API
   // and finding class.
   static char ctx[48 * 1024];
   std::size_t ctx_used = 0;
-  if (s.log.is_open()) crash_record(sig, info, uc, ts, ctx, sizeof ctx, ctx_used);
+  if (s.log.is_open() && sig) crash_record(sig, info, uc, ts, ctx, sizeof ctx, ctx_used);
   static char buf[64 * 1024];
   std::memcpy(buf, ctx, ctx_used);
   TextBuf l(buf + ctx_used, sizeof buf - ctx_used);
@@ -118,20 +123,35 @@ void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
       l.s(first ? "\"" : ",\"").s(finding_id(static_cast<FindingClass>(i))).s("\":").u(n);
       first = false;
     }
-    l.s("},\"signal\":").i(sig).s("}\n");
+    if (sig)
+      l.s("},\"signal\":").i(sig).s("}\n");
+    else
+      l.s("},\"_exit\":true}\n");
     if (l.full()) l.truncate(0);  // a cut line would not parse: drop it
   }
-  l.s("{\"k\":\"end\",\"ts\":").u(ts).s(",\"signal\":").i(sig).s(",\"signal_name\":\"")
-      .s(signal_name(sig)).s("\"}\n");
-  s.log.write_from_signal(std::string_view(buf, ctx_used + l.size()));
+  if (sig)
+    l.s("{\"k\":\"end\",\"ts\":").u(ts).s(",\"signal\":").i(sig).s(",\"signal_name\":\"")
+        .s(signal_name(sig)).s("\"}\n");
+  else
+    l.s("{\"k\":\"end\",\"ts\":").u(ts).s(",\"_exit\":true}\n");
+  s.log.write_from_signal(std::string_view(buf, ctx_used + l.size()), sig ? 0 : 200'000'000);
   if (s.opts.summary) {
     char msg[1024];
     TextBuf m(msg, sizeof msg - 1);
     std::uint64_t calls = 0;
     for (std::size_t i = 0; i < kApiCount; ++i) calls += s.calls.get(i);
-    m.s("cumemguard: pid ").i(static_cast<std::int64_t>(syscall(SYS_getpid))).s(" killed by ")
-        .s(signal_name(sig)).s(" after ").u(calls).s(" calls, ").u(findings).s(" findings");
-    if (s.log.is_open()) m.s("; log: ").s(s.log.path()).s(" (counters up to the signal)");
+    m.s("cumemguard: pid ")
+        .i(static_cast<std::int64_t>(syscall(SYS_getpid)))
+        .s(sig ? " killed by " : " ended by _exit")
+        .s(sig ? signal_name(sig) : "")
+        .s(" after ")
+        .u(calls)
+        .s(calls == 1 ? " call, " : " calls, ")
+        .u(findings)
+        .s(findings == 1 ? " finding" : " findings");  // "1 call", not "1 calls"
+    if (s.log.is_open())
+      m.s("; log: ").s(s.log.path()).s(sig ? " (counters up to the signal)"
+                                          : " (counters; no leak check at _exit)");
     msg[m.size()] = '\n';
     stderr_write(std::string_view(msg, m.size() + 1));
   }
@@ -164,6 +184,21 @@ void on_fatal(int sig, siginfo_t *info, void *uc) {
 }
 
 }  // namespace
+
+void quick_exit_records() {
+  int expected = 0;
+  if (g_written.compare_exchange_strong(expected, 1)) {
+    write_crash_summary(0, nullptr, nullptr);
+    g_written.store(2);
+    return;
+  }
+  // A crash summary is being written on another thread: _exit would cut it off. A moment, as a
+  // second fatal signal gives it (on_fatal).
+  for (int i = 0; i < 200 && g_written.load() == 1; ++i) {
+    timespec t{0, 5000000};
+    nanosleep(&t, nullptr);
+  }
+}
 
 void install_crash_handlers() {
   for (int sig : kSignals) {

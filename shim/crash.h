@@ -11,6 +11,10 @@ namespace cmg::shim {
 // handlers): installs the handler for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT where, and only
 // where, the disposition is still SIG_DFL. A handler the program installs later replaces ours.
 void install_crash_handlers();
+// _exit() or _Exit() (exiting.cpp): the counters, findings and an `end` marked "_exit", with the
+// crash path's async-signal-safe writer (_exit is async-signal-safe, and programs call it from
+// their own signal handlers): no model is read, so no leak records. Once per process.
+void quick_exit_records();
 // fork(): the child inherits the handlers and starts with a clean "already written" state.
 void crash_fork_child();
 

@@ -18,6 +18,7 @@
 // in cuda_runtime.h, whose template overloads of cudaMalloc & co. would make decltype ambiguous.
 
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 #define CMG_EXPORT extern "C" __attribute__((visibility("default")))
@@ -44,9 +45,14 @@ struct ApiInfo {
   const char *name;  // exact exported name (what the log calls the API)
   const char *base;  // driver: base name for cuGetProcAddress; runtime: declaration; nccl: event
   Family family;
+  std::uint8_t name_len;  // strlen(name): the log writes the name once per call record
 };
 extern const ApiInfo kApis[kApiCount];
 inline const char *api_name(Api a) { return kApis[static_cast<std::size_t>(a)].name; }
+inline std::string_view api_name_view(Api a) {
+  const ApiInfo &i = kApis[static_cast<std::size_t>(a)];
+  return std::string_view(i.name, i.name_len);
+}
 
 }  // namespace cmg::shim
 

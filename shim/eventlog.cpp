@@ -393,11 +393,10 @@ void EventLog::start_flusher_locked() {
   }
   const int rc = start_detached_quiet(
       [](void *self) -> void * {
-        pthread_setname_np(pthread_self(), "cmg-log-flush");
         static_cast<EventLog *>(self)->flusher_loop();
         return nullptr;
       },
-      this);
+      this, "cmg-log-flush");
   if (rc != 0) {
     char msg[256];
     TextBuf t(msg, sizeof msg);
@@ -540,10 +539,21 @@ void EventLog::direct_locked(std::string_view data) {
   if (fd >= 0 && !data.empty() && OwnedFd{fd, dev_, ino_}.still_ours()) write_all(fd, data);
 }
 
-void EventLog::write_from_signal(std::string_view lines) {
+void EventLog::write_from_signal(std::string_view lines, std::uint64_t patience_ns) {
   const int fd = fd_.load(std::memory_order_relaxed);
   if (fd < 0) return;
-  if (mu_.try_lock()) {
+  bool got = mu_.try_lock();
+  // Another thread's write (the flusher's, a call's record) ends in microseconds: waited for, so
+  // that the buffered records are written before the last lines (_exit gave them up, and its
+  // `end` came before other records). Never when this thread holds the lock (interrupted).
+  for (std::uint64_t waited = 0; !got && waited < patience_ns &&
+                                 owner_.load(std::memory_order_acquire) != this_thread_mark();
+       waited += 1'000'000) {
+    const timespec step{0, 1'000'000};
+    nanosleep(&step, nullptr);
+    got = mu_.try_lock();
+  }
+  if (got) {
     owner_.store(this_thread_mark(), std::memory_order_release);
     const bool sealed = sealed_.load(std::memory_order_relaxed);
     // Only a descriptor that is still the log's: a handler never opens it again (in_signal_ makes

@@ -66,7 +66,9 @@ class EventLog {
   void write_last(std::string_view line);
   // From a fatal-signal handler (crash.cpp): writes out the buffer if the lock is free, or what a
   // writer this thread interrupted had not written yet, then `lines`. Async-signal-safe.
-  void write_from_signal(std::string_view lines);
+  // patience_ns: how long to wait (nanosleep, async-signal-safe) for another thread's write to end
+  // before giving its buffer up; 0 for a crash, a moment for _exit (an ending, not a fault).
+  void write_from_signal(std::string_view lines, std::uint64_t patience_ns = 0);
 
  private:
   static constexpr std::size_t kBuf = 1 << 16;

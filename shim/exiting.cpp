@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The start of exit and the claim on the last records (see exiting.h), and the exit() wrapper.
+// The start of exit and the claim on the last records (see exiting.h), and the exit(), _exit() and
+// _Exit() wrappers.
 #include "exiting.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +14,7 @@
 #include "lock_within.h"
 #include "loader.h"
 #include "state.h"
+#include "crash.h"
 
 namespace cmg::shim {
 namespace {
@@ -20,6 +23,10 @@ std::atomic<const void *> g_exiting{nullptr};  // the thread that began exit
 std::atomic<const void *> g_writer{nullptr};   // the thread writing the last records
 using ExitFn = void (*)(int);
 std::atomic<ExitFn> g_real_exit{nullptr};
+std::atomic<ExitFn> g_real__exit{nullptr}, g_real_Exit{nullptr};
+// This process's id, read at load and in a forked child: a vfork child (and a clone without fork
+// handlers) runs in the parent's memory under another id, and must touch none of the shim's state.
+std::atomic<long> g_pid{0};
 
 // Until the last records are written by another thread, or patience_ns passed.
 void wait_for_records(std::uint64_t patience_ns) {
@@ -67,9 +74,15 @@ void exiting_at_load() {
   // The libc definition the program would have called (the next one after the shim).
   g_real_exit.store(reinterpret_cast<ExitFn>(real_dlsym(RTLD_NEXT, "exit")),
                     std::memory_order_release);
+  g_real__exit.store(reinterpret_cast<ExitFn>(real_dlsym(RTLD_NEXT, "_exit")),
+                     std::memory_order_release);
+  g_real_Exit.store(reinterpret_cast<ExitFn>(real_dlsym(RTLD_NEXT, "_Exit")),
+                    std::memory_order_release);
+  g_pid.store(syscall(SYS_getpid), std::memory_order_relaxed);
 }
 
 void exiting_fork_child() {
+  g_pid.store(syscall(SYS_getpid), std::memory_order_relaxed);
   g_exiting.store(nullptr, std::memory_order_relaxed);
   g_writer.store(nullptr, std::memory_order_relaxed);
   exit_wait_reset();
@@ -91,12 +104,49 @@ void exit_entered() {
   wait_for_records(kSecondExitPatienceNs);
 }
 
+// _exit() and _Exit() run no exit handler: the process's last records were lost (up to a second of
+// buffered calls, the summary, `end`), and a log so ended read as cut off. Python's os._exit ends
+// every forked worker of multiprocessing this way. The records are written first, marked as an
+// _exit.
+// Async-signal-safe, as _exit is: the crash path's writer (crash.h), no model read, no lock waited
+// on, nothing allocated.
+void quick_exit_entered() {
+  if (disabled() || !active()) return;
+  if (syscall(SYS_getpid) != g_pid.load(std::memory_order_relaxed)) return;  // a vfork child
+  // exit() on another thread is writing the last records: _exit would end the process in the
+  // middle of them. Waited for as a second exit() waits (bounded); then nothing is left to write.
+  const void *exiting = g_exiting.load(std::memory_order_acquire);
+  if (exiting && exiting != this_thread_mark() &&
+      state().last_records.load(std::memory_order_acquire) != kRecordsDone)
+    wait_for_records(kSecondExitPatienceNs);
+  quick_exit_records();
+}
+
 }  // namespace cmg::shim
+
+namespace {
+[[noreturn]] void end_with(std::atomic<cmg::shim::ExitFn> &next, const char *name, int status) {
+  auto real = next.load(std::memory_order_acquire);
+  if (!real) real = reinterpret_cast<cmg::shim::ExitFn>(cmg::shim::real_dlsym(RTLD_NEXT, name));
+  if (real) real(status);
+  for (;;) syscall(SYS_exit_group, status);  // not reached: the next _exit does not return
+}
+}  // namespace
+
+extern "C" __attribute__((visibility("default"), noreturn)) void _exit(int status) noexcept {
+  cmg::shim::quick_exit_entered();
+  end_with(cmg::shim::g_real__exit, "_exit", status);
+}
+
+extern "C" __attribute__((visibility("default"), noreturn)) void _Exit(int status) noexcept {
+  cmg::shim::quick_exit_entered();
+  end_with(cmg::shim::g_real_Exit, "_Exit", status);
+}
 
 extern "C" __attribute__((visibility("default"), noreturn)) void exit(int status) noexcept {
   cmg::shim::exit_entered();
   auto real = cmg::shim::g_real_exit.load(std::memory_order_acquire);
   if (!real) real = reinterpret_cast<void (*)(int)>(cmg::shim::real_dlsym(RTLD_NEXT, "exit"));
   real(status);
-  _exit(status);  // not reached: libc's exit() does not return
+  for (;;) syscall(SYS_exit_group, status);  // not reached: libc's exit() does not return
 }

@@ -8,9 +8,10 @@ import re
 import sys
 
 out, defs = sys.argv[1], sys.argv[2:]
-# dlsym (loader.cpp) and exit (exiting.cpp: a second thread calling exit() waits for the first
-# one's summary) are the two libc functions the shim defines.
-names = ["dlsym", "exit"]
+# dlsym (loader.cpp), exit (exiting.cpp: a second thread calling exit() waits for the first
+# one's summary), _exit and _Exit (exiting.cpp: the last records are written first) are the libc
+# functions the shim defines.
+names = ["dlsym", "exit", "_exit", "_Exit"]
 for path in defs:
     with open(path) as f:
         for line in f:

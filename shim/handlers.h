@@ -67,10 +67,13 @@ R untracked_alloc(Real &&real) {
 
 // The frees that wait for all work on the device (real-driver.md section 3): the ones the
 // quarantine and the flush policy may hold back. Stream-ordered memory is never among them.
+inline bool sync_free_api(Api api) {
+  return api == Api::cudaFree || api == Api::cuMemFree_v2 || api == Api::cudaFreeHost ||
+         api == Api::cuMemFreeHost;
+}
+inline constexpr KindMask kSyncFreedKinds = ~(kind_bit(MemKind::Ipc) | kind_bit(MemKind::Async));
 inline bool sync_free(Api api, MemKind kind) {
-  const bool api_syncs = api == Api::cudaFree || api == Api::cuMemFree_v2 ||
-                         api == Api::cudaFreeHost || api == Api::cuMemFreeHost;
-  return api_syncs && kind != MemKind::Ipc && kind != MemKind::Async;
+  return sync_free_api(api) && (kSyncFreedKinds & kind_bit(kind));
 }
 
 // cudaFreeAsync and cuMemFreeAsync (and their _ptsz twins): frees ordered on a stream.
@@ -80,8 +83,12 @@ inline bool api_is_stream_ordered_free(Api api) {
 }
 
 // Quarantine applies to synchronous frees of linear, managed and host memory.
+inline bool quarantined_api(Api api) {
+  return state().opts.quarantine != 0 && sync_free_api(api);
+}
+inline constexpr KindMask kQuarantinedKinds = kSyncFreedKinds;
 inline bool quarantined(Api api, MemKind kind) {
-  return state().opts.quarantine != 0 && sync_free(api, kind);
+  return quarantined_api(api) && (kQuarantinedKinds & kind_bit(kind));
 }
 
 // What NCCL or a multicast object still holds of memory a call took away (free-registered,
@@ -165,25 +172,38 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
 
 // The free of a live allocation: held back (a deferred cache flush, the quarantine) or forwarded,
 // with the finding of an opportunistic flush (docs/transport.md). Intentional frees are never
-// held by the flush policy; a flush that would pass CUMEMGUARD_DEFER_LIMIT goes through.
+// held by the flush policy; a flush that would pass CUMEMGUARD_DEFER_LIMIT goes through. A held
+// free's record is Held in the linear model (a second free of it is a proven double free) until
+// held() gives it to the driver.
 template <class R, class Real>
-__attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict &v, Args &args,
-                                                  Real &&real, std::uint64_t stream) {
+__attribute__((always_inline)) inline R free_live(Call &c, Api api, LinearTicket &t, Args &args,
+                                                  Real &&real, std::uint64_t stream,
+                                                  bool may_hold) {
   State &s = state();
-  const auto delta = -static_cast<std::int64_t>(v.rec.size);
-  const MemKind counted = counted_kind(v.rec);
-  const Call::Extra freed{v.rec.dev, counted, delta};
-  args.u("size", v.rec.size);
+  const LinearRec &v = t.rec;
+  const auto delta = -static_cast<std::int64_t>(v.size);
+  const MemKind counted = counted_kind(v);
+  const Call::Extra freed{v.dev, counted, delta};
+  args.u("size", v.size);
+  // Hands the free to held() with `put`, its record Held (by begin_free already when the
+  // quarantine holds its kind); when held() does not take it, the record is Freed and the ticket
+  // goes on with that generation.
+  auto hold = [&](HoldReason why, auto &&put) {
+    const std::uint32_t gen = t.holding ? t.gen : s.linear.mark_held(t);
+    t.holding = false;
+    const Held h{v.ptr, v.size, v.dev, v.kind, api, why, c.ev(), gen};
+    if (put(h)) return true;
+    if (h.gen) t.gen = s.linear.given_back(v.ptr, h.gen);
+    return false;
+  };
   FlushCheck fc;
-  if (sync_free(api, v.rec.kind)) fc = flush_check(c, FlushTarget::Free);
-  // While a capture is open nothing is held: it would have to be given back inside the capture.
-  const bool may_hold = !capture_open() || may_hold_frees();
+  if (sync_free(api, v.kind)) fc = flush_check(c, FlushTarget::Free);
   if (fc.opportunistic && fc.action == Action::Defer && !may_hold) fc.action = Action::Forward;
   if (fc.opportunistic && fc.action == Action::Defer) {
-    const Held h{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Deferred, c.ev()};
-    if (held().hold_within(h, s.opts.defer_limit)) {
-      s.counters.add(v.rec.dev, counted, delta);
-      flush_report(c, fc, args, 0, v.rec.size, 0);
+    if (hold(HoldReason::Deferred,
+             [&](const Held &h) { return held().hold_within(h, s.opts.defer_limit); })) {
+      s.counters.add(v.dev, counted, delta);
+      flush_report(c, fc, args, 0, v.size, 0);
       Call::Extra x = freed;
       x.deferred = true;
       c.log(0, args, x);
@@ -192,42 +212,42 @@ __attribute__((always_inline)) inline R free_live(Call &c, Api api, FreeVerdict 
     fc.action = Action::Forward;
     fc.over_limit = !held().closed();  // at exit nothing is held back, and no limit was reached
   }
-  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.rec.size, 0);
+  if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.size, 0);
   // Answer success now, free later: the address is not re-issued while it is held.
-  if (may_hold && quarantined(api, v.rec.kind) &&
-      held().hold(Held{v.rec.ptr, v.rec.size, v.rec.dev, v.rec.kind, api, HoldReason::Quarantine,
-                       c.ev()})) {
-    s.counters.add(v.rec.dev, counted, delta);
+  if (may_hold && quarantined(api, v.kind) &&
+      hold(HoldReason::Quarantine, [](const Held &h) { return held().hold(h); })) {
+    s.counters.add(v.dev, counted, delta);
     args.s("held", "quarantine");
     // The older frees the quarantine gives back now are where a flush blocks (each cudaFree
     // waits for the device): their time is this flush's.
     const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
-    held().release_down_to(HoldReason::Quarantine, quarantine_limit(v.rec.dev));
-    if (fc.opportunistic) flush_report(c, fc, args, 0, v.rec.size, now_ns() - t0);
+    held().release_down_to(HoldReason::Quarantine, quarantine_limit(v.dev));
+    if (fc.opportunistic) flush_report(c, fc, args, 0, v.size, now_ns() - t0);
     c.log(0, args, freed);
     return R(0);
   }
   // A free of the other kind's memory while work may still use it (free-kind-mismatch): asked
   // before the driver frees.
   const bool sync_api = !api_is_stream_ordered_free(api);
-  const bool mismatch = (v.rec.kind == MemKind::Async || !sync_api) &&
-                        kind_mismatch_before(c, sync_api, v.rec, stream, args);
+  const bool mismatch =
+      (v.kind == MemKind::Async || !sync_api) && kind_mismatch_before(c, sync_api, v, stream, args);
   const std::uint64_t t0 = fc.opportunistic ? now_ns() : 0;
   R r = real();
-  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), v.rec.size, now_ns() - t0);
+  if (fc.opportunistic) flush_report(c, fc, args, static_cast<int>(r), v.size, now_ns() - t0);
   if (mismatch) [[unlikely]]
-    kind_mismatch_after(c, sync_api, v.rec, stream, static_cast<int>(r), args);
+    kind_mismatch_after(c, sync_api, v, stream, static_cast<int>(r), args);
   if (r != R(0)) {
-    s.linear.rollback(v);
+    s.linear.end(t, false);  // live again (an accepted free's end() would change nothing)
     c.log(static_cast<int>(r), args);
     return r;
   }
-  s.counters.add(v.rec.dev, counted, delta);
+  s.counters.add(v.dev, counted, delta);
   c.log(0, args, freed);
   return r;
 }
 
-// Linear free (cudaFree, cuMemFree_v2, host frees, async frees; these name their stream).
+// Linear free (cudaFree, cuMemFree_v2, host frees, async frees; these name their stream): one
+// transaction of the linear model (begin_free → the driver → end), like a VMM call.
 template <class R, class Real>
 R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::uint64_t stream = 0,
               bool ptsz = false) {
@@ -242,7 +262,11 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         auto forward = [](void *f) { return static_cast<int>((*static_cast<FwdFn *>(f))()); };
         int status = 0;
         bool unsafe = false;
-        if (ptr && capture_open()) [[unlikely]] {
+        // Read once: while a capture is open nothing is held (it would have to be given back
+        // inside the capture).
+        const bool capturing = ptr && capture_open();
+        const bool may_hold = !capturing || may_hold_frees();
+        if (capturing) [[unlikely]] {
           // A stream-ordered free on a capturing stream is a free node of the capture, not a free.
           if (api_is_stream_ordered_free(api)) {
             if (captured_free(c, stream, ptsz, ptr, args, forward, &fwd, status)) return R(status);
@@ -251,75 +275,53 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
             unsafe = unsafe_before(c);
           }
         }
-        FreeVerdict v = s.linear.begin_free(ptr, accepted, c.ev());
-        if (v.cls == FreeClass::Live) {
-          std::vector<Hold> holds = held_by(v.rec.ptr, v.rec.size);
-          R r = free_live<R>(c, api, v, args, fwd, stream);
+        // The kinds the quarantine will hold (free_live's condition): their record goes straight
+        // to Held, and free_live holds it or gives it back.
+        const KindMask hold = quarantined_api(api) && may_hold ? kQuarantinedKinds : 0;
+        LinearTicket t = s.linear.begin_free(ptr, accepted, c.ev(), s.opts, &s.vmm, hold);
+        if (t.cls == FreeClass::Live) {
+          std::vector<Hold> holds = held_by(t.rec.ptr, t.rec.size);
+          R r = free_live<R>(c, api, t, args, fwd, stream, may_hold);
           if (unsafe) [[unlikely]]
-            unsafe_after(c, static_cast<int>(r), ptr, v.rec.size, args);
+            unsafe_after(c, static_cast<int>(r), ptr, t.rec.size, args);
           if (!holds.empty()) [[unlikely]]
             report_held(c, std::move(holds),
-                        std::string(api_name(api)) + " of " + range_text(v.rec.ptr, v.rec.size),
+                        std::string(api_name(api)) + " of " + range_text(t.rec.ptr, t.rec.size),
                         args, static_cast<int>(r));
           return r;
         }
-        if (v.cls == FreeClass::Null) {
+        if (t.cls == FreeClass::Null) {
           R r = fwd();
           c.log(static_cast<int>(r), args);
           return r;
         }
         // A graph's allocation: made again by every launch, without a call the linear model sees.
-        if ((v.cls == FreeClass::DoubleFree || v.cls == FreeClass::Unknown) &&
+        if ((t.cls == FreeClass::DoubleFree || t.cls == FreeClass::Unknown) &&
             graph_owned_free(c, ptr, args, forward, &fwd, status)) [[unlikely]] {
           if (unsafe) unsafe_after(c, status, ptr, 0, args);
           return R(status);
         }
-        bool held_first = false;
-        if (!held().empty()) {
-          // The shim still holds this address (quarantine or a deferred flush): the program freed
-          // it before, whatever the bounded history remembers, and forwarding would free it twice.
-          if (auto h = held().find(ptr)) {
-            held_first = true;
-            if (v.cls != FreeClass::DoubleFree) {
-              v.cls = FreeClass::DoubleFree;
-              v.rec = LinearRec{h->ptr, h->size, h->dev, h->kind, EventRef{}};
-              v.first_free = h->freed;
-            }
-          }
-        }
-        if (v.cls == FreeClass::Unknown || v.cls == FreeClass::Interior) {
-          if (auto res = s.vmm.reservation_range(ptr)) {
-            v.cls = FreeClass::InVmm;
-            v.vmm_base = res->first;
-            v.vmm_size = res->second;
-          }
-        }
-        Finding f = finding_for_free(v, api_name(api), ptr);
-        // A stream-ordered allocation made inside a captured CUDA graph is allocated again by each
-        // launch without an API call the shim sees: decide_free forwards a second cudaFreeAsync of
-        // its address and reports it only if the driver refuses.
-        Decision d = decide_free(s.opts, v, held_first, s.linear.trusted());
         // The model held the address as freed; the driver says whether it is live again.
         DriverView view;
-        if (d.confirm) confirmed(view = driver_view_of_address(ptr), d);
-        if (d.skip) {
-          report_finding(c, std::move(f), d.action, 0, args);
+        if (t.decision.confirm) confirmed(view = driver_view_of_address(ptr), t.decision);
+        if (t.skip()) {
+          report_finding(c, std::move(*t.finding), t.decision.action, 0, args);
           Call::Extra x;
           x.skipped = true;
           c.log(0, args, x);
           return R(0);
         }
-        if (d.abort_first) report_finding(c, f, d.action, -1, args);
+        if (t.decision.abort_first) report_finding(c, *t.finding, t.decision.action, -1, args);
         // Forwarded (report mode) while the first free is still held: that free happens now, so
         // this one meets the driver exactly as it would have without the shim (an error, not a real
         // free of memory the quarantine would release again later).
-        if (held_first) held().release(ptr);
+        if (t.held) held().release(ptr);
         R r = fwd();
-        if (d.unseen && r == R(0)) {
-          s.linear.refreed(v, c.ev());
-          report_finding(c, unseen_free(v, api_name(api), ptr, view), Action::Forward, 0, args);
-        } else if (d.stands(r == R(0))) {
-          report_finding(c, std::move(f), d.action, static_cast<int>(r), args);
+        s.linear.end(t, r == R(0));
+        if (t.decision.unseen && r == R(0)) {
+          report_finding(c, unseen_free(t, api_name(api), ptr, view), Action::Forward, 0, args);
+        } else if (t.decision.stands(r == R(0))) {
+          report_finding(c, std::move(*t.finding), t.decision.action, static_cast<int>(r), args);
         }
         if (unsafe) [[unlikely]]
           unsafe_after(c, static_cast<int>(r), ptr, 0, args);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Held-back frees (see held.h). The real free runs under the re-entry guard, so the driver calls
-// it makes are not recorded again, and a `call` record with "released_from" says when it happened.
+// it makes are not recorded again, and a `call` record with "released_from" says when it happened;
+// the linear model's record of it then turns from Held to Freed.
 #include "held.h"
 
 #include <atomic>
@@ -118,6 +119,9 @@ void HeldFrees::really_free(const Held &h) {
     default: return;  // only synchronous frees are ever held
   }
   State &s = state();
+  // After the driver's free, not before: until it returns, a second free of the address must
+  // still meet the held record (a proven double free), never a Freed one that asks the driver.
+  s.linear.given_back(h.ptr, h.gen);
   if (!s.log.is_open()) return;
   char buf[512];
   JsonLine j(buf, sizeof buf);
@@ -184,13 +188,6 @@ bool HeldFrees::release(std::uint64_t ptr) {
   }
   really_free(h);
   return true;
-}
-
-std::optional<Held> HeldFrees::find(std::uint64_t ptr) const {
-  std::lock_guard lk(mu_);
-  for (const Held &h : q_)
-    if (h.ptr == ptr) return h;
-  return std::nullopt;
 }
 
 std::uint64_t HeldFrees::released_bytes(HoldReason why) const {

@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <optional>
 
 #include "cuda_api.h"
 #include "event.h"
@@ -30,6 +29,9 @@ struct Held {
   Api api{};  // the free the program called; the same one releases it
   HoldReason why = HoldReason::Quarantine;
   EventRef freed;
+  // The linear model's generation of the record held (LinearModel::mark_held): its real free
+  // makes that record Freed (given_back); 0: the model has no Held record for it.
+  std::uint32_t gen = 0;
 };
 
 class HeldFrees {
@@ -45,8 +47,6 @@ class HeldFrees {
   std::uint64_t release_all();
   std::uint64_t release_all(HoldReason why);
   std::uint64_t bytes(HoldReason why) const;
-  // The entry holding ptr, if the shim holds it (a free of it is then a proven double free).
-  std::optional<Held> find(std::uint64_t ptr) const;
   // Releases the entry holding ptr now (its real free), if there is one: a second free of it that
   // is forwarded (report mode) then meets the driver as it would without the shim.
   bool release(std::uint64_t ptr);

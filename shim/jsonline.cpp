@@ -12,68 +12,6 @@ JsonLine::JsonLine(char *buf, std::size_t cap, Spill *spill)
   buf_[len_++] = '{';
 }
 
-// Room kept back so the closing brackets, a "cut" marker and the newline always fit.
-static constexpr std::size_t kReserve = 48;
-
-// Numbers are formatted by hand: snprintf costs about 400 instructions per number, and a call
-// record has eight to twelve of them (docs/performance.md: the log cost per call).
-namespace {
-// Two digits per division (a call record's numbers are 6 to 12 digits long).
-int put_dec(char *out, std::uint64_t v) {
-  static constexpr char kPairs[] =
-      "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-      "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-      "8081828384858687888990919293949596979899";
-  char tmp[20];
-  int n = 20;
-  while (v >= 100) {
-    const unsigned r = static_cast<unsigned>(v % 100);
-    v /= 100;
-    tmp[--n] = kPairs[2 * r + 1];
-    tmp[--n] = kPairs[2 * r];
-  }
-  if (v >= 10) {
-    tmp[--n] = kPairs[2 * v + 1];
-    tmp[--n] = kPairs[2 * v];
-  } else {
-    tmp[--n] = static_cast<char>('0' + v);
-  }
-  for (int i = n; i < 20; ++i) out[i - n] = tmp[i];  // a few bytes: no call to memcpy
-  return 20 - n;
-}
-
-int put_signed(char *out, std::int64_t v) {
-  if (v >= 0) return put_dec(out, static_cast<std::uint64_t>(v));
-  out[0] = '-';
-  return 1 + put_dec(out + 1, ~static_cast<std::uint64_t>(v) + 1);
-}
-
-// "0x..." in quotes, lower case, as "%#" PRIx64 would write it (0 is "0x0").
-int put_hex_str(char *out, std::uint64_t v) {
-  static const char digits[] = "0123456789abcdef";
-  char tmp[16];
-  int n = 0;
-  do {
-    tmp[n++] = digits[v & 15];
-    v >>= 4;
-  } while (v);
-  out[0] = '"';
-  out[1] = '0';
-  out[2] = 'x';
-  for (int i = 0; i < n; ++i) out[3 + i] = tmp[n - 1 - i];
-  out[3 + n] = '"';
-  return n + 4;
-}
-}  // namespace
-
-// The check every member makes: inline, the spill and the cut out of line (a call record costs no
-// more than before the spill target existed).
-inline bool JsonLine::room(std::size_t n) {
-  if (!cut_ && len_ + n + kReserve + static_cast<std::size_t>(depth_) < cap_) [[likely]]
-    return true;
-  return room_full(n);
-}
-
 bool JsonLine::room_full(std::size_t n) {
   const std::size_t keep = kReserve + static_cast<std::size_t>(depth_);
   // With a spill target the bytes so far go out and the record goes on in the emptied buffer.
@@ -168,57 +106,11 @@ void JsonLine::put_escaped(std::string_view s) {
   }
 }
 
-// Writes `,"key":` only when the key and `extra` more bytes fit; once a value is left out, every
-// later one is too, so the line never holds a half-written member.
-bool JsonLine::key(std::string_view k, std::size_t extra) {
-  if (skip_ || !room(k.size() + 4 + extra)) return false;
-  if (!first_) buf_[len_++] = ',';
-  first_ = false;
-  buf_[len_++] = '"';
-  put(k);
-  put("\":");
-  return true;
-}
-
 JsonLine &JsonLine::str(std::string_view k, std::string_view v) {
   if (!key(k, 2)) return *this;
   buf_[len_++] = '"';
   put_escaped(v);  // may cut the text short, never the closing quote (kReserve)
   buf_[len_++] = '"';
-  return *this;
-}
-
-JsonLine &JsonLine::ident(std::string_view k, std::string_view v) {
-  if (!key(k, v.size() + 2)) return *this;
-  buf_[len_++] = '"';
-  put(v);
-  buf_[len_++] = '"';
-  return *this;
-}
-
-JsonLine &JsonLine::hex(std::string_view k, std::uint64_t v) {
-  char tmp[24];
-  int n = put_hex_str(tmp, v);
-  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
-}
-
-JsonLine &JsonLine::num(std::string_view k, std::int64_t v) {
-  char tmp[24];
-  int n = put_signed(tmp, v);
-  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
-}
-
-JsonLine &JsonLine::unum(std::string_view k, std::uint64_t v) {
-  char tmp[24];
-  int n = put_dec(tmp, v);
-  if (key(k, static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
-  return *this;
-}
-
-JsonLine &JsonLine::boolean(std::string_view k, bool v) {
-  if (key(k, 5)) put(v ? "true" : "false");
   return *this;
 }
 
@@ -228,28 +120,6 @@ JsonLine &JsonLine::raw(std::string_view k, std::string_view json) {
   } else if (key(k, 0)) {
     put_long(json);
   }
-  return *this;
-}
-
-JsonLine &JsonLine::begin_object(std::string_view k) {
-  if (!key(k, 2)) {
-    ++skip_;
-    return *this;
-  }
-  buf_[len_++] = '{';
-  first_ = true;
-  ++depth_;
-  return *this;
-}
-
-JsonLine &JsonLine::end_object() {
-  if (skip_) {
-    --skip_;
-    return *this;
-  }
-  --depth_;
-  buf_[len_++] = '}';
-  first_ = false;
   return *this;
 }
 
@@ -291,9 +161,11 @@ JsonLine &JsonLine::elem_str(std::string_view v) {
 }
 
 JsonLine &JsonLine::elem_hex(std::uint64_t v) {
-  char tmp[24];
-  int n = put_hex_str(tmp, v);
-  if (elem(static_cast<std::size_t>(n))) put(std::string_view(tmp, static_cast<std::size_t>(n)));
+  const int n = jsonnum::hex_len(v);
+  if (elem(static_cast<std::size_t>(n) + 4)) {
+    jsonnum::put_hex_str_n(buf_ + len_, v, n);
+    len_ += static_cast<std::size_t>(n) + 4;
+  }
   return *this;
 }
 

@@ -30,13 +30,13 @@ std::atomic<void *> g_given[kApiCount];
 std::atomic<int> g_disabled{-1};
 
 const ApiInfo kApis[kApiCount] = {
-#define CMG_DRV(n, b, t) {#n, #b, Family::Driver},
+#define CMG_DRV(n, b, t) {#n, #b, Family::Driver, sizeof(#n) - 1},
 #include "api_driver.def"
 #undef CMG_DRV
-#define CMG_RT(n, d) {#n, #d, Family::Runtime},
+#define CMG_RT(n, d) {#n, #d, Family::Runtime, sizeof(#n) - 1},
 #include "api_runtime.def"
 #undef CMG_RT
-#define CMG_NCCL(n, e) {#n, #e, Family::Nccl},
+#define CMG_NCCL(n, e) {#n, #e, Family::Nccl, sizeof(#n) - 1},
 #include "api_nccl.def"
 #undef CMG_NCCL
 };

@@ -50,20 +50,6 @@ void put_related(JsonLine &j, const Finding &f) {
 
 }  // namespace
 
-void put_args(JsonLine &j, const Args &args) {
-  j.begin_object("args");
-  for (int i = 0; i < args.n; ++i) {
-    const Args::A &a = args.a[i];
-    switch (a.t) {
-      case Args::T::Hex: j.hex(a.k, a.v); break;
-      case Args::T::U: j.unum(a.k, a.v); break;
-      case Args::T::I: j.num(a.k, static_cast<std::int64_t>(a.v)); break;
-      case Args::T::S: j.str(a.k, a.s ? a.s : ""); break;
-    }
-  }
-  j.end_object();
-}
-
 void write_header_record(const std::vector<Interposer> &before) {
   State &s = state();
   const std::vector<std::string> argv = read_argv();

@@ -15,7 +15,35 @@
 namespace cmg::shim {
 
 // A call's arguments as the record's "args" object (the call record and the finding record).
-void put_args(JsonLine &j, const Args &args);
+// Inline, for either writer (JsonLine or its Unchecked members): the call record builds it in
+// place (docs/performance.md, the log's cost per call).
+template <class W>
+inline void put_args(W &j, const Args &args) {
+  j.begin_object("args");
+  for (int i = 0; i < args.n; ++i) {
+    const Args::A &a = args.a[i];
+    const std::string_view k(a.k, a.kn);
+    switch (a.t) {
+      case Args::T::Hex: j.hex(k, a.v); break;
+      case Args::T::U: j.unum(k, a.v); break;
+      case Args::T::I: j.num(k, static_cast<std::int64_t>(a.v)); break;
+      case Args::T::S: j.str(k, a.s ? a.s : ""); break;
+    }
+  }
+  j.end_object();
+}
+
+// The most bytes put_args writes (as JsonLine::fits counts them), or none when an argument is a
+// string (escaped, of any length: the arguments are then written with a check each).
+inline constexpr std::size_t kNoBound = std::size_t{1} << 40;
+inline std::size_t args_bound(const Args &args) {
+  std::size_t n = 4 + 4 + 1 + 1 + 1;  // "args" and its key's bytes, the braces, its depth
+  for (int i = 0; i < args.n; ++i) {
+    if (args.a[i].t == Args::T::S) return kNoBound;
+    n += args.a[i].kn + 4 + JsonLine::kNumMax;
+  }
+  return n;
+}
 
 // The first line of the log: format, tool, pid, ppid, rank, host, start time, argv, mode, the
 // options set in the environment and the interposers loaded before the shim. Written through to

@@ -201,7 +201,6 @@ bool make_pipe() {
 }
 
 void *snapshot_thread(void *) {
-  pthread_setname_np(pthread_self(), "cmg-snapshot");
   const char *label = signal_label(state().opts.snapshot_signal);
   for (;;) {
     char b[64];
@@ -341,7 +340,7 @@ void snapshot_signal_install() {
 
 void snapshot_signal_start() {
   if (!g_pipe.rd.valid() || g_thread_started.exchange(true)) return;
-  const int rc = start_detached_quiet(snapshot_thread, nullptr);
+  const int rc = start_detached_quiet(snapshot_thread, nullptr, "cmg-snapshot");
   if (rc != 0)
     note(LogLevel::Warn, std::string("CUMEMGUARD_SNAPSHOT_SIGNAL: no snapshot thread (") +
                              std::strerror(rc) + "); the signal is counted, no snapshot taken");
@@ -368,7 +367,7 @@ void resident_fork_child() {
     if (!__tsan_init && make_pipe() && had_thread) {
       g_thread_started.store(true);
       g_forked_thread.store(true);
-      if (start_detached_quiet(snapshot_thread, nullptr) != 0) {
+      if (start_detached_quiet(snapshot_thread, nullptr, "cmg-snapshot") != 0) {
         g_forked_thread.store(false);
         g_thread_started.store(false);  // tried again at the child's first CUDA call
       }

@@ -34,6 +34,7 @@
 #include "sanitizer_exit.h"
 #include "resident.h"
 #include "stacks.h"
+#include "threads.h"
 #include "status_channel.h"
 #include "stderr_out.h"
 #include "summary.h"
@@ -91,9 +92,11 @@ void fork_prepare() {
   s.nccl.fork_prepare();
   diag_fork_prepare();
   s.log.fork_prepare();
+  threads_fork_prepare();  // last: waits for the shim's starting threads (threads.h)
 }
 
 void fork_parent() {
+  threads_fork_parent();
   State &s = state();
   s.log.fork_parent();
   diag_fork_parent();
@@ -109,6 +112,7 @@ void fork_parent() {
 }
 
 void fork_child() {
+  threads_fork_child();
   State &s = state();
   std::string parent_log = s.log.path();  // read before the log forgets it
   s.log.fork_child();
@@ -325,15 +329,32 @@ void Call::write_record(int res, const Args &args, const Extra &x) {
   std::uint64_t end = now_ns();
   char buf[2048];
   JsonLine j(buf, sizeof buf);
-  j.ident("k", "call").unum("seq", ev_.seq).unum("ts", ev_.ts).unum("tid", ev_.tid)
-      .ident("api", api_name(api_)).num("res", res).unum("dur", end - t0_);
-  put_args(j, args);
-  if (x.mem) {
-    j.num("dev", x.dev).ident("mem", mem_kind_name(*x.mem));
-    if (x.delta) j.num("delta", x.delta);
+  const std::string_view api = api_name_view(api_);
+  const std::string_view mem = x.mem ? mem_kind_name(*x.mem) : std::string_view();
+  // The members other than strings: numbers, the API's and the kind's names, flags. One room
+  // check for all of them when their largest size fits (always, in this buffer: a string
+  // argument aside), members checked one by one otherwise; the same bytes either way.
+  auto members = [&](auto &w) {
+    w.ident("k", "call").unum("seq", ev_.seq).unum("ts", ev_.ts).unum("tid", ev_.tid)
+        .ident("api", api).num("res", res).unum("dur", end - t0_);
+    put_args(w, args);
+    if (x.mem) {
+      w.num("dev", x.dev).ident("mem", mem);
+      if (x.delta) w.num("delta", x.delta);
+    }
+    if (x.skipped) w.boolean("skipped", true);
+    if (x.deferred) w.boolean("deferred", true);
+  };
+  constexpr std::size_t kNum = 4 + JsonLine::kNumMax;  // a short key's bytes and a number
+  const std::size_t bound = (1 + 4 + 6) + 6 * (3 + kNum) + (3 + 4 + 2 + api.size()) +
+                            args_bound(args) + (3 + kNum) + (3 + 4 + 2 + mem.size()) + (5 + kNum) +
+                            2 * (8 + 4 + 5);
+  if (j.fits(bound)) {
+    JsonLine::Unchecked u(j);
+    members(u);
+  } else {
+    members(j);
   }
-  if (x.skipped) j.boolean("skipped", true);
-  if (x.deferred) j.boolean("deferred", true);
   if (x.va_state) j.str("va_state", x.va_state);
   if (ev_.stack) j.unum("stack", ev_.stack);
   s.log.write(j.finish(), end);

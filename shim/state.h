@@ -140,25 +140,39 @@ class ReentryGuard {
   bool outermost_;
 };
 
-// Arguments of a call record, without allocation.
+// Arguments of a call record, without allocation. Keys are the hooks' literals: their length is
+// kept with them, so the record copies them without measuring each one (strlen per argument).
 struct Args {
   enum class T : std::uint8_t { Hex, U, I, S };
   struct A {
     const char *k;
     T t;
+    std::uint8_t kn;  // the key's length
     std::uint64_t v;
     const char *s;
   };
   A a[8];
   int n = 0;
-  Args &hex(const char *k, std::uint64_t v) { return add(k, T::Hex, v, nullptr); }
-  Args &u(const char *k, std::uint64_t v) { return add(k, T::U, v, nullptr); }
-  Args &i(const char *k, std::int64_t v) { return add(k, T::I, static_cast<std::uint64_t>(v), nullptr); }
-  Args &s(const char *k, const char *v) { return add(k, T::S, 0, v); }
+  template <std::size_t N>
+  Args &hex(const char (&k)[N], std::uint64_t v) {
+    return add(k, N - 1, T::Hex, v, nullptr);
+  }
+  template <std::size_t N>
+  Args &u(const char (&k)[N], std::uint64_t v) {
+    return add(k, N - 1, T::U, v, nullptr);
+  }
+  template <std::size_t N>
+  Args &i(const char (&k)[N], std::int64_t v) {
+    return add(k, N - 1, T::I, static_cast<std::uint64_t>(v), nullptr);
+  }
+  template <std::size_t N>
+  Args &s(const char (&k)[N], const char *v) {
+    return add(k, N - 1, T::S, 0, v);
+  }
 
  private:
-  Args &add(const char *k, T t, std::uint64_t v, const char *s) {
-    if (n < 8) a[n++] = A{k, t, v, s};
+  Args &add(const char *k, std::size_t kn, T t, std::uint64_t v, const char *s) {
+    if (n < 8) a[n++] = A{k, t, static_cast<std::uint8_t>(kn), v, s};
     return *this;
   }
 };

@@ -227,8 +227,9 @@ int next_by_count(const State &s, int prev) {
 // process, claimed first: no second writer).
 char g_text[16 * 1024];
 
+// `at`: "exit", or "the abort" for strict mode's (the report's words: "live at the abort").
 void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now,
-                   const AllFailed &failed) {
+                   const AllFailed &failed, const char *at) {
   // The program's own output first: exit() flushes stdio only after every exit handler, this one
   // included, so on a pipe (fully buffered) the summary came before the program's last lines.
   // Only if the stream is free: a thread still printing while exit() runs must not hang it.
@@ -310,7 +311,7 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
         .s("\n");
   });
   const VmmCounts &vc = live.vmm;
-  t.s("  live at exit:");
+  t.s("  live at ").s(at).s(":");
   for (MemKind k : kLinearKinds)
     if (const std::size_t n = live.n[static_cast<std::size_t>(k)])
       t.c(' ')
@@ -332,7 +333,7 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
       .u(vc.handles)
       .s("\n");
   if (live.shards_skipped || live.vmm_skipped)
-    t.s("  (incomplete: parts of the model stayed locked at exit; see the note above)\n");
+    t.s("  (incomplete: parts of the model stayed locked at ").s(at).s("; see the note above)\n");
   t.s("  findings:");
   bool any = false;
   for (std::size_t k = 0; k < kFindingClassCount; ++k)
@@ -344,7 +345,7 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
   // Leaks apart, as the report, its JSON, the summary record and the exit status count them
   // (they are leak records in the log, not finding records): a leaking run says so on its own line.
   if (const std::size_t leaked = leaked_count(live))
-    t.s("  leaks: ").u(leaked).s(" (live at exit)\n");
+    t.s("  leaks: ").u(leaked).s(" (live at ").s(at).s(")\n");
   if (s.opts.quarantine) {
     // What the quarantine was in this run: a stale free is caught only while its address is held.
     // Said without asking the driver (no CUDA call at exit), and without a size for a device whose
@@ -368,7 +369,9 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
           .u(n)
           .s(n == 1 ? " free (" : " frees (")
           .s(human(b3, held_now.bytes[static_cast<int>(HoldReason::Quarantine)]))
-          .s(") held at exit, returned to the driver with the process");
+          .s(") held at ")
+          .s(at)
+          .s(", returned to the driver with the process");
     t.s("\n");
   }
   if (const std::uint64_t n = held_now.count[static_cast<int>(HoldReason::Deferred)])
@@ -376,7 +379,9 @@ void print_summary(State &s, const Live &live, const HeldFrees::AtExit &held_now
         .u(n)
         .s(" (")
         .s(human(b1, held_now.bytes[static_cast<int>(HoldReason::Deferred)]))
-        .s(") held at exit, returned to the driver with the process\n");
+        .s(") held at ")
+        .s(at)
+        .s(", returned to the driver with the process\n");
   suppressed_text(t);
   transport_summary_text(t);
   bridge::unrequested_summary_text(t);
@@ -415,7 +420,8 @@ void exit_summary(ExitHow how) {
     if (how == ExitHow::Sanitizer) j.boolean("sanitizer", true);
     s.log.write_last(j.finish());
   }
-  if (s.opts.summary) print_summary(s, live, held_now, failed);
+  if (s.opts.summary)
+    print_summary(s, live, held_now, failed, how == ExitHow::Abort ? "the abort" : "exit");
   flush_exit_line();
   exit_records_done();
 }

@@ -46,11 +46,13 @@ constexpr ExitStatus kTopExits[] = {
      "variable the launcher sets or reads itself"},
     {"66",
      "an input cannot be read: a log for report; the shim for run (CUMEMGUARD_SHIM_PATH names "
-     "no file, or a file that is not libcumemguard.so)"},
+     "no file, or a file that is not libcumemguard.so); the interpreter config --python names "
+     "(not found or cannot run)"},
     {"71", "run could not start the program (fork failed)"},
     {"73",
      "an output cannot be written: a file report writes (or one that is an event log, which it "
-     "does not write over); for run, the event log (no such directory, not writable, a FIFO, a "
+     "does not write over); for run, the event log, the default one in the current directory "
+     "too (no such directory, not writable, a FIFO, a "
      "device, a link or a directory at its path, or a non-empty file that is not a cumemguard "
      "log), or no status "
      "directory can be made for --error-exitcode; the program is not started"},
@@ -148,8 +150,9 @@ constexpr ExitStatus kRunExits[] = {
      "libcumemguard.so (an ELF shared object of this machine defining cumemguard_stats_json)"},
     {"71", "the program could not be started (fork failed)"},
     {"73",
-     "the event log cannot be written (no such directory, not writable, a FIFO or a device, a "
-     "non-empty file that is not a cumemguard log), or no status "
+     "the event log cannot be written, the default one in the current directory too (no such "
+     "directory, not writable, a FIFO or a device, a non-empty file that is not a cumemguard "
+     "log), or no status "
      "directory can be made for --error-exitcode: the program is not started"},
     {"126", "PROGRAM is not executable"},
     {"127", "PROGRAM is not found"},
@@ -232,8 +235,8 @@ constexpr ExitStatus kReportExits[] = {
      "its end record (killed: SIGKILL, out of memory, a time limit), or a log has records that "
      "cannot be read (a line cut off or with a bad field: what it said is not known)"},
     {"64",
-     "usage error; logs of more than one run without --run; two outputs on stdout (-); --diff "
-     "naming one snapshot twice"},
+     "usage error; logs of more than one run without --run; two outputs on one file or on "
+     "stdout (-); --diff naming one snapshot twice"},
     {"66",
      "a log cannot be read, is not a cumemguard log or is of a newer format; with --diff, a "
      "snapshot named is not in its log"},
@@ -328,6 +331,7 @@ constexpr ExitStatus kConfigExits[] = {
      "CUMEMGUARD_* setting that cannot apply, with or without --run, an -e of a variable the "
      "launcher sets itself included (one line each on stderr, labelled as cumemguard run labels "
      "it; run refuses it with 64 too)"},
+    {"66", "the interpreter --python names is not found or cannot run"},
 };
 
 constexpr std::array<Command, 4> kCommands = {{

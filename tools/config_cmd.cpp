@@ -37,6 +37,7 @@ using json = nlohmann::ordered_json;
 constexpr int kExitOk = 0;
 constexpr int kExitTorchFails = 1;
 constexpr int kExitUsage = 64;  // EX_USAGE from sysexits.h
+constexpr int kExitNoInput = 66;  // EX_NOINPUT: the interpreter --python names
 constexpr int kJsonSchema = 1;
 
 struct Args {
@@ -49,6 +50,7 @@ struct Args {
   std::string python = "python3";
   tools::RunArgs run;      // cumemguard run's own options, for --run (run_options.def)
   bool err_whole = false;  // the error is run's reader's line, which says what to do itself
+  bool python_given = false;  // --python: an interpreter that cannot be asked is refused
 };
 
 bool valid_name(std::string_view n) {
@@ -95,6 +97,7 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
         return false;
       } else {
         a.python = std::string(v);
+        a.python_given = true;
       }
     } else if (arg == "--env" || arg.starts_with("--env=")) {
       std::string_view v;
@@ -525,21 +528,16 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     std::erase_if(env, [&](const auto &e) { return e.first == name; });
     env.emplace_back(name, value);
   };
-  const std::string override_var = std::string(kOptionPrefix) + "TORCH_ALLOC_CONF";
   // What `cumemguard run` refuses (the same checks, labelled as run labels them) is refused here
   // with its status, one line each on stderr, with or without --run.
   constexpr std::string_view kRefused = "refused: cumemguard run would not start the program";
-  std::string torch_label = "environment";
   tools::RunChecked checked;
   if (args.as_run) {
     // --run: run's own options first, then their -e values in the program's environment.
     checked = tools::check_run_args(args.run, kRefused);
     for (const std::string &line : checked.refusals) err << "cumemguard config: " << line << '\n';
     if (!checked.refusals.empty()) return kExitUsage;
-    for (const auto &[name, value] : checked.sets) {
-      set_env(name, value);
-      if (name == override_var) torch_label = "-e " + name + "=" + shown(value);
-    }
+    for (const auto &[name, value] : checked.sets) set_env(name, value);
   }
   ParsedOptions po = parse_env();
   // A name set twice is let through, as run lets it through.
@@ -547,13 +545,14 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   for (const std::string &line : tools::run_refusals(po)) refused.push_back("environment: " + line);
   // An override PyTorch's grammar refuses stops run too; planned, as run and the shim plan it,
   // with the newest grammar (the release is not known before `import torch`).
-  if (const std::optional<std::string> ov = lookup(env, override_var); ov && !ov->empty()) {
+  // The variable or CUMEMGUARD_OPTIONS' torch_alloc_conf entry, the one in force (run_args.h).
+  if (const tools::TorchOverride ov = tools::torch_override(po, checked.sets); !ov.value.empty()) {
     try {
       const tc::Plan tp = tc::plan(
-          tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); }), *ov,
+          tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); }), ov.value,
           tc::newest_grammar());
       if (tp.action == tc::PlanAction::Refuse)
-        refused.push_back(torch_label + ": " + tools::torch_override_refusal(*ov, tp.reason));
+        refused.push_back(ov.label + ": " + tools::torch_override_refusal(ov.value, tp.reason));
     } catch (...) {
       // run lets through what it cannot evaluate (the shim says why); so does this
     }
@@ -588,6 +587,13 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   const TorchChoice choice = choose_torch_version(
       args.torch_version, args.python, [&](std::string_view n) { return lookup(env, n); },
       envp_list);
+  // The interpreter named was what the user asked about: judging the default release instead
+  // answered a question not asked ("judged: torch 2.11.0 (default: /nonexist not found)", 0).
+  if (args.python_given && !choice.interpreter_problem.empty()) {
+    err << "cumemguard config: --python: " << choice.interpreter_problem
+        << "; name an interpreter that runs (or give --torch-version V)\n";
+    return kExitNoInput;
+  }
   // Judged, diagnosed and planned with the release's own grammar (its keys, its parser).
   const tc::Judgement jd = tc::judge(tenv, choice.version, choice.source);
   const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf, jd.grammar);

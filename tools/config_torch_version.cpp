@@ -82,17 +82,22 @@ std::vector<std::string> list_dir(const std::string &d) {
 std::optional<std::string> torch_package_dir(
     const std::string &python,
     const std::function<std::optional<std::string>(std::string_view)> &getenv,
-    const std::vector<std::string> &envp, std::string &why) {
+    const std::vector<std::string> &envp, std::string &why, bool *interpreter_failed) {
+  // Every way the interpreter itself fails says so; only "no torch" is an answer from it.
+  auto failed = [&](std::string text) -> std::optional<std::string> {
+    why = std::move(text);
+    if (interpreter_failed) *interpreter_failed = true;
+    return std::nullopt;
+  };
   const std::optional<std::string> exe = resolve(python, getenv);
-  if (!exe) {
-    why = python + " not found" + (python.find('/') == std::string::npos ? " on PATH" : "");
-    return std::nullopt;
-  }
+  struct stat st {};
+  if (!exe && python.find('/') != std::string::npos && stat(python.c_str(), &st) == 0)
+    return failed(python + " is not an executable file");
+  if (!exe)
+    return failed(python + " not found" +
+                  (python.find('/') == std::string::npos ? " on PATH" : ""));
   int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    why = std::string("pipe: ") + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (pipe2(out, O_CLOEXEC) != 0) return failed(std::string("pipe: ") + std::strerror(errno));
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
@@ -109,8 +114,7 @@ std::optional<std::string> torch_package_dir(
   close(out[1]);
   if (rc != 0) {
     close(out[0]);
-    why = "cannot run " + *exe + ": " + std::strerror(rc);
-    return std::nullopt;
+    return failed("cannot run " + *exe + ": " + std::strerror(rc));
   }
   std::string text;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs);
@@ -140,14 +144,12 @@ std::optional<std::string> torch_package_dir(
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (timed_out) {
-    why = *exe + " did not answer within " + std::to_string(kTimeoutMs / 1000) + " s";
-    return std::nullopt;
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    why = *exe + " failed (status " + std::to_string(status) + ")";
-    return std::nullopt;
-  }
+  if (timed_out)
+    return failed(*exe + " did not answer within " + std::to_string(kTimeoutMs / 1000) + " s");
+  if (WIFSIGNALED(status))
+    return failed(*exe + " was killed by signal " + std::to_string(WTERMSIG(status)));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return failed(*exe + " exited with status " + std::to_string(WEXITSTATUS(status)));
   if (text.empty()) {
     why = "no torch package for " + *exe;
     return std::nullopt;
@@ -161,13 +163,15 @@ TorchChoice choose_torch_version(
     const std::vector<std::string> &envp) {
   if (requested) return {*requested, "--torch-version"};
   std::string why;
-  if (std::optional<std::string> dir = torch_package_dir(python, getenv, envp, why)) {
+  bool interpreter_failed = false;
+  if (std::optional<std::string> dir =
+          torch_package_dir(python, getenv, envp, why, &interpreter_failed)) {
     const tc::FileAccess fs{read_small, list_dir};
     if (std::optional<tc::FoundVersion> f = tc::version_of_package(*dir, fs))
       return {f->version, f->source + " (" + python + ")"};
     why = "no version.py or dist-info for " + *dir;
   }
-  return {tc::grammar_version(), "default: " + why};
+  return {tc::grammar_version(), "default: " + why, interpreter_failed ? why : std::string()};
 }
 
 nlohmann::ordered_json version_json(const tc::Judgement &j) {

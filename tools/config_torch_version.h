@@ -23,6 +23,9 @@ namespace cmg {
 struct TorchChoice {
   torchconf::TorchVersion version;
   std::string source;  // "--torch-version", "/…/torch/version.py (python3)", "default: …"
+  // Why the interpreter could not be asked (not found, not executable, failed, killed, silent
+  // past the time limit); empty when it answered, even "no torch". `config --python` refuses it.
+  std::string interpreter_problem;
 };
 
 // `requested`: the --torch-version argument (validated by the caller); `python`: the interpreter;
@@ -33,11 +36,12 @@ TorchChoice choose_torch_version(
     const std::function<std::optional<std::string>(std::string_view)> &getenv,
     const std::vector<std::string> &envp);
 
-// The package directory the interpreter would import torch from, or nullopt with `why` set.
+// The package directory the interpreter would import torch from, or nullopt with `why` set (and
+// *interpreter_failed when the interpreter itself could not be found or run, not "no torch").
 std::optional<std::string> torch_package_dir(
     const std::string &python,
     const std::function<std::optional<std::string>(std::string_view)> &getenv,
-    const std::vector<std::string> &envp, std::string &why);
+    const std::vector<std::string> &envp, std::string &why, bool *interpreter_failed = nullptr);
 
 // The "torch_version" and "known_problems" members of the JSON listing (docs/config-json.md).
 nlohmann::ordered_json version_json(const torchconf::Judgement &j);

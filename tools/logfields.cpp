@@ -461,6 +461,7 @@ bool read_field(std::string_view key, od::value &v, Fields &f) {
       case pack("bridge"): f.bridge = counts_of(v); return true;
       case pack("signal"): f.signal = i64_of(v); return true;
       case pack("aborted"): f.aborted = bool_of(v); return true;
+      case pack("_exit"): f.quick_exit = bool_of(v); return true;
       case pack("addr"): f.addr = u64_of(v); return true;
       case pack("name"): f.name = str_of(v); return true;
       case pack("sticky"): f.sticky = bool_of(v); return true;

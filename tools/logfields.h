@@ -47,7 +47,7 @@ struct Fields {
       py_end, released_from;
   std::optional<std::int64_t> first;
   bool skipped = false, deferred = false, applied = false, aborted = false, sticky = false,
-       suppressed_flag = false;
+       suppressed_flag = false, quick_exit = false;
   bool args_is_object = false;
   std::string_view args_raw;  // into the line
   bool have_state = false;

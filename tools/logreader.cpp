@@ -509,6 +509,7 @@ struct LogReader::Impl {
       log.end_signal = f.signal;
       log.end_signal_name = f.signal_name.value_or("");
       log.end_aborted = f.aborted;
+      log.end_quick_exit = f.quick_exit;
     } else if (k == "crash"sv) {
       if (!f.signal) return false;
       Crash c;

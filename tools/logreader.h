@@ -255,6 +255,7 @@ struct Log {
   std::optional<std::int64_t> end_signal;
   std::string end_signal_name;
   bool end_aborted = false;
+  bool end_quick_exit = false;  // `end` with "_exit": _exit() or _Exit(), no leak check
   std::optional<Crash> crash;
   bool partial_last_line = false;                    // the last line was cut off mid-record
   // Its process is alive on this host (process_alive.h): no end record is not yet a kill.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -133,6 +134,40 @@ int pick_run(std::vector<std::unique_ptr<report::LogReader>> &readers,
   return 0;
 }
 
+// Whether two output names are one file: the same device and inode when both exist (a link or
+// another spelling of the path), else the same absolute path once `.`, `..` and the links of the
+// part that exists are resolved. A device both name (/dev/null) is no file one output replaces.
+bool same_file(const std::string &a, const std::string &b) {
+  struct stat sa {};
+  struct stat sb {};
+  const bool ea = ::stat(a.c_str(), &sa) == 0, eb = ::stat(b.c_str(), &sb) == 0;
+  if (ea && eb) return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  if (ea != eb) return false;
+  namespace fs = std::filesystem;
+  std::error_code ec1, ec2;
+  const fs::path pa = fs::weakly_canonical(fs::absolute(a, ec1), ec1);
+  const fs::path pb = fs::weakly_canonical(fs::absolute(b, ec2), ec2);
+  return ec1 || ec2 ? fs::path(a).lexically_normal() == fs::path(b).lexically_normal() : pa == pb;
+}
+
+// `-o same.out --html same.out`: the second output truncated the first's file and the last one
+// written won, while both were said to be written. Refused before anything is: one line, 64.
+int same_output_refusal(const report::ReportOptions &opt, const std::string &output_flag) {
+  const std::tuple<std::string, const std::string *> outs[] = {
+      {output_flag, &opt.output_path}, {"--html", &opt.html_path}, {"--trace", &opt.trace_path}};
+  for (std::size_t i = 0; i < std::size(outs); ++i)
+    for (std::size_t j = i + 1; j < std::size(outs); ++j) {
+      const auto &[na, pa] = outs[i];
+      const auto &[nb, pb] = outs[j];
+      if (pa->empty() || pb->empty() || *pa == "-" || *pb == "-" || !same_file(*pa, *pb))
+        continue;  // "-" twice is refused above, as standard output
+      const std::string both = *pa == *pb ? *pa : fmt::format("{} and {}", *pa, *pb);
+      return usage_error(fmt::format(
+          "{} and {} name the same file ({}): give each output a file of its own", na, nb, both));
+    }
+  return 0;
+}
+
 }  // namespace
 
 int report_main(int argc, char **argv) {
@@ -142,6 +177,7 @@ int report_main(int argc, char **argv) {
   std::optional<std::pair<std::string, std::string>> diff;
   std::optional<std::string> run;  // --run ID | all
   bool options_done = false;
+  std::string output_flag = "-o";  // as the user spelled it, for the line that names it
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     auto value = [&]() -> const char * { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -178,6 +214,7 @@ int report_main(int argc, char **argv) {
       const char *v = value();
       if (!v || !*v) return usage_error(std::string(a) + " needs an output file");
       (a == "--trace" ? opt.trace_path : a == "--html" ? opt.html_path : opt.output_path) = v;
+      if (a == "-o" || a == "--output") output_flag = a;
     } else if (a == "--top") {
       const char *v = value();
       std::int64_t n = 0;
@@ -213,6 +250,7 @@ int report_main(int argc, char **argv) {
                       "that a file with -o OUT",
                       to_stdout[0], opt.json ? "the JSON report" : "--gen-suppressions"));
   }
+  if (const int rc = same_output_refusal(opt, output_flag)) return rc;
   if (diff) {
     if (!files.empty()) return usage_error("--diff compares two snapshots; it takes no other log");
     if (run) return usage_error("--diff names its snapshots' logs; it takes no --run");

@@ -95,9 +95,11 @@ std::vector<Change> changes(const SnapView &va, const SnapView &vb) {
 }
 
 std::string snap_text(const Model &m, const Snapshot &s, const SnapView &v) {
-  return fmt::format("{} #{} \"{}\" at {} ({}): resident {} in {} objects, asleep {}",
+  // "in 1 object", as the resident report says it ("in 1 objects" before).
+  return fmt::format("{} #{} \"{}\" at {} ({}): resident {} in {} {}, asleep {}",
                      m.logs[s.log].file, s.id, s.label, fmt_time(m.time(s.log, s.ts)),
-                     trigger_text(s), human(v.resident), v.resident_count, human(v.asleep));
+                     trigger_text(s), human(v.resident), v.resident_count,
+                     v.resident_count == 1 ? "object" : "objects", human(v.asleep));
 }
 
 std::string signed_human(std::int64_t d) {
@@ -109,11 +111,11 @@ void print_change(const Model &m, std::ostream &out, std::size_t i, const Change
   const std::int64_t ab = c.a ? c.a->bytes : 0, bb = c.b ? c.b->bytes : 0;
   const std::int64_t an = c.a ? c.a->count : 0, bn = c.b ? c.b->count : 0;
   out << fmt::format(
-      "  [{}] {:<6} {} bytes ({}): {} -> {} in {} -> {} objects, {} {} on {}, "
+      "  [{}] {:<6} {} bytes ({}): {} -> {} in {} -> {} {}, {} {} on {}, "
       "created by {}\n",
       i, c.status, c.delta > 0 ? fmt::format("+{}", c.delta) : fmt::format("{}", c.delta),
-      signed_human(c.delta), human(ab), human(bb), an, bn, s.kind, s.state, devs_text(s.devs),
-      s.creator);
+      signed_human(c.delta), human(ab), human(bb), an, bn, bn == 1 ? "object" : "objects",
+      s.kind, s.state, devs_text(s.devs), s.creator);
   const ResolvedStack &st = m.stack(s.log, s.stack);
   if (!st.id) {
     out << "        (no stack recorded)\n";

@@ -243,6 +243,12 @@ bool Model::all_complete() const {
                      [](const Outcome &o) { return o.status == Status::Complete; });
 }
 
+bool Model::leaks_known() const {
+  return std::all_of(outcomes.begin(), outcomes.end(), [](const Outcome &o) {
+    return o.status == Status::Complete && !o.quick_exit;
+  });
+}
+
 int Model::exit_status(const ReportOptions &opt) const {
   int status = 0;
   for (const auto &c : findings) {

@@ -252,6 +252,7 @@ struct ErrorPoint {
 struct Outcome {
   Status status = Status::Complete;
   bool running = false;  // Truncated only: the process is still alive (Log::running)
+  bool quick_exit = false;  // Complete, ended by _exit()/_Exit(): no leak check was made
   std::optional<std::int64_t> signal;
   std::string signal_name;
   std::optional<Crash> crash;
@@ -337,6 +338,8 @@ struct Model {
   std::vector<std::string> counted_not_read() const;
   // Some process crashed, aborted or was cut off: leaks at exit are not known for it.
   bool all_complete() const;
+  // Every log complete and each one's leaks checked (not ended by _exit).
+  bool leaks_known() const;
   int exit_status(const ReportOptions &opt) const;
 
  private:

@@ -165,6 +165,7 @@ Outcome OutcomeTracker::finish(const Log &log) {
   Impl &d = *impl_;
   Outcome o;
   o.status = log.status();
+  o.quick_exit = log.end_quick_exit;
   o.running = o.status == Status::Truncated && log.running;
   o.signal = log.end_signal;
   o.signal_name = log.end_signal_name;

@@ -3,9 +3,11 @@
 // file CUMEMGUARD_SUPPRESSIONS names, in the spirit of valgrind's --gen-suppressions. The rule is
 // anchored (CLASS:^F1;F2;...; policy/suppressions.h): the group's stack from its call site, one
 // glob a frame, so it suppresses that stack and no other that merely passes through its frames.
-// A Python stack is named by its Python frames (qualified names), a native one by its frames past
-// the shim's, CUDA's and libc's, each by function name (libc's and CUDA's by module basename), else
-// module basename, else `*`.
+// A Python stack is named by its Python frames (FUNCTION@FILE: qualified name and the file's
+// path), a native one by its frames past the shim's, CUDA's and libc's, each by FUNCTION@MODULE
+// (the module's basename; libc's and CUDA's by module basename alone), else module basename, else
+// `*`. A function name alone matched that name in any file: `double-free:^main;<module>` silenced
+// a double free from any script's main().
 #include <set>
 #include <vector>
 
@@ -24,10 +26,11 @@ std::string basename_of(const std::string &path) {
 
 // Glob metacharacters in a name stand for themselves only by luck: `?` matches any character,
 // so a literal one still matches itself, and `*` is replaced by `?` for the same reason; `;`
-// separates the frames of the rule, so it is one character too.
+// separates the frames of the rule and `@` a frame's function from its file, so each is one
+// character too.
 std::string as_pattern(std::string s) {
   for (auto &c : s)
-    if (c == '*' || c == ';') c = '?';
+    if (c == '*' || c == ';' || c == '@') c = '?';
   return s;
 }
 
@@ -45,7 +48,9 @@ std::vector<std::string> stack_globs(const ResolvedStack &s) {
     if (python) {
       // A code object the log never defined has no name here, though the shim will see one.
       if (f.kind == Frame::Kind::Python)
-        globs.push_back(f.function.empty() || f.file.empty() ? "*" : as_pattern(f.function));
+        globs.push_back(f.function.empty() || f.file.empty()
+                            ? "*"
+                            : as_pattern(f.function) + "@" + as_pattern(f.file));
       continue;
     }
     if (f.inlined) continue;
@@ -56,9 +61,11 @@ std::vector<std::string> stack_globs(const ResolvedStack &s) {
     // libc's and CUDA's own functions by their module: the report may read names there (a
     // local symbol, a debug file) that the shim's symbol table lacks.
     globs.push_back(infrastructure ? as_pattern(basename_of(f.module))
+                    : !f.function.empty() && !f.module.empty()
+                        ? as_pattern(f.function) + "@" + as_pattern(basename_of(f.module))
                     : !f.function.empty() ? as_pattern(f.function)
-                    : !f.module.empty() ? as_pattern(basename_of(f.module))
-                                        : std::string("*"));
+                    : !f.module.empty()   ? as_pattern(basename_of(f.module))
+                                          : std::string("*"));
   }
   return globs;
 }
@@ -67,7 +74,8 @@ std::vector<std::string> stack_globs(const ResolvedStack &s) {
 
 void write_suppressions(const Model &m, std::ostream &out) {
   out << "# cumemguard suppressions (CUMEMGUARD_SUPPRESSIONS=FILE): one CLASS:PATTERN per line;\n"
-         "# CLASS:^F1;F2;... is the finding's stack from its call site, a glob a frame\n";
+         "# CLASS:^F1;F2;... spells the finding's stack from its call site, one glob per frame,\n"
+         "# FUNCTION@FILE naming the frame's function and its file or module\n";
   std::size_t groups = 0;
   std::set<std::string> written;
   for (const auto &c : m.findings) {

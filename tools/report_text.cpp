@@ -328,15 +328,21 @@ void write_leaks(const Model &m, const ReportOptions &opt, std::ostream &out) {
   // A process that crashed, aborted or was cut off wrote no leak records: what it held at exit
   // is not known, and "none" would be a claim the log cannot support.
   // Strict mode's abort writes what is live as it aborts: known, and said so below.
+  // A process that ended by _exit() made no leak check either (the shim's writer there reads no
+  // model: _exit may be called from a signal handler).
   std::vector<std::size_t> unknown, aborted;
+  std::size_t quick = 0;
   for (std::size_t i = 0; i < m.logs.size(); ++i) {
     const bool wrote = i < m.log_leaks.size() && m.log_leaks[i].first > 0;
     if (m.outcomes[i].status == Status::Aborted && wrote)
       aborted.push_back(i);
-    else if (m.outcomes[i].status != Status::Complete)
+    else if (m.outcomes[i].status != Status::Complete || m.outcomes[i].quick_exit)
       unknown.push_back(i);
+    quick += m.outcomes[i].quick_exit ? 1 : 0;
   }
-  const std::string why = "not known: the process did not exit normally";
+  const std::string why = quick && quick == unknown.size()
+                              ? "not known: the process ended with _exit (no leak check)"
+                              : "not known: the process did not exit normally";
   if (m.leaks.empty() && !unknown.empty()) {
     if (m.logs.size() == 1) {
       out << "\n== Leaks at exit: " << why << "\n";
@@ -605,7 +611,8 @@ void write_outcomes(const Model &m, const ReportOptions &opt, std::ostream &out)
              "host)\n";
     else if (o.status == Status::Truncated)
       out << "  the log ends without an end record: the process was killed (SIGKILL, out of "
-             "memory, a time limit), exited with _exit, or the log was cut off\n";
+             "memory, a time limit), ended by the exit_group system call itself, or the log "
+             "was cut off\n";
     const ErrorPoint *first = o.first_sticky ? &*o.first_sticky
                               : o.errors.empty() ? nullptr
                                                  : &o.errors.front();
@@ -697,7 +704,7 @@ void write_headline(const Model &m, std::ostream &out) {
                                                                     : std::string("no findings");
   if (!unchecked.empty() && findings != unchecked) findings += "; " + unchecked;
   if (m.leak_count) findings += ", " + leaks_text(m);
-  else if (!m.all_complete()) findings += "; leaks not known";
+  else if (!m.leaks_known()) findings += "; leaks not known";
   if (const std::size_t n = m.unreadable_records())
     findings +=
         fmt::format("; {} unreadable (see Logs): not clean", plural(n, "record", "records"));

@@ -90,6 +90,14 @@ RunOptionRead read_run_option(int argc, char **argv, int &i, RunArgs &r, std::st
       inline_value = true;
       break;
     }
+    // A short option's value attached, as getopt takes it: -eNAME=VALUE (it was "unknown").
+    if (!c.value.empty() && c.name.size() == 2 && c.name[1] != '-' && a.size() > 2 &&
+        a.starts_with(c.name)) {
+      o = &c;
+      value = a.substr(2);
+      inline_value = true;
+      break;
+    }
   }
   if (!o) return RunOptionRead::NotOne;
   if (!o->value.empty() && !inline_value) {
@@ -204,7 +212,9 @@ RunChecked check_run_args(const RunArgs &a, std::string_view not_started) {
     const std::string label = "-e " + name + "=" + shown(value);
     if (const std::string p = launcher_variable_problem(name, value); !p.empty())
       return refuse(label + ": " + p + "; " + std::string(not_started));
-    if (has_option_prefix(name) && !check_options(name, value, label)) return c;
+    if ((has_option_prefix(name) || !misspelt_prefix_meant(name).empty()) &&
+        !check_options(name, value, label))
+      return c;
   }
   if (const std::string p = option_env_conflict(a.given, c.sets); !p.empty())
     return refuse(p + " (" + std::string(not_started) + ")");
@@ -248,6 +258,21 @@ std::string torch_override_refusal(std::string_view value, const std::string &re
   if (why.ends_with(kKept)) why.resize(why.size() - kKept.size());
   if (why.starts_with(kVar)) return why;
   return std::string(kVar) + "='" + shown(value) + "': " + why;
+}
+
+TorchOverride torch_override(const ParsedOptions &po,
+                             const std::vector<std::pair<std::string, std::string>> &sets) {
+  TorchOverride t{po.options.torch_alloc_conf, "environment"};
+  if (t.value.empty()) return t;
+  bool from_entry = false;
+  for (const OptionValue &v : po.values)
+    if (v.spec->name == "TORCH_ALLOC_CONF") from_entry = v.source == OptionSource::Options;
+  const std::string var = from_entry ? "CUMEMGUARD_OPTIONS" : "CUMEMGUARD_TORCH_ALLOC_CONF";
+  // The last -e of the name: it is the one setenv() left in the environment.
+  for (auto it = sets.rbegin(); it != sets.rend(); ++it)
+    if (it->first == var) return {t.value, "-e " + it->first + "=" + shown(it->second)};
+  if (from_entry) t.label = "environment: CUMEMGUARD_OPTIONS";
+  return t;
 }
 
 std::string option_env_conflict(const std::vector<std::string_view> &given,

@@ -63,6 +63,17 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
 // program.
 std::string torch_override_refusal(std::string_view value, const std::string &reason);
 
+// The CUMEMGUARD_TORCH_ALLOC_CONF override in force (`po`: the program's environment parsed) and
+// the words naming where it was set, for a refusal: the variable or the torch_alloc_conf entry of
+// CUMEMGUARD_OPTIONS (the variable wins over the entry), given with -e (`sets`) or inherited
+// ("environment"). Run and config plan this value, as the shim does.
+struct TorchOverride {
+  std::string value;  // empty: none
+  std::string label;
+};
+TorchOverride torch_override(const ParsedOptions &po,
+                             const std::vector<std::pair<std::string, std::string>> &sets);
+
 // The launcher options given (`given`: their names as the table spells them, "--log") against the
 // -e NAME=VALUE settings (`sets`): the line refusing the first option whose shim option an -e
 // also sets, as CUMEMGUARD_NAME or as an entry of CUMEMGUARD_OPTIONS (run_options.def,

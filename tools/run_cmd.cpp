@@ -63,9 +63,9 @@ volatile sig_atomic_t g_child = 0;
 // run with `label` and the reason, as any other CUMEMGUARD_* value that cannot apply does: false.
 // Planned with the newest grammar, as the shim plans it (the release is not known before `import
 // torch`: a key of a newer release is written, and PyTorch judges it).
-bool apply_torch_override(const std::string &label) {
-  const char *ov = std::getenv("CUMEMGUARD_TORCH_ALLOC_CONF");
-  if (!ov || !*ov) return true;
+// `ov`: the override in force (the variable or CUMEMGUARD_OPTIONS' torch_alloc_conf entry).
+bool apply_torch_override(const std::string &label, const std::string &ov) {
+  if (ov.empty()) return true;
   cmg::torchconf::Plan plan;
   try {
     plan = cmg::torchconf::plan(cmg::torchconf::Env::from_envp(environ), ov,
@@ -101,6 +101,20 @@ std::string self_command() {
       return std::strcmp(found, self) == 0 ? "cumemguard" : std::string(self);
   }
   return self;
+}
+
+// A pid whose process ended and was not reaped yet (kill(pid, 0) still succeeds for it).
+bool zombie(std::int64_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%lld/stat", static_cast<long long>(pid));
+  FILE *f = std::fopen(path, "re");
+  if (!f) return true;  // gone between the two looks
+  char buf[512];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char *close = std::strrchr(buf, ')');  // the state follows the command's name
+  return close && close[1] == ' ' && close[2] == 'Z';
 }
 
 bool exists(const std::string &p) {
@@ -178,7 +192,8 @@ std::vector<std::pair<std::string_view, std::string_view>> environment_options()
   for (char **e = environ; e && *e; ++e) {
     std::string_view s(*e);
     const std::size_t eq = s.find('=');
-    if (has_option_prefix(s) && eq != std::string_view::npos)
+    if (eq != std::string_view::npos &&
+        (has_option_prefix(s) || !misspelt_prefix_meant(s.substr(0, eq)).empty()))
       kv.emplace_back(s.substr(0, eq), s.substr(eq + 1));
   }
   return kv;
@@ -311,10 +326,10 @@ int run_main(int argc, char **argv) {
   char cwd[PATH_MAX];
   for (const RunDefault &d : run_exports(a, user, prog, getcwd(cwd, sizeof cwd) ? cwd : "."))
     setenv(d.name.c_str(), d.value.c_str(), 1);
-  std::string torch_label = "environment";
-  for (const auto &[name, value] : sets)
-    if (name == "CUMEMGUARD_TORCH_ALLOC_CONF") torch_label = "-e " + name + "=" + shown(value);
-  if (!apply_torch_override(torch_label)) return kUsage;
+  // The entry of CUMEMGUARD_OPTIONS as well as the variable: the entry was let through unplanned
+  // (torch_alloc_conf=bogus started the program, status 0).
+  const TorchOverride torch = torch_override(user, sets);
+  if (!apply_torch_override(torch.label, torch.value)) return kUsage;
   // Unique per launch: the pid of the launcher and the start time in ns. A launcher inside another
   // launcher's program (CUMEMGUARD_STATUS_DIR set by it) is part of that run: its logs keep the
   // outer run's id, so that `cumemguard report` over the outer launcher's list reads one run.
@@ -342,8 +357,22 @@ int run_main(int argc, char **argv) {
   }
   // valgrind's --log-file habit: a log the user named (--log, or CUMEMGUARD_LOG in any form) that
   // cannot be written stops the run before it starts, rather than a run whose findings reach no
-  // file. The default name in the current directory is left to the shim's warning.
-  if (!eff.log.empty() && (!a.log.empty() || set_by_user(user, "LOG"))) {
+  // file. The default log in the current directory gets the same check: the help and the exit
+  // table promise 73 for any log that cannot be created, and a run in a directory the user cannot
+  // write (a read-only checkout, /proc as root) used to start logless and exit 0.
+  const bool named_log = !a.log.empty() || set_by_user(user, "LOG");
+  if (!eff.log.empty() && !named_log) {
+    // The problem names the directory: "directory /proc: cannot create a file there (...)".
+    if (const std::string p = log_target_problem(eff.log); !p.empty()) {
+      std::fprintf(stderr,
+                   "cumemguard run: cannot write the default event log (the current "
+                   "directory's): %s; the program was not started (give --log a writable "
+                   "place, or --no-log)\n",
+                   p.c_str());
+      return kCantCreate;
+    }
+  }
+  if (!eff.log.empty() && named_log) {
     // valgrind stops at a --log-file whose %q{VAR} names a variable that is not set
     // ("environment variable VAR is not set"); so does run, in the program's environment (-e
     // included), where the shim alone could only say so and write the name without it.
@@ -462,6 +491,23 @@ int run_main(int argc, char **argv) {
                  t.logs.size(), t.logs.size() == 1 ? "" : "s", all.c_str(),
                  self_command().c_str(), all.c_str());
   }
+  // A process of the run without its exit records: its log stops where it was cut, and its leaks
+  // were never counted. Said by the launcher, as no process of the run could say it (at most 8
+  // lines, then a count).
+  for (std::size_t i = 0; i < t.unfinished.size() && i < 8; ++i) {
+    const auto &u = t.unfinished[i];
+    const bool alive = ::kill(static_cast<pid_t>(u.pid), 0) == 0 && !zombie(u.pid);
+    std::fprintf(stderr, "cumemguard: pid %lld %s%s%s\n", static_cast<long long>(u.pid),
+                 alive ? "is still running after the program ended: its exit records are not "
+                         "written yet"
+                       : "ended without its exit records (killed by SIGKILL or the "
+                         "out-of-memory killer, an exec of a program that made no CUDA call, or "
+                         "the exit_group system call itself): its leaks are not known",
+                 u.log.empty() ? "" : "; its log stops there: ", u.log.c_str());
+  }
+  if (t.unfinished.size() > 8)
+    std::fprintf(stderr, "cumemguard: %zu more processes without their exit records\n",
+                 t.unfinished.size() - 8);
   if (t.unreadable)
     std::fprintf(stderr, "cumemguard: warning: %zu entr%s of the run's status directory %s not a "
                          "process's status; the counts are those of the other %zu\n",

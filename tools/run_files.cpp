@@ -84,7 +84,7 @@ RunTotals read_status_dir(const std::string &dir) {
     std::int64_t pid;
     std::string log;
   };
-  std::vector<Entry> opened;
+  std::vector<Entry> opened, unfinished;
   while (dirent *e = readdir(d.d)) {
     if (dots(e->d_name)) continue;
     if (std::string_view(e->d_name).ends_with(".loaded")) {
@@ -105,8 +105,24 @@ RunTotals read_status_dir(const std::string &dir) {
     t.findings += r.findings;
     t.leaks += r.leaks;
     for (std::size_t i = 0; i < RunStatusRecord::kClasses; ++i) t.by_class[i] += r.by_class[i];
-    if (r.log_state == 1 && r.log_len && !r.log_cut)
-      opened.push_back(Entry{r.start_unix_ns, r.pid, std::string(r.log, r.log_len)});
+    const std::string log = r.log_state == 1 && r.log_len && !r.log_cut
+                                ? std::string(r.log, r.log_len)
+                                : std::string();
+    if (!log.empty()) opened.push_back(Entry{r.start_unix_ns, r.pid, log});
+    if (r.state == RunStatusRecord::Running) unfinished.push_back(Entry{r.start_unix_ns, r.pid, log});
+  }
+  std::sort(unfinished.begin(), unfinished.end(), [](const Entry &a, const Entry &b) {
+    return a.start != b.start ? a.start < b.start : a.pid < b.pid;
+  });
+  // A record of the same pid started later is the image the process exec'd: this one ended there.
+  std::vector<std::pair<std::int64_t, std::uint64_t>> last_start;
+  for (const Entry &e : opened) last_start.emplace_back(e.pid, e.start);
+  for (const Entry &e : unfinished) last_start.emplace_back(e.pid, e.start);
+  for (Entry &e : unfinished) {
+    const bool execd = std::any_of(last_start.begin(), last_start.end(), [&](const auto &p) {
+      return p.first == e.pid && p.second > e.start;
+    });
+    if (!execd) t.unfinished.push_back({e.pid, std::move(e.log)});
   }
   std::sort(opened.begin(), opened.end(), [](const Entry &a, const Entry &b) {
     return a.start != b.start ? a.start < b.start : a.pid < b.pid;

@@ -20,6 +20,15 @@ struct RunTotals {
   std::size_t unreadable = 0;     // entries that are not a record of this layout (said once)
   std::size_t loaded = 0;         // process images that loaded the shim (<pid>.loaded marks)
   std::vector<std::string> logs;  // the logs the processes opened, in the order they started
+  // Processes that activated and never reached the shim's exit records (neither an exit nor a
+  // fatal signal the shim saw): killed by SIGKILL or the out-of-memory killer, an exec (unless the
+  // new image has a record of its own), the exit_group system call itself, or still running.
+  // Their pid and log (empty: none), by start.
+  struct Unfinished {
+    std::int64_t pid;
+    std::string log;
+  };
+  std::vector<Unfinished> unfinished;
 };
 
 // A directory only this user can enter (mkdtemp, mode 0700) under $TMPDIR or /tmp; empty with

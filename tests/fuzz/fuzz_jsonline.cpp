@@ -6,6 +6,8 @@
 // holding one JSON object that parses, and it never writes past the buffer. The same script is
 // built again with a spill target (the log's fixed-size line writer): the pieces and the last part
 // together are one line, one JSON object, and nothing is cut (in a buffer of 256 bytes or more).
+// Each is built a second time with its numbers, flags and objects through the unchecked writer
+// wherever fits() allows it (as the call record is built): the bytes must be the same.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -36,8 +38,22 @@ struct Pieces final : cmg::shim::JsonLine::Spill {
   }
 };
 
-// Runs the script in data[0, size) on j.
-void build(cmg::shim::JsonLine &j, const std::uint8_t *data, std::size_t size) {
+// Writes one member through the unchecked writer when fits() says its largest size fits (what
+// the call record does), through the checked one otherwise.
+template <class F>
+void member(cmg::shim::JsonLine &j, bool fast, std::size_t bound, F &&f) {
+  if (fast && j.fits(bound)) {
+    cmg::shim::JsonLine::Unchecked u(j);
+    f(u);
+  } else {
+    f(j);
+  }
+}
+
+// Runs the script in data[0, size) on j; `fast`: numbers, flags and objects through the unchecked
+// writer where they fit (the line must come out byte for byte the same).
+void build(cmg::shim::JsonLine &j, const std::uint8_t *data, std::size_t size, bool fast) {
+  using cmg::shim::JsonLine;
   std::size_t i = 0;
   int depth = 0;
   auto text = [&](std::size_t n) {
@@ -59,15 +75,34 @@ void build(cmg::shim::JsonLine &j, const std::uint8_t *data, std::size_t size) {
       case 1: {
         std::uint64_t v = 0;
         std::memcpy(&v, data + i - 1, std::min<std::size_t>(8, size - (i - 1)));
-        arr ? (void)j.elem_hex(v) : (void)j.hex(key(n), v);
+        if (arr)
+          j.elem_hex(v);
+        else
+          member(j, fast, key(n).size() + 4 + JsonLine::kNumMax,
+                 [&](auto &w) { w.hex(key(n), v); });
         break;
       }
-      case 2: if (!arr) j.num(key(n), -static_cast<std::int64_t>(n) * 1234567891011LL); break;
-      case 3: if (!arr) j.unum(key(n), static_cast<std::uint64_t>(n) << 56); break;
-      case 4: if (!arr) j.boolean(key(n), n & 1); break;
+      case 2:
+        if (!arr)
+          member(j, fast, key(n).size() + 4 + JsonLine::kNumMax,
+                 [&](auto &w) { w.num(key(n), -static_cast<std::int64_t>(n) * 1234567891011LL); });
+        break;
+      case 3:
+        if (!arr)
+          member(j, fast, key(n).size() + 4 + JsonLine::kNumMax,
+                 [&](auto &w) { w.unum(key(n), static_cast<std::uint64_t>(n) << 56); });
+        break;
+      case 4:
+        if (!arr)
+          member(j, fast, key(n).size() + 4 + 5, [&](auto &w) { w.boolean(key(n), n & 1); });
+        break;
       case 5:
         if (depth < 64) {
-          arr ? (void)j.elem_object() : (void)j.begin_object(key(n));
+          if (arr)
+            j.elem_object();
+          else  // an object and the API name of a call record in it
+            member(j, fast, key(n).size() + key(n + 1).size() + 8 + 2 + 15,
+                   [&](auto &w) { w.begin_object(key(n)).ident(key(n + 1), "cuMemAlloc_v2"); });
           in_array.push_back(false);
           ++depth;
         }
@@ -81,7 +116,10 @@ void build(cmg::shim::JsonLine &j, const std::uint8_t *data, std::size_t size) {
         break;
       case 7:
         if (depth > 0) {
-          in_array.back() ? (void)j.end_array() : (void)j.end_object();
+          if (in_array.back())
+            j.end_array();
+          else
+            member(j, fast, 1, [&](auto &w) { w.end_object(); });
           in_array.pop_back();
           --depth;
         }
@@ -110,29 +148,37 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
   const std::size_t cap = 64 + ((static_cast<std::size_t>(data[0]) << 4) | (data[1] & 15));
   data += 2;
   size -= 2;
-  // The buffer sits inside a larger one with guard bytes on both sides.
-  std::vector<char> mem(cap + 64, '\x5a');
-  char *buf = mem.data() + 32;
-  cmg::shim::JsonLine j(buf, cap);
-  build(j, data, size);
-  const std::string_view line = j.finish();
-  for (std::size_t k = 0; k < 32; ++k)
-    if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("wrote outside the buffer", line);
-  if (line.data() != buf || line.size() > cap) fail("line outside the buffer", line);
-  check_line(line);
-  // With a spill target: nothing is cut, whatever the size.
-  std::fill(mem.begin(), mem.end(), '\x5a');
-  Pieces pieces;
-  pieces.cap = cap;
-  cmg::shim::JsonLine s(buf, cap, &pieces);
-  build(s, data, size);
-  pieces.all.append(s.finish());
-  for (std::size_t k = 0; k < 32; ++k)
-    if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("spilling wrote outside", pieces.all);
-  check_line(pieces.all);
-  // A buffer of 256 bytes leaves room for any key and number at the deepest nesting (64); the
-  // log's line writer has 4096.
-  if (cap >= 256 && pieces.all.find("\"cut\":true") != std::string::npos)
-    fail("cut with a spill target", pieces.all);
+  std::string plain[2], spilled[2];  // built with checked members, and with unchecked ones
+  for (int fast = 0; fast < 2; ++fast) {
+    // The buffer sits inside a larger one with guard bytes on both sides.
+    std::vector<char> mem(cap + 64, '\x5a');
+    char *buf = mem.data() + 32;
+    cmg::shim::JsonLine j(buf, cap);
+    build(j, data, size, fast);
+    const std::string_view line = j.finish();
+    for (std::size_t k = 0; k < 32; ++k)
+      if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a') fail("wrote outside the buffer", line);
+    if (line.data() != buf || line.size() > cap) fail("line outside the buffer", line);
+    check_line(line);
+    plain[fast] = std::string(line);
+    // With a spill target: nothing is cut, whatever the size.
+    std::fill(mem.begin(), mem.end(), '\x5a');
+    Pieces pieces;
+    pieces.cap = cap;
+    cmg::shim::JsonLine s(buf, cap, &pieces);
+    build(s, data, size, fast);
+    pieces.all.append(s.finish());
+    for (std::size_t k = 0; k < 32; ++k)
+      if (mem[k] != '\x5a' || mem[32 + cap + k] != '\x5a')
+        fail("spilling wrote outside", pieces.all);
+    check_line(pieces.all);
+    // A buffer of 256 bytes leaves room for any key and number at the deepest nesting (64); the
+    // log's line writer has 4096.
+    if (cap >= 256 && pieces.all.find("\"cut\":true") != std::string::npos)
+      fail("cut with a spill target", pieces.all);
+    spilled[fast] = std::move(pieces.all);
+  }
+  if (plain[1] != plain[0]) fail("the unchecked members wrote other bytes", plain[1]);
+  if (spilled[1] != spilled[0]) fail("the unchecked members spilled other bytes", spilled[1]);
   return 0;
 }

@@ -36,9 +36,10 @@ def pairs(text):
     return {k: int(v) for k, v in re.findall(r"([A-Za-z][\w-]*) (\d+)", text)}
 
 
-def summary(stderr):
+def summary(stderr, at="exit"):
     """The summary's calls, findings and leaks, as printed (the calls may wrap onto indented
-    lines)."""
+    lines). `at`: "exit", or "the abort" after strict mode's (the report's words; the summary said
+    "live at exit" there)."""
     lines = stderr.splitlines()
     calls, findings, released, leaks = "", "", None, 0
     for i, l in enumerate(lines):
@@ -50,11 +51,11 @@ def summary(stderr):
                 calls += " " + more
         if l.strip().startswith("findings:"):
             findings = l.split("findings:", 1)[1].strip()
-        lk = re.fullmatch(r"  leaks: (\d+) \(live at exit\)", l)
+        lk = re.fullmatch(r"  leaks: (\d+) \(live at " + at + r"\)", l)
         if lk:
             leaks = int(lk.group(1))
-        m = re.search(r"quarantine: .*; (\d+) frees? \((\S+ \S+)\) held at exit, returned to the "
-                      r"driver with the process", l)
+        m = re.search(r"quarantine: .*; (\d+) frees? \((\S+ \S+)\) held at " + at +
+                      r", returned to the driver with the process", l)
         if m:
             released = (int(m.group(1)), m.group(2))
     return pairs(calls), ({} if findings == "none" else pairs(findings)), released, leaks
@@ -92,7 +93,9 @@ def main():
                            timeout=120)
         want_rc = -6 if mode == "strict" else 0  # strict mode's abort: the launcher dies of it
         check(p.returncode == want_rc, f"{case}: run exited {p.returncode}: {p.stderr[-400:]}")
-        calls, findings, released, leaks = summary(p.stderr)
+        at = "the abort" if mode == "strict" else "exit"
+        calls, findings, released, leaks = summary(p.stderr, at)
+        check(f"  live at {at}: " in p.stderr, f"{case}: no 'live at {at}' line: {p.stderr[-600:]}")
         check(calls == want_calls and findings == want_findings and leaks == want_leaks,
               f"{case}: the summary says calls {calls}, findings {findings}, leaks {leaks}")
         r = subprocess.run([a.cg, "report", "--json", log], stdout=subprocess.PIPE,

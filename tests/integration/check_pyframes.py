@@ -311,9 +311,11 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
             gen = subprocess.run([cg, "report", "--gen-suppressions", log], capture_output=True,
                                  text=True, timeout=120 * SLOW).stdout
             rules = [l for l in gen.splitlines() if l and not l.startswith("#")]
-            # Anchored on the finding's Python frames from its call site (free_buffer).
-            check(len(rules) == 1 and rules[0].startswith("double-free:^free_buffer;") and
-                  rules[0].endswith(";<module>"),
+            # Anchored on the finding's Python frames from its call site (free_buffer), each
+            # frame FUNCTION@FILE: the script's own path, so the rule matches this script alone.
+            check(len(rules) == 1 and
+                  rules[0].startswith(f"double-free:^free_buffer@{script};case_ctypes@{script};") and
+                  rules[0].endswith(f";<module>@{script}"),
                   f"{label}: --gen-suppressions names the finding's Python stack: {rules}")
             pattern = rules[0].split(":", 1)[1] if rules else ""
             supp = os.path.join(tmp, f"supp-{it.version}-{int(it.shared)}.txt")

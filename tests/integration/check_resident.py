@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 MIB = 1 << 20
+FORK_LEVELS = 32  # resident_cases.cpp fork_at_start
 G = 2 * MIB  # the fake's granularity (real-driver.md D19)
 
 
@@ -106,6 +107,7 @@ CASES = {
     "snapshot-limit": (["wake-fail-fixed"], {}, {"CUMEMGUARD_SNAPSHOTS": "1"}),
     "graph-owned": (["graph-owned"], {}, {}),
     "snapshot-fork": (["snapshot-fork", "@LOG@"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
+    "fork-at-start": (["fork-at-start"], {}, {"CUMEMGUARD_SNAPSHOT_SIGNAL": "usr2"}),
     "nccl-destroy": (["nccl-destroy"], {}, {}),
     "nccl-suspend": (["nccl-suspend"], {}, {}),
     "nccl-suspend-fixed": (["nccl-suspend-fixed"], {}, {}),
@@ -122,7 +124,8 @@ def check(name, build, recs, log, plain, shim):
     own = {"snapshot-api": {"snapshot_before", "snapshot_after"},
            "snapshot-signal": {"usr2_handled", "snapshot_seen"},
            "graph-owned": {"snapshot"},
-           "snapshot-fork": {"usr2_handled", "child_snapshot_seen", "parent_snapshot_seen"}
+           "snapshot-fork": {"usr2_handled", "child_snapshot_seen", "parent_snapshot_seen"},
+           "fork-at-start": {f"level{k}_threads" for k in range(FORK_LEVELS)},
            }.get(name, set())
     for k in set(plain) | set(shim):
         if k not in own:
@@ -309,6 +312,36 @@ def check(name, build, recs, log, plain, shim):
         res = rep["resident"]["snapshots"]
         expect(len(res) == 1 and res[0]["resident_bytes"] == 0 and res[0]["label"] == "SIGUSR2",
                f"child's report {res}")
+
+    elif name == "fork-at-start":
+        # At every fork the forking process's shim threads were past their set-up: the log's
+        # flusher and the snapshot thread, a forked child's own (started at the fork and at its
+        # first record). Under ThreadSanitizer a forked child starts none (snapshot.cpp, eventlog.cpp).
+        tsan = "tsan" in os.environ.get("CMG_PRELOAD_FIRST", "")
+        # Where real-time priority may be taken (probed here: root in a container may lack
+        # CAP_SYS_NICE), every fork meets starting threads and the case must have had it; where it
+        # may not, the race is only sampled, and the case says so.
+        probe = subprocess.run([sys.executable, "-c", "import os; os.sched_setscheduler(0, "
+                                "os.SCHED_FIFO, os.sched_param(1))"], stderr=subprocess.DEVNULL)
+        if probe.returncode == 0:
+            expect(shim["fifo"] == ["1"], f"no real-time priority though it may be had: {shim}")
+        else:
+            print("fork-at-start: no real-time priority here; the forks only sample the race")
+        for k in range(FORK_LEVELS - 1):
+            want = "cmg-log-flush,cmg-snapshot" if k == 0 or not tsan else "-"
+            expect(shim.get(f"level{k}_threads") == [want],
+                   f"generation {k}'s threads at its fork: {shim.get(f'level{k}_threads')}, "
+                   f"want {want}")
+            expect(shim.get(f"level{k}_child_status") == ["0"], f"generation {k + 1}: {shim}")
+        children = [p for p in glob.glob(log + ".*") if not p.endswith(".status")]
+        expect(len(children) == FORK_LEVELS - 1, f"{len(children)} child logs")
+        pids = {recs[0]["pid"]}
+        for c in children:
+            crecs = read_log(c)
+            pids.add(crecs[0]["pid"])
+            errs = [(r["api"], r["res"]) for r in crecs if r.get("k") == "cuda_error"]
+            expect(errs == [("cuMemAlloc_v2", 3)], f"{c}: {errs}")
+        expect(len(pids) == FORK_LEVELS, f"pids in the headers {sorted(pids)}")
 
     elif name == "snapshot-limit":
         expect(len(snaps) == 1, f"{len(snaps)} snapshots with CUMEMGUARD_SNAPSHOTS=1")

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # Static checks of the built shim and of the documentation that mirrors its tables:
-#  * exports: exactly the rows of the symbol lists (plus dlsym and exit), unversioned, nothing of libstdc++,
-#    spdlog or fmt (a named version node would silently lose interposition: interposers.md 9.1);
+#  * exports: exactly the rows of the symbol lists (plus dlsym, exit, _exit and _Exit), unversioned,
+#    nothing of libstdc++, spdlog or fmt (a named version node would silently lose interposition: interposers.md 9.1);
 #  * dependencies: libc only, no CUDA library (case P26: it must load where no cudart exists);
 #  * it loads into a process that never touches CUDA and stays silent (P26);
 #  * the README lists every CUMEMGUARD_* option and every finding class.
@@ -30,7 +30,7 @@ def def_names(path, macro):
 
 def main():
     src, shim, cg = sys.argv[1], sys.argv[2], sys.argv[3]
-    want = {"dlsym", "exit"}
+    want = {"dlsym", "exit", "_exit", "_Exit"}
     for f, macro in [("api_driver.def", "CMG_DRV"), ("api_runtime.def", "CMG_RT"),
                      ("api_nccl.def", "CMG_NCCL"), ("api_public.def", "CMG_PUBLIC"),
                      ("api_env.def", "CMG_ENV")]:

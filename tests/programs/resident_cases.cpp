@@ -24,6 +24,9 @@
 //                     (a captured cudaMallocAsync) are live
 //   snapshot-fork     a forked child asks for a snapshot with the signal: its own log has it, the
 //                     parent's log only the parent's
+//   fork-at-start     forks at once after each first CUDA call, 32 generations deep: at each
+//                     fork the shim's threads of the forking process are past their set-up (a
+//                     thread still starting would leave its allocator lock held in the child)
 //   nccl-destroy      a communicator destroyed and one aborted, each a boundary
 //   nccl-suspend      a rank suspends its communicator's memory (NCCL_SUSPEND_MEM) while its own
 //                     weights stay mapped, then resumes it
@@ -31,10 +34,13 @@
 // Output: one "name value" line per observation, compared without and with the shim.
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -437,6 +443,59 @@ int snapshot_fork(const char *log) {
   return 0;
 }
 
+// The names of this process's threads the shim started ("cmg-..."), sorted, comma-separated; "-"
+// for none.
+std::string shim_threads() {
+  std::vector<std::string> names;
+  if (DIR *d = opendir("/proc/self/task")) {
+    while (const dirent *e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string n;
+      if (std::getline(f, n) && n.rfind("cmg-", 0) == 0) names.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  std::string all;
+  for (const auto &n : names) all += (all.empty() ? "" : ",") + n;
+  return all.empty() ? "-" : all;
+}
+
+// Pinned to one CPU at real-time FIFO priority (where the process may: CAP_SYS_NICE), a thread
+// the shim creates does not run until its creator blocks: without the wait at fork it is still in
+// its set-up at every fork, with it the fork sleeps until the thread is past it.
+int fork_at_start() {
+  constexpr int kLevels = 32;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  const sched_param prio{1};
+  out("fifo", sched_setaffinity(0, sizeof one, &one) == 0 &&
+                  sched_setscheduler(0, SCHED_FIFO, &prio) == 0);
+  for (int level = 0; level < kLevels; ++level) {
+    CUdeviceptr p = 0;
+    const CUresult r = cuMemAlloc(&p, 1 << 20);  // a forked child's fails: NOT_INITIALIZED
+    std::fflush(stdout);
+    const pid_t pid = level + 1 < kLevels ? fork() : -1;
+    if (pid == 0) continue;  // the child is the next generation
+    const std::string names = shim_threads();  // read at once: what fork waited for is there
+    int st = 0;
+    if (pid > 0) waitpid(pid, &st, 0);
+    const std::string l = "level" + std::to_string(level);
+    out((l + "_alloc_ok").c_str(), r == CUDA_SUCCESS);
+    if (pid > 0) {
+      std::printf("%s_threads %s\n", l.c_str(), names.c_str());
+      out((l + "_child_status").c_str(), WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+    if (r == CUDA_SUCCESS) CHECK_CU(cuMemFree(p));
+    std::fflush(stdout);
+    if (level == 0) return pid < 0 ? 2 : 0;
+    _exit(0);
+  }
+  return 0;
+}
+
 int nccl_destroy() {
   ncclUniqueId id;
   ncclComm_t a, b;
@@ -516,6 +575,7 @@ int main(int argc, char **argv) {
   if (c == "snapshot-signal") return snapshot_signal(argc > 2 ? argv[2] : nullptr);
   if (c == "graph-owned") return graph_owned();
   if (c == "snapshot-fork") return snapshot_fork(argc > 2 ? argv[2] : nullptr);
+  if (c == "fork-at-start") return fork_at_start();
   if (c == "nccl-destroy") return nccl_destroy();
   if (c == "nccl-suspend") return nccl_suspend(false);
   if (c == "nccl-suspend-fixed") return nccl_suspend(true);

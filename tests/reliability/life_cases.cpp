@@ -2,7 +2,8 @@
 // Process-life cases for the shim (run_life.py): fork from a thread while other threads hold the
 // shim's locks, fork+exec, vfork, posix_spawn, exit() from a thread, frees from static destructors
 // after main() returns, a long-running writer and an idle process to be killed, crashes, and a
-// forked child's finding (the launcher's status channel). Each
+// forked child's finding (the launcher's status channel), children ending with _exit() and _Exit().
+// Each
 // case prints one "step value" line per result the harness checks; the same binary runs with and
 // without the shim.
 #include <cuda.h>
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -167,6 +169,45 @@ int fork_exec(const char *how) {
   out("child_status", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
   out("parent_failures", busy.failures.load());
   return 0;
+}
+
+// Children that end with _exit() and _Exit() (Python's os._exit ends multiprocessing's workers so):
+// no exit handler runs, and each child's log must still be complete, its one call in it. Then a
+// vfork child that ends with _exit() at once (an exec that failed): it runs in the parent's memory
+// and must write nothing; the parent's log stays its own.
+int quick_exit_children() {
+  cudaFree(nullptr);
+  for (int k = 0; k < 2; ++k) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      void *q = nullptr;
+      (void)cudaMalloc(&q, 4096);  // a forked child's: refused, as on the real driver
+      if (k == 0) _exit(5);
+      _Exit(6);
+    }
+    bool hung = false;
+    const int st = pid > 0 ? wait_child(pid, 30, &hung) : -1;
+    out(k == 0 ? "_exit_status" : "_Exit_status",
+        hung ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  }
+  const pid_t v = vfork();
+  if (v == 0) _exit(7);
+  bool hung = false;
+  const int st = v > 0 ? wait_child(v, 30, &hung) : -1;
+  out("vfork_status", hung ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  void *p = nullptr;
+  out("parent_after", cudaMalloc(&p, 8192) == cudaSuccess && cudaFree(p) == cudaSuccess);
+  return 0;
+}
+
+// _exit() while three threads keep calling (the log's lock taken and given back all the time): the
+// buffered records, the counters and `end` must still come last, whole, after every record.
+int quick_exit_busy() {
+  cudaFree(nullptr);
+  Busy busy(3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::fflush(stdout);
+  _exit(0);
 }
 
 int child_fds() {
@@ -459,6 +500,8 @@ int main(int argc, char **argv) {
   if (c == "exec-fds") return exec_fds();
   if (c == "child-fds") return child_fds();
   if (c == "exit-thread") return exit_thread();
+  if (c == "quick-exit") return quick_exit_children();
+  if (c == "quick-exit-busy") return quick_exit_busy();
   if (c == "static-dtor") return static_dtor();
   if (c == "spin") return spin();
   if (c == "idle") return idle();

@@ -179,6 +179,111 @@ def case_exit_thread(b, tmp):
             complete(p, recs)
 
 
+def quick_exit_logs(tmp, want_children):
+    """The logs of a parent and its children that ended with _exit()/_Exit(): each complete, the
+    children's `end` marked `_exit`, each child's cudaMalloc in its own log (it was in the buffer
+    that _exit() dropped), the parent's own end unmarked. Returns the logs by pid."""
+    logs = {}
+    for p in logs_in(tmp):
+        recs = read_log(p)[0]
+        complete(p, recs)
+        logs[recs[0]["pid"]] = recs
+    expect(len(logs) == want_children + 1,
+           f"{len(logs)} logs, want the parent's and {want_children} children's")
+    parents = [r for r in logs.values() if r[0]["ppid"] not in logs]
+    expect(len(parents) == 1, f"cannot tell the parent among {sorted(logs)}")
+    parent = parents[0]
+    expect(not parent[-1].get("_exit"), f"parent's end {parent[-1]}")
+    for pid, recs in logs.items():
+        if recs is parent:
+            continue
+        expect(recs[-1].get("_exit") is True, f"child {pid}: end {recs[-1]}")
+        calls = [r["api"] for r in recs if r.get("k") in ("call", "cuda_error")]
+        expect(any(a.startswith("cudaMalloc") for a in calls), f"child {pid}: calls {calls}")
+        # The writer that _exit uses reads no model (_exit may be called from a signal handler):
+        # the counters and findings, no leak records, and the report says the leaks are not known.
+        (summ,) = [r for r in recs if r.get("k") == "summary"]
+        expect(summ.get("_exit") is True and "live" not in summ and
+               summ["calls"].get("cudaMalloc") == 1, f"child {pid}: summary {summ}")
+    return logs
+
+
+def report_of(b, path):
+    cg = b.prog("tools", "cumemguard")
+    rc, out, err = b.run([cg, "report", path], b.env(shim=False))
+    return rc, out
+
+
+def case_quick_exit(b, tmp):
+    argv = [b.prog("tests", "reliability", "life_cases"), "quick-exit"]
+    rc, out, err = b.run(argv, b.env(shim=False))
+    plain = steps(out)
+    rc2, out2, err2 = b.run(argv, b.env(log=os.path.join(tmp, "log.%p")))
+    s = steps(out2)
+    expect(rc == 0 and rc2 == 0, f"exit {rc} without the shim, {rc2} with it\n{err2[-2000:]}")
+    expect(plain == s and s == {"_exit_status": "5", "_Exit_status": "6", "vfork_status": "7",
+                                "parent_after": "1"},
+           f"without the shim {plain}, with it {s}")
+    logs = quick_exit_logs(tmp, 2)
+    child = next(p for p in logs_in(tmp) if read_log(p)[0][0]["ppid"] in logs)
+    rc, text = report_of(b, child)
+    expect(rc == 0 and "== Leaks at exit: not known: the process ended with _exit (no leak check)"
+           in text and "TRUNCATED" not in text, f"report of {child}: {rc}\n{text[:1500]}")
+
+
+def case_quick_exit_busy(b, tmp):
+    # 20 runs: the records and `end` whole and last, the call records before them (the _exit
+    # writer waits a moment for another thread's write instead of giving the buffer up at once).
+    argv = [b.prog("tests", "reliability", "life_cases"), "quick-exit-busy"]
+    for i in range(20):
+        d = os.path.join(tmp, str(i))
+        os.mkdir(d)
+        rc, out, err = b.run(argv, b.env(log=os.path.join(d, "log.%p")), timeout=60)
+        expect(rc == 0, f"run {i}: exit {rc}\n{err[-2000:]}")
+        (p,) = logs_in(d)
+        recs = read_log(p)[0]
+        complete(p, recs)
+        expect(recs[-1].get("_exit") is True, f"run {i}: end {recs[-1]}")
+        calls = sum(1 for r in recs if r.get("k") == "call")
+        expect(calls > 0, f"run {i}: no call records")
+
+
+def case_quick_exit_python(b, tmp):
+    # As users meet it: a Python parent whose forked worker calls CUDA and ends with os._exit, as
+    # multiprocessing's workers end; with each interpreter here (a static and a shared libpython).
+    script = os.path.join(tmp, "worker.py")
+    with open(script, "w") as f:
+        f.write("import ctypes, os\n"
+                "rt = ctypes.CDLL('libcudart.so.13')\n"
+                "p = ctypes.c_void_p()\n"
+                "assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096)) == 0\n"
+                "pid = os.fork()\n"
+                "if pid == 0:\n"
+                "    rt.cudaMalloc(ctypes.byref(ctypes.c_void_p()), ctypes.c_size_t(4096))\n"
+                "    os._exit(3)\n"
+                "_, st = os.waitpid(pid, 0)\n"
+                "print('worker', os.waitstatus_to_exitcode(st))\n"
+                "rt.cudaFree(p)\n")
+    pythons = sorted({os.path.realpath(sys.executable)} |
+                     ({"/usr/bin/python3"} if os.path.exists("/usr/bin/python3") else set()))
+    for i, py in enumerate(pythons):
+        d = os.path.join(tmp, str(i))
+        os.mkdir(d)
+        # Under a sanitizer the interpreter is not built with it: its runtime is preloaded first,
+        # without the shim too (the fake CUDA stack is instrumented), and CPython's own leaks at
+        # exit are not this case's (every other sanitized test checks the shim's).
+        extra = {}
+        if b.first:
+            extra["LD_PRELOAD"] = b.first
+            extra["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")
+        rc, out, err = b.run([py, script], b.env(shim=False, extra=extra))
+        extra.pop("LD_PRELOAD", None)
+        rc2, out2, err2 = b.run([py, script], b.env(log=os.path.join(d, "log.%p"), extra=extra))
+        expect(rc == 0 and rc2 == 0 and out == out2 == "worker 3\n",
+               f"{py}: {rc} {out!r} without the shim, {rc2} {out2!r} with it\n{err[-1500:]}\n{err2[-2000:]}")
+        quick_exit_logs(d, 1)
+
+
 def log_bytes(d):
     logs = logs_in(d)
     return os.path.getsize(logs[0]) if logs else 0
@@ -329,8 +434,15 @@ def case_crash(b, tmp, case, want_sig, own=False, off=False):
     (log,) = logs_in(tmp)
     recs, _ = read_log(log, allow_cut_last=True)
     ends = [r for r in recs if r.get("k") == "end"]
-    if own or off:
+    if own:
+        # The program's handler ends the process with _exit(3): no crash summary (no crash
+        # record, no signal), the records of an _exit instead (the last ones were lost before).
+        crashes = [r for r in recs if r.get("k") == "crash" or "signal" in r]
+        expect(not crashes and len(ends) == 1 and ends[0].get("_exit") is True and
+               recs[-1] is ends[0], f"own handler then _exit: {crashes} {ends}")
+    if off:
         expect(not ends, f"the shim wrote a crash summary it should not have: {ends}")
+    if own or off:
         if own:
             expect("own handler" in out, f"the program's own handler did not run: {out}")
         if case == "handler-first":
@@ -375,6 +487,9 @@ def main():
         "static-dtor": lambda: case_static_dtor(b, tmp),
         "library-dtor": lambda: case_library_dtor(b, tmp),
         "exit-thread": lambda: case_exit_thread(b, tmp),
+        "quick-exit": lambda: case_quick_exit(b, tmp),
+        "quick-exit-busy": lambda: case_quick_exit_busy(b, tmp),
+        "quick-exit-python": lambda: case_quick_exit_python(b, tmp),
         "sigterm": lambda: case_kill(b, tmp, signal.SIGTERM),
         "sigkill": lambda: case_kill(b, tmp, signal.SIGKILL),
         "kill-idle": lambda: case_kill_idle(b, tmp),

@@ -384,11 +384,59 @@ def case_overlong_line(exe, tmp):
           (" (not bounded under ThreadSanitizer)" if UNDER_TSAN else ""))
 
 
+def case_same_output(exe, tmp):
+    """Two outputs on one file: `-o same.out --html same.out` said "HTML page written" and exited 0
+    while the file held the text report (the last one written won). Refused before anything is
+    written: 64, one line naming both options, whatever names reach the one file (the same path,
+    another spelling of a file not there yet, a symlink or a hard link to one that is)."""
+    log = os.path.join(tmp, "cumemguard.a.1.log")
+    write_log(log, [{"k": "end", "ts": 1}])
+    same = os.path.join(tmp, "same.out")
+    respelled = os.path.join(tmp, "sub", "..", "same.out")
+    os.mkdir(os.path.join(tmp, "sub"))
+
+    def refused(args, first, second, names, what):
+        rc, out, err = report(exe, args + [log])
+        want = (f"cumemguard report: {first} and {second} name the same file ({names}): give each "
+                "output a file of its own (see cumemguard report --help)\n")
+        expect(rc == 64 and not out and err.decode() == want,
+               f"{what}: rc {rc} {out[:200]!r} {err!r}")
+
+    for args, first, second in ((["-o", same, "--html", same], "-o", "--html"),
+                                (["--trace", same, "--html", same], "--html", "--trace"),
+                                (["--output", same, "--trace", same], "--output", "--trace"),
+                                (["--html", same, "-o", same, "--trace", same], "-o", "--html")):
+        refused(args, first, second, same, " ".join(args[::2]) + " on one new file")
+        expect(not os.path.lexists(same), f"{args}: {same} was written")
+    refused(["-o", same, "--html", respelled], "-o", "--html", f"{same} and {respelled}",
+            "a new file by two spellings")
+    # An existing file, by a symlink and by a hard link: left as it was.
+    with open(same, "w") as f:
+        f.write("kept\n")
+    sym, hard = os.path.join(tmp, "sym.out"), os.path.join(tmp, "hard.out")
+    os.symlink(same, sym)
+    os.link(same, hard)
+    for other in (sym, hard, respelled):
+        refused(["--trace", other, "-o", same], "-o", "--trace", f"{same} and {other}",
+                f"--trace {other} -o {same}")
+        with open(same) as f:
+            expect(f.read() == "kept\n", f"--trace {other} -o {same}: the file was written")
+    # Two different files are written as asked, and so is a device both may name (/dev/null).
+    page, text = os.path.join(tmp, "page.html"), os.path.join(tmp, "text.out")
+    rc, _, err = report(exe, ["-o", text, "--html", page, log])
+    expect(rc == 0 and open(page).read().startswith("<!DOCTYPE html>") and
+           open(text).read().startswith("cumemguard report: 1 log"),
+           f"-o and --html on two files: rc {rc} {err!r}")
+    rc, _, err = report(exe, ["-o", "/dev/null", "--html", "/dev/null", log])
+    expect(rc == 0, f"-o /dev/null --html /dev/null: rc {rc} {err!r}")
+
+
 CASES = {
     "fifo-module": case_fifo_module,
     "escapes": case_escapes,
     "deep-nesting": case_deep_nesting,
     "no-overwrite": case_no_overwrite,
+    "same-output": case_same_output,
     "log-fifo": case_log_fifo,
     "debuglink-fifo": case_debuglink_fifo,
     "log-dev-zero": case_log_dev_zero,

@@ -202,13 +202,41 @@ TEST_CASE("config: no torch found, and bad arguments", "[config_torch]") {
   const auto j = run({"--json"}).json();
   CHECK(j["torch"]["torch_version"]["judged"] == "2.11.0");
   CHECK(j["torch"]["torch_version"]["source"] == "default: python3 not found on PATH");
-  const auto j2 = run({"--json", "--python", "/nonexistent/python3"}).json();
-  CHECK(j2["torch"]["torch_version"]["source"] == "default: /nonexistent/python3 not found");
   TempDir d;
   d.write("bin/python3", "#!/bin/sh\nexit 0\n", true);  // answers nothing: no torch
   const auto j3 = run({"--json"}, {"PATH=" + d.path + "/bin"}).json();
   CHECK(j3["torch"]["torch_version"]["source"] ==
         "default: no torch package for " + d.path + "/bin/python3");
+  // The same interpreter named by --python: no torch is an answer, judged by the default.
+  const Run none = run({"--python", d.path + "/bin/python3"});
+  CHECK(none.status == 0);
+  CHECK(none.err == "");
+}
+
+TEST_CASE("config: an interpreter --python names that cannot be asked is refused",
+          "[config_torch]") {
+  // It was judged as if no torch were installed, and exited 0: "judged: torch 2.11.0 (default:
+  // /nonexistent/python3 not found)". The interpreter named is what the user asked about.
+  TempDir d;
+  d.write("bin/fails", "#!/bin/sh\nexit 3\n", true);
+  d.write("bin/plain.txt", "not a program\n");
+  const std::string tail = "; name an interpreter that runs (or give --torch-version V)\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"/nonexistent/python3", "/nonexistent/python3 not found"},
+      {"python3-nonexistent", "python3-nonexistent not found on PATH"},
+      {d.path + "/bin/plain.txt", d.path + "/bin/plain.txt is not an executable file"},
+      {d.path + "/bin/fails", d.path + "/bin/fails exited with status 3"},
+  };
+  for (const auto &[python, why] : cases)
+    for (const bool json : {false, true}) {
+      std::vector<std::string> args{"--python", python};
+      if (json) args.insert(args.begin(), "--json");
+      const Run r = run(args, {"PATH=" + d.path + "/bin"});
+      INFO(python << (json ? " --json" : ""));
+      CHECK(r.status == 66);
+      CHECK(r.out == "");
+      CHECK(r.err == "cumemguard config: --python: " + why + tail);
+    }
 
   Run bad = run({"--torch-version", "latest"});
   CHECK(bad.status == 64);

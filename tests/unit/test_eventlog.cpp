@@ -146,6 +146,84 @@ TEST_CASE("numbers are written like printf writes them, at the edges too") {
                 "\"u0\":0,\"h0\":\"0x0\",\"hmax\":\"0xffffffffffffffff\",\"a\":[\"0xabcdef\"]}\n");
 }
 
+// The numbers are written by hand, digits counted first (jsonnum.h): each count's first and
+// last value, and the values around them, as printf writes them.
+TEST_CASE("numbers at every digit and hex-digit count are written like printf writes them") {
+  std::vector<std::uint64_t> vs = {0, 1, 9, UINT64_MAX, UINT64_MAX - 1};
+  for (std::uint64_t p = 10; p <= 10000000000000000000ull; p *= 10) {
+    vs.insert(vs.end(), {p - 1, p, p + 1});
+    if (p > UINT64_MAX / 10) break;
+  }
+  for (int b = 1; b < 64; ++b) vs.insert(vs.end(), {(1ull << b) - 1, 1ull << b});
+  for (std::uint64_t v : vs) {
+    char buf[256];
+    JsonLine j(buf, sizeof buf);
+    const auto sv = static_cast<std::int64_t>(v);
+    j.unum("u", v)
+        .num("i", sv)
+        .num("n", v == 0 ? 0 : -static_cast<std::int64_t>(v >> 1))
+        .hex("h", v);
+    char want[256];
+    std::snprintf(want, sizeof want, "{\"u\":%llu,\"i\":%lld,\"n\":%lld,\"h\":\"%#llx\"}\n",
+                  static_cast<unsigned long long>(v), static_cast<long long>(sv),
+                  v == 0 ? 0LL : -static_cast<long long>(v >> 1),
+                  static_cast<unsigned long long>(v));
+    if (v == 0) std::snprintf(want, sizeof want, "{\"u\":0,\"i\":0,\"n\":0,\"h\":\"0x0\"}\n");
+    INFO("value " << v);
+    CHECK(std::string(j.finish()) == want);
+  }
+}
+
+// The call record's numbers, names and flags are written without a check each once fits() says
+// their largest size fits (Call::write_record): at every buffer size the line must be the one
+// the checked members write, cut in the same place.
+TEST_CASE("JsonLine's unchecked members write the checked members' bytes at every size") {
+  auto members = [](auto &w) {
+    w.ident("k", "call")
+        .unum("seq", 2)
+        .unum("ts", 219068483)
+        .unum("tid", 3816)
+        .ident("api", "cuMemAlloc_v2")
+        .num("res", 0)
+        .unum("dur", 3430287)
+        .begin_object("args")
+        .unum("size", 2097152)
+        .hex("ptr", 0x500000000000ull)
+        .end_object()
+        .num("dev", 0)
+        .ident("mem", "linear")
+        .num("delta", -2097152)
+        .boolean("skipped", true);
+  };
+  const std::size_t bound = 11 + 5 * 27 + 24 + 11 + 28 + 27 + 27 + 15 + 29 + 16;
+  for (std::size_t cap = 56; cap <= 400; ++cap) {
+    std::vector<char> a(cap), b(cap);
+    JsonLine checked(a.data(), cap), fast(b.data(), cap);
+    members(checked);
+    if (fast.fits(bound)) {
+      JsonLine::Unchecked u(fast);
+      members(u);
+    } else {
+      members(fast);
+    }
+    INFO("cap " << cap);
+    CHECK(std::string(fast.str("va_state", "sleeping").finish()) ==
+          std::string(checked.str("va_state", "sleeping").finish()));
+  }
+  char buf[2048];
+  JsonLine j(buf, sizeof buf);
+  REQUIRE(j.fits(bound));
+  {
+    JsonLine::Unchecked u(j);
+    members(u);
+  }
+  CHECK(
+      std::string(j.finish()) ==
+      "{\"k\":\"call\",\"seq\":2,\"ts\":219068483,\"tid\":3816,\"api\":\"cuMemAlloc_v2\",\"res\":0,"
+      "\"dur\":3430287,\"args\":{\"size\":2097152,\"ptr\":\"0x500000000000\"},\"dev\":0,"
+      "\"mem\":\"linear\",\"delta\":-2097152,\"skipped\":true}\n");
+}
+
 // Found by fuzz_jsonline (tests/fuzz/regressions/jsonline/invalid-utf8-in-string): program text
 // that is not UTF-8 made lines a strict JSON reader (the report's) refuses.
 TEST_CASE("JsonLine escapes each byte that is not well-formed UTF-8 and keeps valid UTF-8") {

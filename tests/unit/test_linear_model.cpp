@@ -22,6 +22,13 @@ struct Clock {
   }
 };
 
+// A double free the driver view did not confirm (the address was live there), forwarded and
+// accepted: the end() of an unseen re-issue.
+void end_unseen(LinearModel &m, LinearTicket &t) {
+  t.decision.unseen = true;
+  m.end(t, true);
+}
+
 }  // namespace
 
 TEST_CASE("Linear model: free classification") {
@@ -52,7 +59,7 @@ TEST_CASE("Linear model: free classification") {
   // A refused free is rolled back.
   m.on_alloc(LinearRec{0x2000, 512, 0, MemKind::Linear, clk.next("cudaMalloc")});
   auto v = m.begin_free(0x2000, dev, clk.next("cudaFree"));
-  m.rollback(v);
+  m.end(v, false);
   CHECK(m.begin_free(0x2000, dev, clk.next("cudaFree")).cls == FreeClass::Live);
   CHECK(m.live_count() == 1);  // the host allocation
 }
@@ -158,8 +165,8 @@ TEST_CASE("Linear model: freed records kept in place are stepped over, never tak
   // A refused free turns the record live again, once.
   m.on_alloc(LinearRec{small[2], 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
   auto v = m.begin_free(small[2], dev, clk.next("cudaFree"));
-  m.rollback(v);
-  m.rollback(v);
+  m.end(v, false);
+  m.end(v, false);
   CHECK(m.live_count() == 1);
 }
 
@@ -172,13 +179,13 @@ TEST_CASE("Linear model: a free forwarded for an unseen re-issue becomes the rem
   auto dbl = m.begin_free(0x4000, dev, clk.next("cudaFree"));
   REQUIRE(dbl.cls == FreeClass::DoubleFree);
   CHECK(dbl.first_free.seq == 2);
-  const EventRef now = clk.next("cudaFree");
-  m.refreed(dbl, now);
+  const EventRef now = dbl.this_free;
+  end_unseen(m, dbl);
   auto again = m.begin_free(0x4000, dev, clk.next("cudaFree"));
   CHECK(again.cls == FreeClass::DoubleFree);
   CHECK(again.first_free.seq == now.seq);
-  // A stale verdict (its first free is no longer the remembered one) changes nothing.
-  m.refreed(dbl, clk.next("cudaFree"));
+  // A stale ticket (its first free is no longer the remembered one) changes nothing.
+  end_unseen(m, dbl);
   CHECK(m.begin_free(0x4000, dev, clk.next("cudaFree")).first_free.seq == now.seq);
   CHECK(m.live_count() == 0);
 }
@@ -235,7 +242,7 @@ TEST_CASE("Linear model: records the history forgets leave the table whole") {
   for (auto a : live) {
     auto v = m.begin_free(a, dev, clk.next("cudaFree"));
     CHECK(v.cls == FreeClass::Live);
-    m.rollback(v);
+    m.end(v, false);
   }
   CHECK(m.live_count() == live.size());
   std::size_t visited = 0;
@@ -244,7 +251,8 @@ TEST_CASE("Linear model: records the history forgets leave the table whole") {
 }
 
 TEST_CASE("Linear model: a verdict of an earlier life of the address changes nothing") {
-  // Each change of a record gives it a new generation: a rollback or refree carrying the
+  // Each change of a record gives it a new generation: an end() of a refused free or of an
+  // unseen re-issue carrying the
   // generation of an allocation since freed and issued again (another thread's) is refused.
   LinearModel m;
   Clock clk;
@@ -259,14 +267,14 @@ TEST_CASE("Linear model: a verdict of an earlier life of the address changes not
   auto second = m.begin_free(P, dev, clk.next("cudaFree"));
   REQUIRE(second.cls == FreeClass::Live);
   CHECK(second.gen != first.gen);
-  m.rollback(first);  // the earlier life: nothing
+  m.end(first, false);  // the earlier life: nothing
   CHECK(m.live_count() == 0);
-  m.refreed(dbl, clk.next("cudaFree"));  // nothing either: the remembered free is second's
+  end_unseen(m, dbl);  // nothing either: the remembered free is second's
   auto now = m.begin_free(P, dev, clk.next("cudaFree"));
   REQUIRE(now.cls == FreeClass::DoubleFree);
   CHECK(now.first_free.seq == second.this_free.seq);
   CHECK(now.rec.size == 1024);
-  m.rollback(second);  // this life's refused free: live again, with its own size
+  m.end(second, false);  // this life's refused free: live again, with its own size
   CHECK(m.live_count() == 1);
   auto again = m.begin_free(P, dev, clk.next("cudaFree"));
   CHECK(again.cls == FreeClass::Live);
@@ -296,7 +304,7 @@ TEST_CASE("Linear model: containing look-ups follow every change of the live set
   // A refused free puts it back: contained again.
   m.on_alloc(LinearRec{a[0], 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
   auto v = m.begin_free(a[0], dev, clk.next("cudaFree"));
-  m.rollback(v);
+  m.end(v, false);
   CHECK(m.begin_free(a[0] + 0x40, dev, clk.next("cudaFree")).cls == FreeClass::Interior);
 }
 
@@ -319,7 +327,7 @@ TEST_CASE("Linear model: threads allocating and freeing re-issued addresses keep
         m.on_alloc(LinearRec{p, 0x200, 0, MemKind::Linear, e});
         auto v = m.begin_free(p, dev, e);
         if (v.cls != FreeClass::Live || v.rec.ptr != p) ++wrong;
-        if (i % 3 == 0) m.rollback(v);  // refused: stays live until the next round frees it
+        if (i % 3 == 0) m.end(v, false);  // refused: stays live until the next round frees it
         if (i % 3 == 0 && m.begin_free(p, dev, e).cls != FreeClass::Live) ++wrong;
       }
       // The last round's address stays live.
@@ -329,4 +337,143 @@ TEST_CASE("Linear model: threads allocating and freeing re-issued addresses keep
   for (auto &t : ts) t.join();
   CHECK(wrong.load() == 0);
   CHECK(m.live_count() == kThreads);
+}
+
+TEST_CASE("Linear model: a free of a held address is a proven double free, answered by the model") {
+  // The shim holds the first free (quarantine, deferred flush): the record is Held, and a second
+  // free of the address is a double free the model proves itself, with no look into the shim's
+  // queue and no confirmation from the driver (which still has the memory).
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const std::uint64_t P = 0x7f4000000000;
+  m.on_alloc(LinearRec{P, 4096, 0, MemKind::Linear, clk.next("cudaMalloc")});  // seq 1
+  auto first = m.begin_free(P, dev, clk.next("cudaFree"));                     // seq 2
+  REQUIRE(first.cls == FreeClass::Live);
+  CHECK_FALSE(first.finding);
+  const std::uint32_t g = m.mark_held(first);
+  CHECK(g != 0);
+  CHECK(g != first.gen);
+  CHECK(m.mark_held(first) == 0);  // a second hold of the same free changes nothing
+  auto dbl = m.begin_free(P, dev, clk.next("cudaFree", 2));  // seq 3
+  CHECK(dbl.cls == FreeClass::DoubleFree);
+  CHECK(dbl.held);
+  CHECK(dbl.first_free.seq == 2);
+  CHECK(dbl.rec.size == 4096);
+  CHECK(dbl.rec.alloc.seq == 1);
+  REQUIRE(dbl.finding);
+  CHECK(dbl.finding->cls == FindingClass::DoubleFree);
+  CHECK(dbl.finding->msg ==
+        "cudaFree of 0x7f4000000000, which was already freed at seq 2 (cudaFree, thread 1); it "
+        "was allocated at seq 1 (cudaMalloc, thread 1) (4096 bytes, linear)");
+  CHECK(dbl.decision.skip);
+  CHECK_FALSE(dbl.decision.confirm);  // proven: the shim holds the first free
+  CHECK(m.live_count() == 0);
+  // A held free is kept out of the bounded history's reach: after a shard's worth of later frees
+  // it is still the first free.
+  const std::size_t shard = LinearModel::shard_of(P);
+  std::size_t n = 0;
+  for (std::uint64_t a = 0x100000000; n < LinearModel::kFreedPerShard + 10; a += 0x200) {
+    if (LinearModel::shard_of(a) != shard || a == P) continue;
+    m.on_alloc(LinearRec{a, 0x100, 0, MemKind::Linear, clk.next("cudaMalloc")});
+    REQUIRE(m.begin_free(a, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+    ++n;
+  }
+  auto late = m.begin_free(P, dev, clk.next("cudaFree"));
+  CHECK(late.cls == FreeClass::DoubleFree);
+  CHECK(late.held);
+  CHECK(late.first_free.seq == 2);
+  // The held free goes to the driver: the record is Freed, its free still the one remembered.
+  CHECK(m.given_back(P, g) != 0);
+  auto after = m.begin_free(P, dev, clk.next("cudaFree"));
+  CHECK(after.cls == FreeClass::DoubleFree);
+  CHECK_FALSE(after.held);
+  CHECK(after.first_free.seq == 2);
+  CHECK(after.decision.confirm);  // the driver may have issued it again unseen: asked first
+}
+
+TEST_CASE("Linear model: a held record given back becomes Freed, and issued again, Live") {
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const std::uint64_t P = 0x7f4100000000;
+  m.on_alloc(LinearRec{P, 512, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  auto t = m.begin_free(P, dev, clk.next("cudaFree"));
+  const std::uint32_t g = m.mark_held(t);
+  REQUIRE(g != 0);
+  const std::uint32_t freed = m.given_back(P, g);
+  CHECK(freed != 0);
+  CHECK(m.given_back(P, g) == 0);  // given back once
+  auto dbl = m.begin_free(P, dev, clk.next("cudaFree"));
+  CHECK(dbl.cls == FreeClass::DoubleFree);
+  CHECK_FALSE(dbl.held);
+  CHECK(dbl.gen == freed);
+  m.on_alloc(LinearRec{P, 1024, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  CHECK(m.live_count() == 1);
+  // The driver issued the address again between its real free and the give-back: the late
+  // give-back of the earlier life changes nothing.
+  auto t2 = m.begin_free(P, dev, clk.next("cudaFree"));
+  REQUIRE(t2.cls == FreeClass::Live);
+  const std::uint32_t g2 = m.mark_held(t2);
+  m.on_alloc(LinearRec{P, 2048, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  CHECK(m.given_back(P, g2) == 0);
+  CHECK(m.live_count() == 1);
+  auto t3 = m.begin_free(P, dev, clk.next("cudaFree"));
+  CHECK(t3.cls == FreeClass::Live);
+  CHECK(t3.rec.size == 2048);
+}
+
+TEST_CASE("Linear model: a refused free's end() with a stale generation changes nothing") {
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear);
+  const std::uint64_t P = 0x7f4200000000;
+  m.on_alloc(LinearRec{P, 256, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  auto t = m.begin_free(P, dev, clk.next("cudaFree"));
+  REQUIRE(t.cls == FreeClass::Live);
+  const std::uint32_t g = m.mark_held(t);
+  REQUIRE(g != 0);
+  m.end(t, false);  // the record is Held now, not the Freed one this ticket made
+  auto dbl = m.begin_free(P, dev, clk.next("cudaFree"));
+  CHECK(dbl.cls == FreeClass::DoubleFree);
+  CHECK(dbl.held);
+  CHECK(m.live_count() == 0);
+  // Not held after all (exit began): the ticket goes on with the Freed generation, and a refusal
+  // by the driver then puts the allocation back.
+  t.gen = m.given_back(P, g);
+  REQUIRE(t.gen != 0);
+  m.end(t, false);
+  CHECK(m.live_count() == 1);
+  m.end(t, false);  // once
+  CHECK(m.live_count() == 1);
+  CHECK(m.begin_free(P, dev, clk.next("cudaFree")).cls == FreeClass::Live);
+}
+
+TEST_CASE("Linear model: a free of a kind the caller holds goes straight to Held") {
+  LinearModel m;
+  Clock clk;
+  const KindMask dev = kind_bit(MemKind::Linear) | kind_bit(MemKind::Async);
+  const Options o;
+  const VmmModel *none = nullptr;
+  m.on_alloc(LinearRec{0x7f4300000000, 256, 0, MemKind::Linear, clk.next("cudaMalloc")});
+  m.on_alloc(LinearRec{0x7f4400000000, 256, 0, MemKind::Async, clk.next("cudaMallocAsync")});
+  auto t =
+      m.begin_free(0x7f4300000000, dev, clk.next("cudaFree"), o, none, kind_bit(MemKind::Linear));
+  REQUIRE(t.cls == FreeClass::Live);
+  CHECK(t.holding);
+  CHECK(m.mark_held(t) == 0);  // held already
+  auto dbl = m.begin_free(0x7f4300000000, dev, clk.next("cudaFree"), o, none);
+  CHECK(dbl.cls == FreeClass::DoubleFree);
+  CHECK(dbl.held);
+  CHECK(dbl.first_free.seq == 3);
+  auto a =
+      m.begin_free(0x7f4400000000, dev, clk.next("cudaFree"), o, none, kind_bit(MemKind::Linear));
+  REQUIRE(a.cls == FreeClass::Live);
+  CHECK_FALSE(a.holding);  // not a kind held: Freed, as a forwarded free
+  CHECK_FALSE(m.begin_free(0x7f4400000000, dev, clk.next("cudaFree"), o, none).held);
+  // Not held after all: given back before forwarding, the ticket's refusal puts it back.
+  t.gen = m.given_back(0x7f4300000000, t.gen);
+  REQUIRE(t.gen != 0);
+  m.end(t, false);
+  CHECK(m.live_count() == 1);
 }

@@ -95,6 +95,33 @@ TEST_CASE("Unknown CUMEMGUARD_ names warn, with a suggestion only for near misse
   CHECK(cmg::edit_distance("ABC", "CA") == 3);  // no edit of a letter twice (optimal alignment)
 }
 
+TEST_CASE("A misspelt prefix is an unknown option with the name it meant") {
+  // Read by nothing: it passed without a word, and run started the program without the option.
+  auto p = parse({{"CUMEMGAURD_STACKS", "3"}, {"CUMEMGURD_OPTIONS", "mode=report"},
+                  {"cumemgaurd_mode", "report"}, {"CUMEMGAURD_FOO", "1"}, {"CUDA_STACKS", "1"},
+                  {"CUMEMXXXRD_STACKS", "1"}, {"CUMEMGUARD", "1"}});
+  REQUIRE(p.problems.size() == 3);
+  CHECK(p.problems[0] ==
+        "unknown option CUMEMGAURD_STACKS (did you mean CUMEMGUARD_STACKS?); ignored");
+  CHECK(p.problems[1] ==
+        "unknown option CUMEMGURD_OPTIONS (did you mean CUMEMGUARD_OPTIONS?); ignored");
+  CHECK(p.problems[2] ==
+        "unknown option cumemgaurd_mode (did you mean CUMEMGUARD_MODE?); ignored");
+  CHECK(p.problem_kinds[0] == p.problem_kinds[1]);
+  CHECK(p.options.stacks == 0);
+  CHECK(p.options.mode == Mode::Guard);
+  CHECK(cmg::misspelt_prefix_meant("CUMEMGUARD_STACKS").empty());  // the real prefix
+  CHECK(cmg::misspelt_prefix_meant("CMG_STACKS").empty());         // three edits away
+  CHECK(cmg::misspelt_prefix_meant("CUMEMGUADR_STACKS") == "CUMEMGUARD_STACKS");
+  // The shim reads environ: the misspelt name is not filtered out before the check.
+  char a[] = "CUMEMGAURD_STACKS=3", b[] = "PATH=/bin", c[] = "CUMEMGAURD_STACKS";
+  char *envp[] = {a, b, c, nullptr};
+  const auto q = cmg::parse_options(envp);
+  REQUIRE(q.problems.size() == 1);
+  CHECK(q.problems[0] ==
+        "unknown option CUMEMGAURD_STACKS (did you mean CUMEMGUARD_STACKS?); ignored");
+}
+
 TEST_CASE("Strict config makes problems fatal") {
   auto p = parse({{"CUMEMGUARD_STRICT_CONFIG", "1"}, {"CUMEMGUARD_QUARANTINE", "lots"}});
   CHECK(p.fatal);

@@ -117,6 +117,29 @@ TEST_CASE("An anchored rule on a Python stack names its Python frames, not the n
   CHECK(m("double-free:^free_buffer;cleanup;<module>;*\n") == -1);
 }
 
+TEST_CASE("An anchored FUNCTION@FILE frame names the function in that file only") {
+  // report --gen-suppressions wrote `^main;<module>`: every script's main() matched it.
+  const std::vector<SuppressionFrame> mine = {{"main", "/app/double_free.py", true},
+                                              {"<module>", "/app/double_free.py", true}};
+  const std::vector<SuppressionFrame> other = {{"main", "/app/train.py", true},
+                                               {"<module>", "/app/train.py", true}};
+  const std::vector<SuppressionFrame> native = {{"release", "/b/libvendor.so.1"},
+                                                {"main", "/b/prog"}};
+  auto m = [](const char *rule, const std::vector<SuppressionFrame> &st) {
+    return Suppressions::parse(rule, "f").match("double-free", st);
+  };
+  const char *rule = "double-free:^main@/app/double_free.py;<module>@/app/double_free.py\n";
+  CHECK(m(rule, mine) == 0);
+  CHECK(m(rule, other) == -1);
+  CHECK(m("double-free:^main@double_free.py\n", mine) == 0);  // the basename too
+  CHECK(m("double-free:^main@double_free.py\n", other) == -1);
+  CHECK(m("double-free:^release@libvendor.so.1;main@prog\n", native) == 0);
+  CHECK(m("double-free:^release@libother.so;main@prog\n", native) == -1);
+  // A frame string with an `@` of its own still matches as a whole.
+  const std::vector<SuppressionFrame> versioned = {{"memcpy@@GLIBC_2.14", "/b/prog"}};
+  CHECK(m("double-free:^memcpy@@GLIBC_2.14\n", versioned) == 0);
+}
+
 TEST_CASE("An anchored pattern with an empty frame is a malformed line") {
   auto s = Suppressions::parse("double-free:^\ndouble-free:^a;;b\ndouble-free:^a;\n", "f");
   CHECK(s.rules.empty());
