@@ -21,6 +21,17 @@ def cudart():
     raise SystemExit("no CUDA runtime (libcudart.so) on the library path")
 
 
+def first_call(rc):
+    """rc of a script's first CUDA call, or the end of the script when it failed: nothing after it
+    would mean anything (every pointer NULL, "same address" by accident). The call itself stays
+    in the script, so that its stack names the script's line."""
+    if rc != 0:
+        hint = (" (35: no CUDA driver; on a machine without a GPU put build/tests/fakecuda first "
+                "on LD_LIBRARY_PATH)" if rc == 35 else "")
+        raise SystemExit(f"the first CUDA call returned {rc}{hint}")
+    return rc
+
+
 def driver():
     return ctypes.CDLL("libcuda.so.1")
 

@@ -15,7 +15,7 @@ import _cuda  # noqa: E402
 def main():
     rt = _cuda.cudart()
     p, q = ctypes.c_void_p(0), ctypes.c_void_p(0)
-    print("malloc", rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)))
+    print("malloc", _cuda.first_call(rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20))))
     print("free", rt.cudaFree(p))
     # Stale code keeps p: the driver may give the same address to the next allocation, and the
     # stale free then frees that one (under cumemguard run the freed address is held back, so the

@@ -20,7 +20,9 @@ struct RunStatusRecord {
   static constexpr std::size_t kClasses = 32;  // room for every finding class (findings.def)
   static constexpr std::size_t kLogBytes = 3584;
 
-  enum State : std::uint32_t { Running = 1, Exited = 2, Signalled = 3 };
+  // QuickExited: the process ended by _exit() or _Exit(); its counts are in, its leaks were not
+  // checked (leaks stays 0: the exit path that reads the models did not run).
+  enum State : std::uint32_t { Running = 1, Exited = 2, Signalled = 3, QuickExited = 4 };
 
   char magic[8];
   std::uint32_t version;
@@ -30,7 +32,8 @@ struct RunStatusRecord {
   std::uint32_t state;      // State
   std::uint32_t log_state;  // 0 no log asked for, 1 open (log holds its path), 2 could not open
   // Counted as the process's own exit summary counts them: findings not suppressed, per class in
-  // findings.def order; leaks are the allocations, handles and reservations live at exit.
+  // findings.def order; leaks are the allocations, handles and reservations live at exit (none
+  // counted in QuickExited).
   std::uint64_t findings;
   std::uint64_t leaks;
   std::uint64_t by_class[kClasses];

@@ -84,7 +84,7 @@ void write_crash_summary(int sig, const siginfo_t *info, const void *uc) {
   if (!ours && claimed == kRecordsDone) return;
   // _exit: the process got to its end (the leaks are not known: the models are not read); only
   // when these are its last records, never over the count an exit path stored.
-  if (!sig && ours) status_exit(0);
+  if (!sig && ours) status_quick_exit();
   const std::uint64_t ts = mono_ns() - s.start_mono_ns;
   // Static buffers, since the crashing thread's stack may be nearly spent: the crash context
   // (modules, the stack, the crash record) first, then the counters, large enough for every API

@@ -105,6 +105,13 @@ void status_exit(std::uint64_t leaks) {
   store32(r->state, RunStatusRecord::Exited);
 }
 
+void status_quick_exit() {
+  RunStatusRecord *r = g_rec.load(std::memory_order_acquire);
+  if (!r) return;
+  status_findings();
+  store32(r->state, RunStatusRecord::QuickExited);
+}
+
 void status_signalled() {
   RunStatusRecord *r = g_rec.load(std::memory_order_acquire);
   if (r) store32(r->state, RunStatusRecord::Signalled);

@@ -22,6 +22,8 @@ void status_log(std::string_view path, bool opened);
 void status_findings();
 // The exit summary: the leaks live at exit, and that the process got there.
 void status_exit(std::uint64_t leaks);
+// _exit() or _Exit(): the process got to its end without a leak check. Async-signal-safe.
+void status_quick_exit();
 // The crash handler: the process ends by a signal. Async-signal-safe.
 void status_signalled();
 // fork(): the child has a record of its own (made at its activation), never the parent's.

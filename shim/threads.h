@@ -107,8 +107,12 @@ inline void threads_fork_prepare() {
 inline void threads_fork_parent() { g_start_mu.unlock(); }
 
 // In a forked child: the parent's starting threads are not in it, nor are their slots in use.
+// The start lock is given back by the thread that took it in the prepare handler (the child's
+// only thread), not made anew: ThreadSanitizer, which sees no placement new, still counted it as
+// held, and the child's next lock of it, or the loader's lock in its own fork, was a double lock or
+// a lock-order inversion that ended the child (status 66) before its records were written.
 inline void threads_fork_child() {
-  new (&g_start_mu) std::mutex();
+  g_start_mu.unlock();
   g_threads_starting.store(0, std::memory_order_relaxed);
   for (auto &s : threads_detail::g_slots) s.busy.store(false, std::memory_order_relaxed);
 }

@@ -302,7 +302,17 @@ json torch_json(const tc::Env &env, const tc::Plan &p, const tc::Judgement &jd,
               {"override", over}};
 }
 
-json options_json(const ParsedOptions &po, const std::set<std::string_view> &by_run) {
+// Where a value came from, with --run: the launcher's own setting, or an -e the user gave it,
+// before what the parsed environment says (an -e value is in the environment by then).
+std::string run_source(const OptionValue &v, const std::set<std::string_view> &by_run,
+                       const std::set<std::string_view> &by_e) {
+  if (by_run.count(v.spec->name)) return "cumemguard run";
+  if (by_e.count(v.spec->name) && v.source == OptionSource::Environment) return "run -e";
+  return {};
+}
+
+json options_json(const ParsedOptions &po, const std::set<std::string_view> &by_run,
+                  const std::set<std::string_view> &by_e) {
   json a = json::array();
   for (const OptionValue &v : po.values) {
     json choices = json::array();
@@ -318,7 +328,10 @@ json options_json(const ParsedOptions &po, const std::set<std::string_view> &by_
          {"default", std::string(v.spec->default_value)},
          {"debug_default", std::string(v.spec->debug_value)},
          {"effective", v.effective},
-         {"source", by_run.count(v.spec->name) ? std::string("cumemguard run") : option_source(v)},
+         {"source", [&] {
+            const std::string r = run_source(v, by_run, by_e);
+            return r.empty() ? option_source(v) : r;
+          }()},
          {"raw",
           v.source == OptionSource::Environment || v.source == OptionSource::Options || v.rejected
               ? json(v.raw)
@@ -456,7 +469,8 @@ std::string gate_text(const tools::RunArgs &run, int error_exitcode) {
 }
 
 void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env,
-                        const std::set<std::string_view> &by_run, const std::string &gate) {
+                        const std::set<std::string_view> &by_run,
+                        const std::set<std::string_view> &by_e, const std::string &gate) {
   out << "\ncumemguard options\n"
       << "  profile " << profile_why(po, by_run.count("PROFILE") > 0) << '\n';
   if (!gate.empty()) out << "  " << gate << '\n';
@@ -474,8 +488,8 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
       out << ", debug profile " << in_quotes(v.spec->debug_value);
     out << "\n# " << v.spec->help << '\n' << name << '=' << v.effective << "  (";
     const std::string src = option_source(v);
-    if (by_run.count(v.spec->name)) {
-      out << "set by cumemguard run";
+    if (const std::string r = run_source(v, by_run, by_e); !r.empty()) {
+      out << (r == "run -e" ? "-e of cumemguard run" : "set by cumemguard run");
     } else if (src == "invalid") {
       const auto raw = lookup(env, name);
       out << "invalid: " << (raw ? in_quotes(*raw) + " in the environment" : "the entry in " +
@@ -539,6 +553,11 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     if (!checked.refusals.empty()) return kExitUsage;
     for (const auto &[name, value] : checked.sets) set_env(name, value);
   }
+  std::set<std::string_view> by_e;  // the options an -e of --run set
+  for (const auto &[name, value] : checked.sets)
+    if (std::string_view(name).starts_with(kOptionPrefix))
+      for (const OptionSpec &sp : option_specs())
+        if (sp.name == std::string_view(name).substr(kOptionPrefix.size())) by_e.insert(sp.name);
   ParsedOptions po = parse_env();
   // A name set twice is let through, as run lets it through.
   std::vector<std::string> refused;
@@ -611,7 +630,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
            set_by_run ? "cumemguard run" : std::string(option_source_name(po.profile_source))},
           {"why", profile_why(po, set_by_run)}}},
         {"options_variable", po.has_options_variable ? json(po.options_variable) : json(nullptr)},
-        {"options", options_json(po, by_run)},
+        {"options", options_json(po, by_run, by_e)},
         {"option_problems", po.problems},
         {"run", args.as_run ? json{{"error_exitcode", args.run.exitcode.empty()
                                                           ? json(nullptr)
@@ -622,7 +641,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
     print_torch_text(out, tenv, p, jd, override_raw);
-    print_options_text(out, po, env, by_run, gate_text(args.run, checked.error_exitcode));
+    print_options_text(out, po, env, by_run, by_e, gate_text(args.run, checked.error_exitcode));
   }
   return status;
 }

@@ -106,7 +106,7 @@ std::string signed_human(std::int64_t d) {
   return (d > 0 ? "+" : d < 0 ? "-" : "") + human(d < 0 ? (d == INT64_MIN ? INT64_MAX : -d) : d);
 }
 
-void print_change(const Model &m, std::ostream &out, std::size_t i, const Change &c) {
+void print_change(const Model &m, std::ostream &out, std::size_t i, const Change &c, bool full) {
   const SiteView &s = c.site();
   const std::int64_t ab = c.a ? c.a->bytes : 0, bb = c.b ? c.b->bytes : 0;
   const std::int64_t an = c.a ? c.a->count : 0, bn = c.b ? c.b->count : 0;
@@ -116,14 +116,7 @@ void print_change(const Model &m, std::ostream &out, std::size_t i, const Change
       i, c.status, c.delta > 0 ? fmt::format("+{}", c.delta) : fmt::format("{}", c.delta),
       signed_human(c.delta), human(ab), human(bb), an, bn, bn == 1 ? "object" : "objects",
       s.kind, s.state, devs_text(s.devs), s.creator);
-  const ResolvedStack &st = m.stack(s.log, s.stack);
-  if (!st.id) {
-    out << "        (no stack recorded)\n";
-    return;
-  }
-  for (std::size_t f = 0; f < st.frames.size(); ++f)
-    out << fmt::format("        #{} {}{}\n", f, frame_text(st.frames[f]),
-                       st.frames[f].inlined ? " [inlined]" : "");
+  print_stack(out, m.stack(s.log, s.stack), "        ", full);
 }
 
 void write_text(const Model &m, const ReportOptions &opt, std::ostream &out, const Snapshot &a,
@@ -151,7 +144,7 @@ void write_text(const Model &m, const ReportOptions &opt, std::ostream &out, con
     const std::size_t n = opt.top ? std::min(opt.top, v.size()) : v.size();
     out << fmt::format("\n== {}: {} site{}{}\n", title, v.size(), v.size() == 1 ? "" : "s",
                        n < v.size() ? fmt::format(" (top {} shown)", n) : "");
-    for (std::size_t i = 0; i < n; ++i) print_change(m, out, i + 1, *v[i]);
+    for (std::size_t i = 0; i < n; ++i) print_change(m, out, i + 1, *v[i], opt.full_stacks);
   };
   list(up, "What grew or is new");
   list(down, "What shrank or is gone");

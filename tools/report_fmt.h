@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <ostream>
 #include <string>
 
 #include <fmt/format.h>
@@ -43,6 +44,11 @@ inline std::string compact(const Json &j) {
 // The HTML page's escaping and its stack list (report_html.cpp), for its parts written elsewhere.
 std::string html_escape(std::string_view s);
 void stack_html(std::ostream &out, const ResolvedStack &s);
+
+// One stack of the text reports (findings, leaks, resident sites, --diff): frames below the
+// native main and the interpreter's own frames below the outermost Python frame are folded into
+// a line unless `full` (--full-stacks); JSON, the trace and the page keep every frame.
+void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent, bool full);
 
 // "cuMemRelease(handle=0x55d0c0a0, size=2097152)"
 inline std::string call_text(const std::string &api, const std::string &args) {

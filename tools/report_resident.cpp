@@ -219,21 +219,6 @@ std::string plural(std::int64_t n, const char *one, const char *many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
 
-void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent) {
-  if (!s.id) {
-    out << indent << "(no stack recorded)\n";
-    return;
-  }
-  if (s.missing) {
-    out << indent << fmt::format("(stack {} is not in the log)\n", *s.id);
-    return;
-  }
-  for (std::size_t i = 0; i < s.frames.size(); ++i)
-    out << indent
-        << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
-                       s.frames[i].inlined ? " [inlined]" : "");
-}
-
 std::string join(const std::vector<std::string> &v) {
   std::string out;
   for (const auto &s : v) out += (out.empty() ? "" : ", ") + s;
@@ -253,7 +238,7 @@ void print_sites(const Model &m, const ReportOptions &opt, std::ostream &out,
                        bytes_text(s.bytes), plural(s.count, "object", objects), s.kind, s.state,
                        devs_text(s.devs), s.creator, python_text(s),
                        s.graph ? fmt::format(", for a CUDA graph (capture {})", s.graph) : "");
-    print_stack(out, m.stack(s.log, s.stack), "        ");
+    print_stack(out, m.stack(s.log, s.stack), "        ", opt.full_stacks);
   }
   if (n < sites.size()) out << fmt::format("  ({} more sites)\n", sites.size() - n);
 }
@@ -291,7 +276,7 @@ void write_resident_text(const Model &m, const ReportOptions &opt, std::ostream 
              "snapshot was taken\n";
     if (s.stack) {
       out << "    asked for at\n";
-      print_stack(out, m.stack(s.log, s.stack), "        ");
+      print_stack(out, m.stack(s.log, s.stack), "        ", opt.full_stacks);
     }
     if (!v.devices.empty()) {
       std::vector<std::string> parts;

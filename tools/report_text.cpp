@@ -69,63 +69,6 @@ std::string utc(std::int64_t unix_ns) {
   return fmt::format("{}.{:09}Z", buf, unix_ns % 1'000'000'000);
 }
 
-void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent, bool full) {
-  if (!s.id) {
-    out << indent << "(no stack recorded)\n";
-    return;
-  }
-  if (s.missing) {
-    out << indent << fmt::format("(stack {} is not in the log)\n", *s.id);
-    return;
-  }
-  if (s.frames.empty()) out << indent << "(empty stack)\n";
-  auto line = [&](std::size_t i) {
-    out << indent
-        << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
-                       s.frames[i].inlined ? " [inlined]" : "");
-  };
-  if (full) {
-    for (std::size_t i = 0; i < s.frames.size(); ++i) line(i);
-    return;
-  }
-  // Frames below main (__libc_start_call_main, __libc_start_main, _start) are the same in every
-  // stack of a program: not printed, as valgrind's --show-below-main=no does (JSON, the trace and
-  // the HTML page keep them). A thread's stack has no main and is printed whole. Only the native
-  // main ends it: a Python function named main is a frame of the program's, above <module>.
-  std::size_t end = s.frames.size();
-  for (std::size_t i = 0; i < s.frames.size(); ++i)
-    if (s.frames[i].kind == Frame::Kind::Native && s.frames[i].function == "main" &&
-        !s.frames[i].inlined) {
-      end = i + 1;
-      break;
-    }
-  // Below the outermost Python frame (<module>, or a thread's run) the native frames are the
-  // interpreter's start-up and eval loop (Py_BytesMain, pymain_*, PyRun_*, _PyEval_*), a dozen or
-  // more the same in every stack of the program: one line says how many (--full-stacks prints
-  // them; JSON, the trace and the HTML page keep them). The Python frames are all printed.
-  std::size_t outermost = s.frames.size();
-  for (std::size_t i = 0; i < end; ++i)
-    if (s.frames[i].kind == Frame::Kind::Python) outermost = i;
-  std::size_t fold_from = end, fold_to = end;  // [fold_from, fold_to): folded native frames
-  if (outermost < end) {
-    fold_from = outermost + 1;
-    while (fold_from < end && s.frames[fold_from].kind == Frame::Kind::Marker) ++fold_from;
-    fold_to = fold_from;
-    while (fold_to < end && s.frames[fold_to].kind == Frame::Kind::Native) ++fold_to;
-    if (fold_to - fold_from < 2) fold_from = fold_to = end;  // one line for one frame: no fold
-  }
-  for (std::size_t i = 0; i < end; ++i) {
-    if (i == fold_from) {
-      out << indent
-          << fmt::format("... {} interpreter frames (--full-stacks to show)\n",
-                         fold_to - fold_from);
-      i = fold_to - 1;
-      continue;
-    }
-    line(i);
-  }
-}
-
 // "complete", "crashed (SIGSEGV)", "aborted (strict mode)", "truncated (no end record): ..."
 std::string status_text(const Log &l) {
   switch (l.status()) {
@@ -678,6 +621,63 @@ void write_suppressed(const Model &m, std::ostream &out) {
 }
 
 }  // namespace
+
+void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent, bool full) {
+  if (!s.id) {
+    out << indent << "(no stack recorded)\n";
+    return;
+  }
+  if (s.missing) {
+    out << indent << fmt::format("(stack {} is not in the log)\n", *s.id);
+    return;
+  }
+  if (s.frames.empty()) out << indent << "(empty stack)\n";
+  auto line = [&](std::size_t i) {
+    out << indent
+        << fmt::format("#{} {}{}\n", i, frame_text(s.frames[i]),
+                       s.frames[i].inlined ? " [inlined]" : "");
+  };
+  if (full) {
+    for (std::size_t i = 0; i < s.frames.size(); ++i) line(i);
+    return;
+  }
+  // Frames below main (__libc_start_call_main, __libc_start_main, _start) are the same in every
+  // stack of a program: not printed, as valgrind's --show-below-main=no does (JSON, the trace and
+  // the HTML page keep them). A thread's stack has no main and is printed whole. Only the native
+  // main ends it: a Python function named main is a frame of the program's, above <module>.
+  std::size_t end = s.frames.size();
+  for (std::size_t i = 0; i < s.frames.size(); ++i)
+    if (s.frames[i].kind == Frame::Kind::Native && s.frames[i].function == "main" &&
+        !s.frames[i].inlined) {
+      end = i + 1;
+      break;
+    }
+  // Below the outermost Python frame (<module>, or a thread's run) the native frames are the
+  // interpreter's start-up and eval loop (Py_BytesMain, pymain_*, PyRun_*, _PyEval_*), a dozen or
+  // more the same in every stack of the program: one line says how many (--full-stacks prints
+  // them; JSON, the trace and the HTML page keep them). The Python frames are all printed.
+  std::size_t outermost = s.frames.size();
+  for (std::size_t i = 0; i < end; ++i)
+    if (s.frames[i].kind == Frame::Kind::Python) outermost = i;
+  std::size_t fold_from = end, fold_to = end;  // [fold_from, fold_to): folded native frames
+  if (outermost < end) {
+    fold_from = outermost + 1;
+    while (fold_from < end && s.frames[fold_from].kind == Frame::Kind::Marker) ++fold_from;
+    fold_to = fold_from;
+    while (fold_to < end && s.frames[fold_to].kind == Frame::Kind::Native) ++fold_to;
+    if (fold_to - fold_from < 2) fold_from = fold_to = end;  // one line for one frame: no fold
+  }
+  for (std::size_t i = 0; i < end; ++i) {
+    if (i == fold_from) {
+      out << indent
+          << fmt::format("... {} interpreter frames (--full-stacks to show)\n",
+                         fold_to - fold_from);
+      i = fold_to - 1;
+      continue;
+    }
+    line(i);
+  }
+}
 
 void write_headline(const Model &m, std::ostream &out) {
   std::string state;

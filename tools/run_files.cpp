@@ -104,6 +104,7 @@ RunTotals read_status_dir(const std::string &dir) {
     ++t.processes;
     t.findings += r.findings;
     t.leaks += r.leaks;
+    if (r.state == RunStatusRecord::QuickExited) ++t.leaks_unchecked;
     for (std::size_t i = 0; i < RunStatusRecord::kClasses; ++i) t.by_class[i] += r.by_class[i];
     const std::string log = r.log_state == 1 && r.log_len && !r.log_cut
                                 ? std::string(r.log, r.log_len)
@@ -148,11 +149,13 @@ void remove_status_dir(const std::string &dir) {
 }
 
 void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
-  const std::size_t records = std::max<std::size_t>(1, t.logs.size());
+  // One record per log, then one per process that ended by _exit (its leaks not checked).
+  const std::size_t counted = std::max<std::size_t>(1, t.logs.size());
+  const std::size_t records = counted + t.leaks_unchecked;
   for (std::size_t k = 0; k < records; ++k) {
     RunStatusRecord r{};
     start_run_status(r, getpid(), 0);
-    r.state = RunStatusRecord::Exited;
+    r.state = k < counted ? RunStatusRecord::Exited : RunStatusRecord::QuickExited;
     if (k == 0) {
       r.findings = t.findings;
       r.leaks = t.leaks;

@@ -206,6 +206,11 @@ def main():
         by_run = sorted(n for n, o in listed.items() if o["source"] == "cumemguard run")
         check(set(by_run) <= set(got), f"config --run {opts}: set by run {by_run}, run exports "
                                        f"{sorted(got)}")
+        # An -e value is the user's, given to run: labelled so (it read "environment").
+        by_e = sorted(n for n, o in listed.items() if o["source"] == "run -e")
+        want_e = sorted(x.split("=")[0] for x in opts if x.startswith("CUMEMGUARD_") and
+                        not x.startswith("CUMEMGUARD_OPTIONS="))
+        check(by_e == want_e, f"config --run {opts}: set by -e {by_e}, want {want_e}")
         gate = {"error_exitcode": 3, "fail_on_leaks": True} if "--error-exitcode" in opts else \
             {"error_exitcode": None, "fail_on_leaks": False}
         check(doc["run"] == gate, f"config --run {opts}: run {doc['run']}")

@@ -43,6 +43,21 @@ def main():
         plain = lines(run([py, os.path.join(ex, "double_free.py")]).stdout)
         check(plain.get("same_address") == "1" and plain.get("owner_free") != "0",
               f"double_free.py plain: {plain}")
+        # Without a driver (no fake stack on the library path): the script stops at its first call
+        # and says why, status 1 (it printed "same_address 1" of two NULL pointers and exited 0),
+        # and the summary says that every call failed, once.
+        driver = run([py, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
+                     extra={"LD_LIBRARY_PATH": ""}).returncode == 0
+        nd = run([cg, "run", "--no-log", "--", py, os.path.join(ex, "double_free.py")],
+                 extra={"LD_LIBRARY_PATH": ""})
+        if driver:
+            print("a CUDA driver is installed: the no-driver case is not checked here")
+        check(driver or nd.returncode == 1 and nd.stdout == "" and
+              "the first CUDA call returned 35 (35: no CUDA driver; on a machine without a GPU put "
+              "build/tests/fakecuda first on LD_LIBRARY_PATH)\n" in nd.stderr and
+              "  cuda: every call failed (1 call) with 35 (cudaErrorInsufficientDriver)" in nd.stderr,
+              f"double_free.py without a driver: rc {nd.returncode} {nd.stdout!r} "
+              f"{nd.stderr[-600:]!r}")
         p = run([cg, "run", "--", py, os.path.join(ex, "double_free.py")])
         out = lines(p.stdout)
         check(p.returncode == 0 and out.get("same_address") == "0" and

@@ -354,6 +354,18 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
                               timeout=120 * SLOW).stdout
         line = f"created by {script}, at alloc ({script}:{mark['malloc']})"
         check(line in text, f"{label}: the text report says {line!r}")
+        # --diff prints the new site's stack as the text report does: the Python frames, the
+        # interpreter's below <module> folded into one line (it printed them all).
+        diff = subprocess.run([cg, "report", "--diff", log + "@before", log + "@resident"],
+                              capture_output=True, text=True, timeout=120 * SLOW)
+        new = re.search(r"^  \[1\] new .*\n((?:        .*\n)+)", diff.stdout, re.M)
+        frames = new.group(1).splitlines() if new else []
+        check(diff.returncode == 0 and
+              any(f"alloc ({script}:{mark['malloc']})" in l for l in frames) and
+              any(f"case_resident ({script}:{mark[('case_resident', 'alloc-call')]})" in l for l in frames) and
+              len([l for l in frames if re.match(r" +\.\.\. \d+ interpreter frames", l)]) == 1 and
+              not any(re.search(r"#\d+ (Py_BytesMain|pymain_|PyRun_|_start\b)", l) for l in frames),
+              f"{label}: --diff's stack: rc {diff.returncode} {frames[:12]} {diff.stderr[-300:]!r}")
     # Code objects made at the address of freed ones: each double free names its own function
     # (and the case must really have reused an address, or it shows nothing).
     log, rep, groups = run_case(cg, it, script, "reused-code", env, tmp)

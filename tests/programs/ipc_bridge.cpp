@@ -1004,7 +1004,7 @@ bool all_stopped(pid_t pid) {
   bool all = true, any = false;
   while (dirent *e = readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    char path[128], buf[512] = {};
+    char path[64 + sizeof e->d_name + 8], buf[512] = {};  // room for any name: no truncation
     std::snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
     FILE *f = std::fopen(path, "r");
     if (!f) continue;

@@ -242,12 +242,14 @@ def case_nccl_free():
 
 def case_resident():
     # A snapshot (the C API, through ctypes) while alloc()'s memory is live: its resident site is
-    # alloc's line, the innermost frame of this file.
-    p = alloc()  # @alloc-call
+    # alloc's line, the innermost frame of this file. One before it, for report --diff.
     snap = getattr(ctypes.CDLL(None), "cumemguard_snapshot", None)  # None without the shim
     if snap:
         snap.restype = ctypes.c_size_t
         snap.argtypes = [ctypes.c_char_p]
+        print("snapshot", snap(b"before"))
+    p = alloc()  # @alloc-call
+    if snap:
         print("snapshot", snap(b"resident"))
     free_buffer(p)
 
