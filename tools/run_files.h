@@ -16,11 +16,11 @@ namespace cmg::tools {
 struct RunTotals {
   std::uint64_t findings = 0, leaks = 0;
   std::uint64_t by_class[RunStatusRecord::kClasses] = {};
-  std::size_t processes = 0;      // records read
-  std::size_t unreadable = 0;     // entries that are not a record of this layout (said once)
-  std::size_t loaded = 0;         // process images that loaded the shim (<pid>.loaded marks)
+  std::size_t processes = 0;        // records read
+  std::size_t unreadable = 0;       // entries that are not a record of this layout (said once)
+  std::size_t loaded = 0;           // process images that loaded the shim (<pid>.loaded marks)
   std::size_t leaks_unchecked = 0;  // processes that ended by _exit: their leaks were not checked
-  std::vector<std::string> logs;  // the logs the processes opened, in the order they started
+  std::vector<std::string> logs;    // the logs the processes opened, in the order they started
   // Processes that activated and never reached the shim's exit records (neither an exit nor a
   // fatal signal the shim saw): killed by SIGKILL or the out-of-memory killer, an exec (unless the
   // new image has a record of its own), the exit_group system call itself, or still running.
@@ -52,7 +52,8 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t);
 // is created and removed again, as root passes every permission check), or (a name without
 // placeholders) the file there is one the shim refuses (policy/log_file.h), is not a regular file
 // (a character device such as /dev/null: the run lists its log to be read), cannot be opened for
-// writing, or is a non-empty file that is not a cumemguard log (run_checks.h). A directory part holding placeholders is checked up to its last fixed directory.
+// writing, or is a non-empty file that is not a cumemguard log (run_checks.h). A directory part
+// holding placeholders is checked up to its last fixed directory.
 std::string log_target_problem(const std::string &pattern);
 
 }  // namespace cmg::tools
