@@ -571,7 +571,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
           tc::Env::from_lookup([&](std::string_view name) { return lookup(env, name); }), ov.value,
           tc::newest_grammar());
       if (tp.action == tc::PlanAction::Refuse)
-        refused.push_back(ov.label + ": " + tools::torch_override_refusal(ov.value, tp.reason));
+        refused.push_back(ov.label + ": " + tools::torch_override_refusal(ov.value, tp.reason, ov.entry));
     } catch (...) {
       // run lets through what it cannot evaluate (the shim says why); so does this
     }

@@ -252,12 +252,14 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
   return out;
 }
 
-std::string torch_override_refusal(std::string_view value, const std::string &reason) {
+std::string torch_override_refusal(std::string_view value, const std::string &reason,
+                                   bool entry) {
   constexpr std::string_view kVar = "CUMEMGUARD_TORCH_ALLOC_CONF", kKept = "; keeping the original";
+  const std::string name = entry ? "its torch_alloc_conf entry" : std::string(kVar);
   std::string why = reason;
   if (why.ends_with(kKept)) why.resize(why.size() - kKept.size());
-  if (why.starts_with(kVar)) return why;
-  return std::string(kVar) + "='" + shown(value) + "': " + why;
+  if (why.starts_with(kVar)) return name + why.substr(kVar.size());
+  return name + "='" + shown(value) + "': " + why;
 }
 
 TorchOverride torch_override(const ParsedOptions &po,
@@ -270,8 +272,9 @@ TorchOverride torch_override(const ParsedOptions &po,
   const std::string var = from_entry ? "CUMEMGUARD_OPTIONS" : "CUMEMGUARD_TORCH_ALLOC_CONF";
   // The last -e of the name: it is the one setenv() left in the environment.
   for (auto it = sets.rbegin(); it != sets.rend(); ++it)
-    if (it->first == var) return {t.value, "-e " + it->first + "=" + shown(it->second)};
+    if (it->first == var) return {t.value, "-e " + it->first + "=" + shown(it->second), from_entry};
   if (from_entry) t.label = "environment: CUMEMGUARD_OPTIONS";
+  t.entry = from_entry;
   return t;
 }
 

@@ -60,8 +60,10 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
 // The line refusing CUMEMGUARD_TORCH_ALLOC_CONF=`value` for the plan's `reason`, naming the
 // variable and its value when the reason does not (a result PyTorch would raise on), without the
 // shim's fallback ("; keeping the original"): the launcher keeps nothing, it does not start the
-// program.
-std::string torch_override_refusal(std::string_view value, const std::string &reason);
+// program. `entry`: the value is CUMEMGUARD_OPTIONS' torch_alloc_conf entry, named so (the
+// label already says CUMEMGUARD_OPTIONS; the variable it names was not set).
+std::string torch_override_refusal(std::string_view value, const std::string &reason,
+                                   bool entry = false);
 
 // The CUMEMGUARD_TORCH_ALLOC_CONF override in force (`po`: the program's environment parsed) and
 // the words naming where it was set, for a refusal: the variable or the torch_alloc_conf entry of
@@ -70,6 +72,7 @@ std::string torch_override_refusal(std::string_view value, const std::string &re
 struct TorchOverride {
   std::string value;  // empty: none
   std::string label;
+  bool entry = false;  // CUMEMGUARD_OPTIONS' torch_alloc_conf entry, not the variable
 };
 TorchOverride torch_override(const ParsedOptions &po,
                              const std::vector<std::pair<std::string, std::string>> &sets);

@@ -64,7 +64,7 @@ volatile sig_atomic_t g_child = 0;
 // Planned with the newest grammar, as the shim plans it (the release is not known before `import
 // torch`: a key of a newer release is written, and PyTorch judges it).
 // `ov`: the override in force (the variable or CUMEMGUARD_OPTIONS' torch_alloc_conf entry).
-bool apply_torch_override(const std::string &label, const std::string &ov) {
+bool apply_torch_override(const std::string &label, const std::string &ov, bool entry) {
   if (ov.empty()) return true;
   cmg::torchconf::Plan plan;
   try {
@@ -75,7 +75,7 @@ bool apply_torch_override(const std::string &label, const std::string &ov) {
   }
   if (plan.action == cmg::torchconf::PlanAction::Refuse) {
     std::fprintf(stderr, "cumemguard run: %s: %s; the program was not started\n", label.c_str(),
-                 torch_override_refusal(ov, plan.reason).c_str());
+                 torch_override_refusal(ov, plan.reason, entry).c_str());
     return false;
   }
   if (plan.action == cmg::torchconf::PlanAction::Write)
@@ -329,7 +329,7 @@ int run_main(int argc, char **argv) {
   // The entry of CUMEMGUARD_OPTIONS as well as the variable: the entry was let through unplanned
   // (torch_alloc_conf=bogus started the program, status 0).
   const TorchOverride torch = torch_override(user, sets);
-  if (!apply_torch_override(torch.label, torch.value)) return kUsage;
+  if (!apply_torch_override(torch.label, torch.value, torch.entry)) return kUsage;
   // Unique per launch: the pid of the launcher and the start time in ns. A launcher inside another
   // launcher's program (CUMEMGUARD_STATUS_DIR set by it) is part of that run: its logs keep the
   // outer run's id, so that `cumemguard report` over the outer launcher's list reads one run.

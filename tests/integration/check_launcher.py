@@ -886,13 +886,16 @@ def first_use(e):
            "the program was not started")
     # As CUMEMGUARD_OPTIONS' torch_alloc_conf entry too (it started the program, status 0), and
     # config refuses what run refuses, in run's words.
-    for args, extra, label in ((["-e", "CUMEMGUARD_TORCH_ALLOC_CONF=bogus"], None,
-                                "-e CUMEMGUARD_TORCH_ALLOC_CONF=bogus"),
-                               ([], {"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"}, "environment"),
-                               (["-e", "CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus"], None,
-                                "-e CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus"),
-                               ([], {"CUMEMGUARD_OPTIONS": "stacks=4:torch_alloc_conf=bogus"},
-                                "environment: CUMEMGUARD_OPTIONS")):
+    # The entry is named as the entry, not as the variable it was not set in.
+    entry_why = why.replace("CUMEMGUARD_TORCH_ALLOC_CONF:", "its torch_alloc_conf entry:")
+    for args, extra, label, why in (
+            (["-e", "CUMEMGUARD_TORCH_ALLOC_CONF=bogus"], None,
+             "-e CUMEMGUARD_TORCH_ALLOC_CONF=bogus", why),
+            ([], {"CUMEMGUARD_TORCH_ALLOC_CONF": "bogus"}, "environment", why),
+            (["-e", "CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus"], None,
+             "-e CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus", entry_why),
+            ([], {"CUMEMGUARD_OPTIONS": "stacks=4:torch_alloc_conf=bogus"},
+             "environment: CUMEMGUARD_OPTIONS", entry_why)):
         p = e.run(["run", "--no-summary"] + args + prog, extra=extra, cwd=d)
         check(p.returncode == 64 and p.stderr.splitlines() == [f"cumemguard run: {label}: {why}"]
               and not os.path.exists(marker),
