@@ -26,8 +26,8 @@ def first_call(rc):
     would mean anything (every pointer NULL, "same address" by accident). The call itself stays
     in the script, so that its stack names the script's line."""
     if rc != 0:
-        hint = (" (35: no CUDA driver; on a machine without a GPU put build/tests/fakecuda first "
-                "on LD_LIBRARY_PATH)" if rc == 35 else "")
+        hint = (" (35: no CUDA driver; on a machine without a GPU put the build's tests/fakecuda "
+                "first on LD_LIBRARY_PATH)" if rc == 35 else "")
         raise SystemExit(f"the first CUDA call returned {rc}{hint}")
     return rc
 

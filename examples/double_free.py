@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # A double free and a stale free of a re-issued address, through the CUDA runtime (ctypes, no
 # PyTorch needed): the bugs `cumemguard run` explains.
-#   cumemguard run -- python3 examples/double_free.py
-#   cumemguard report cumemguard.python3.*.log
+#   cumemguard run --log df.log -- python3 examples/double_free.py
+#   cumemguard report df.log
 import ctypes
 import os
 import sys

@@ -329,9 +329,13 @@ constexpr ExitStatus kConfigExits[] = {
     {"64",
      "bad arguments (one of run's options without --run, or a value run refuses), or a "
      "CUMEMGUARD_* setting that cannot apply, with or without --run, an -e of a variable the "
-     "launcher sets itself included (one line each on stderr, labelled as cumemguard run labels "
-     "it; run refuses it with 64 too)"},
+     "launcher sets itself included, a suppressions file that cannot be read or an event log "
+     "name run refuses (one line each on stderr, labelled as cumemguard run labels it; run "
+     "refuses it with 64 too)"},
     {"66", "the interpreter --python names is not found or cannot run"},
+    {"73",
+     "an event log run could not write (with --run, the default one in the current directory "
+     "too), as run refuses it with 73"},
 };
 
 constexpr std::array<Command, 4> kCommands = {{

@@ -13,6 +13,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@
 #include "config_torch_version.h"
 #include "options.h"
 #include "run_args.h"
+#include "run_env_checks.h"
 #include "run_defaults.h"
 #include "torch_conf.h"
 
@@ -144,6 +146,16 @@ bool parse_args(int argc, char **argv, Args &a, std::string &err) {
 
 // The environment to evaluate: the process's, edited by --env, in environ order.
 using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+// The log name's %q{VAR} reads the program's environment through a plain function pointer
+// (shim/logname.h): config's is a list, named here while it is checked (config runs once).
+const EnvList *g_lookup_env = nullptr;
+const char *lookup_in_env(const char *name) {
+  if (!g_lookup_env) return nullptr;
+  for (auto it = g_lookup_env->rbegin(); it != g_lookup_env->rend(); ++it)
+    if (it->first == name) return it->second.c_str();
+  return nullptr;
+}
 
 EnvList build_env(char **envp, const Args &a) {
   EnvList env;
@@ -470,7 +482,9 @@ std::string gate_text(const tools::RunArgs &run, int error_exitcode) {
 
 void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvList &env,
                         const std::set<std::string_view> &by_run,
-                        const std::set<std::string_view> &by_e, const std::string &gate) {
+                        const std::set<std::string_view> &by_e,
+                        const std::map<std::string_view, std::string> &run_option,
+                        const std::string &gate) {
   out << "\ncumemguard options\n"
       << "  profile " << profile_why(po, by_run.count("PROFILE") > 0) << '\n';
   if (!gate.empty()) out << "  " << gate << '\n';
@@ -489,7 +503,10 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
     out << "\n# " << v.spec->help << '\n' << name << '=' << v.effective << "  (";
     const std::string src = option_source(v);
     if (const std::string r = run_source(v, by_run, by_e); !r.empty()) {
-      out << (r == "run -e" ? "-e of cumemguard run" : "set by cumemguard run");
+      const auto opt = run_option.find(v.spec->name);
+      out << (r == "run -e"                 ? std::string("-e of cumemguard run")
+              : opt != run_option.end()     ? opt->second + " of cumemguard run"
+                                            : std::string("set by cumemguard run"));
     } else if (src == "invalid") {
       const auto raw = lookup(env, name);
       out << "invalid: " << (raw ? in_quotes(*raw) + " in the environment" : "the entry in " +
@@ -584,6 +601,8 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   // them (run_args.h), shown as set by cumemguard run. The log is named after the program, which
   // config does not know: PROGRAM.
   std::set<std::string_view> by_run;
+  std::map<std::string_view, std::string> run_option;  // the run option that set it, if one did
+  const ParsedOptions user = po;  // before run's defaults: which log the user named
   if (args.as_run) {
     char cwd[PATH_MAX];
     const std::string dir = getcwd(cwd, sizeof cwd) ? cwd : ".";
@@ -591,9 +610,23 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
       set_env(d.name, d.value);
       const std::string_view name = std::string_view(d.name).substr(kOptionPrefix.size());
       for (const OptionSpec &sp : option_specs())
-        if (sp.name == name) by_run.insert(sp.name);
+        if (sp.name == name) {
+          by_run.insert(sp.name);
+          if (!d.by.empty()) run_option[sp.name] = d.by;
+        }
     }
     po = parse_env();
+  }
+  // The program's environment as run would start it (with --run, run's exports too): a
+  // suppressions file or an event log run cannot use stops config as it stops run, with run's
+  // status (64, or 73 for a log that cannot be written) and words.
+  g_lookup_env = &env;
+  const tools::EnvRefusal env_refusal = tools::program_env_refusal(
+      args.run, user, po.options, lookup_in_env, kRefused);
+  g_lookup_env = nullptr;
+  if (env_refusal.status) {
+    err << "cumemguard config: " << env_refusal.line << '\n';
+    if (args.as_run) return env_refusal.status;
   }
   const bool set_by_run = by_run.count("PROFILE") > 0;
 
@@ -616,7 +649,8 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   // Judged, diagnosed and planned with the release's own grammar (its keys, its parser).
   const tc::Judgement jd = tc::judge(tenv, choice.version, choice.source);
   const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf, jd.grammar);
-  const int status = !refused.empty()                         ? kExitUsage
+  const int status = env_refusal.status                        ? env_refusal.status
+                     : !refused.empty()                         ? kExitUsage
                      : jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk
                                                               : kExitTorchFails;
 
@@ -641,7 +675,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
     print_torch_text(out, tenv, p, jd, override_raw);
-    print_options_text(out, po, env, by_run, by_e, gate_text(args.run, checked.error_exitcode));
+    print_options_text(out, po, env, by_run, by_e, run_option, gate_text(args.run, checked.error_exitcode));
   }
   return status;
 }

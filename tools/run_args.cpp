@@ -225,11 +225,11 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
                                     const std::string &program, const std::string &cwd) {
   const std::string prefix(kOptionPrefix);
   std::vector<RunDefault> out;
-  if (!a.mode.empty()) out.push_back({prefix + "MODE", a.mode});
-  if (!a.stacks.empty()) out.push_back({prefix + "STACKS", a.stacks});
+  if (!a.mode.empty()) out.push_back({prefix + "MODE", a.mode, "--mode"});
+  if (!a.stacks.empty()) out.push_back({prefix + "STACKS", a.stacks, "--stacks"});
   if (!a.suppressions.empty())
-    out.push_back({prefix + "SUPPRESSIONS", absolute_in(a.suppressions, cwd)});
-  if (a.brief) out.push_back({prefix + "WARN_FRAMES", "0"});
+    out.push_back({prefix + "SUPPRESSIONS", absolute_in(a.suppressions, cwd), "--suppressions"});
+  if (a.brief) out.push_back({prefix + "WARN_FRAMES", "0", "--brief"});
   // What the user set, by a variable or an entry of CUMEMGUARD_OPTIONS, is left as it is; the
   // rest gets the launcher's defaults.
   for (RunDefault &d : run_defaults(user, program, cwd)) {
@@ -239,9 +239,9 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
   }
   // Empty: no log, and it wins over a CUMEMGUARD_OPTIONS entry.
   if (a.no_log)
-    out.push_back({prefix + "LOG", ""});
+    out.push_back({prefix + "LOG", "", "--no-log"});
   else if (!a.log.empty())
-    out.push_back({prefix + "LOG", absolute_in(a.log, cwd)});
+    out.push_back({prefix + "LOG", absolute_in(a.log, cwd), "--log"});
   // A relative CUMEMGUARD_LOG (-e, the environment or an entry of CUMEMGUARD_OPTIONS) as --log
   // makes it: against this directory. The shim opens its log where the process is at its first
   // CUDA call, and a program that changed directory wrote it there while the list of logs and the

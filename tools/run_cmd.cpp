@@ -30,6 +30,7 @@
 #include "run_args.h"
 #include "run_checks.h"
 #include "run_defaults.h"
+#include "run_env_checks.h"
 #include "run_files.h"
 #include "run_preload.h"
 #include "suppressions.h"
@@ -199,24 +200,6 @@ std::vector<std::pair<std::string_view, std::string_view>> environment_options()
   return kv;
 }
 
-// Why the suppressions file the shim will read cannot be, or empty: the shim's own rules (a
-// regular file of at most 1 MiB, opened without blocking), so that the run stops here instead of
-// going on with one warning and no suppressions.
-std::string suppressions_problem(const std::string &path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return std::strerror(errno);
-  struct stat st;
-  std::string why;
-  if (::fstat(fd, &st) != 0)
-    why = std::strerror(errno);
-  else if (!S_ISREG(st.st_mode))
-    why = "not a regular file";
-  else if (static_cast<std::uint64_t>(st.st_size) > kMaxSuppressionsBytes)
-    why = "larger than 1 MiB";
-  ::close(fd);
-  return why;
-}
-
 // Signals for the program. A terminal sends SIGINT, SIGQUIT (and SIGHUP at hang-up) to its whole
 // foreground process group, the program included (si_code SI_KERNEL): passing those on would
 // deliver them twice. One sent to the launcher alone (kill, a scheduler; SI_USER, SI_QUEUE,
@@ -347,56 +330,12 @@ int run_main(int argc, char **argv) {
   // for -e (what the launcher set itself is valid).
   if (!check_options(environment_options(), "environment")) return kUsage;
   const Options eff = parse_options(environ).options;
-  if (!eff.suppressions.empty()) {
-    if (const std::string p = suppressions_problem(eff.suppressions); !p.empty()) {
-      std::fprintf(stderr, "cumemguard run: %s%s: cannot read: %s; the program was not started\n",
-                   a.suppressions.empty() ? "CUMEMGUARD_SUPPRESSIONS=" : "--suppressions ",
-                   shown(eff.suppressions).c_str(), p.c_str());
-      return kUsage;
-    }
-  }
-  // valgrind's --log-file habit: a log the user named (--log, or CUMEMGUARD_LOG in any form) that
-  // cannot be written stops the run before it starts, rather than a run whose findings reach no
-  // file. The default log in the current directory gets the same check: the help and the exit
-  // table promise 73 for any log that cannot be created, and a run in a directory the user cannot
-  // write (a read-only checkout, /proc as root) used to start logless and exit 0.
-  const bool named_log = !a.log.empty() || set_by_user(user, "LOG");
-  if (!eff.log.empty() && !named_log) {
-    // The problem names the directory: "directory /proc: cannot create a file there (...)".
-    if (const std::string p = log_target_problem(eff.log); !p.empty()) {
-      std::fprintf(stderr,
-                   "cumemguard run: cannot write the default event log (the current "
-                   "directory's): %s; the program was not started (give --log a writable "
-                   "place, or --no-log)\n",
-                   p.c_str());
-      return kCantCreate;
-    }
-  }
-  if (!eff.log.empty() && named_log) {
-    // valgrind stops at a --log-file whose %q{VAR} names a variable that is not set
-    // ("environment variable VAR is not set"); so does run, in the program's environment (-e
-    // included), where the shim alone could only say so and write the name without it.
-    cmg::shim::LogNameInputs in;
-    in.getenv = [](const char *n) -> const char * { return std::getenv(n); };
-    if (const auto unset = cmg::shim::expand_log_name(eff.log, in).unset; !unset.empty()) {
-      std::fprintf(stderr, "cumemguard run: the event log %s: %%q{%s}: the environment variable "
-                           "%s is not set; the program was not started (set it, with -e %s=VALUE "
-                           "if need be)\n",
-                   shown(eff.log).c_str(), unset[0].c_str(), unset[0].c_str(), unset[0].c_str());
-      return kUsage;
-    }
-    if (const std::string p = log_name_problem(eff.log); !p.empty()) {
-      std::fprintf(stderr, "cumemguard run: the event log %s: %s (placeholders: %%p %%r %%l %%h "
-                           "%%e %%q{VAR} %%%%); the program was not started\n",
-                   shown(eff.log).c_str(), p.c_str());
-      return kUsage;
-    }
-    if (const std::string p = log_target_problem(eff.log); !p.empty()) {
-      std::fprintf(stderr, "cumemguard run: cannot write the event log %s: %s; the program was "
-                           "not started (give --log a writable place, or --no-log)\n",
-                   shown(eff.log).c_str(), p.c_str());
-      return kCantCreate;
-    }
+  const EnvRefusal refusal =
+      program_env_refusal(a, user, eff, [](const char *n) -> const char * { return std::getenv(n); },
+                          "the program was not started");
+  if (refusal.status) {
+    std::fprintf(stderr, "cumemguard run: %s\n", refusal.line.c_str());
+    return refusal.status;
   }
   const std::string disabled = disabled_warning(error_exitcode != 0);
   if (!disabled.empty()) std::fprintf(stderr, "cumemguard run: %s\n", disabled.c_str());

@@ -15,6 +15,7 @@ namespace cmg::tools {
 struct RunDefault {
   std::string name;   // CUMEMGUARD_PROFILE, CUMEMGUARD_SUMMARY, CUMEMGUARD_LOG
   std::string value;  // as exported
+  std::string by;     // the run option that set it ("--mode"), empty for run's own default
 };
 
 // `user`: the options as the environment sets them before the launcher adds anything;

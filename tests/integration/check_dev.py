@@ -84,7 +84,7 @@ def main():
         last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
         check(p.returncode == 0 and "under cumemguard wake_ok=1, b_intact=1" in p.stdout,
               f"demo: exit {p.returncode}\n{p.stdout[-1500:]}{p.stderr[-500:]}")
-        check(not left and last.startswith("The logs were removed with " + tmp) and
+        check(not left and last.startswith("Its logs were removed (the directory " + tmp) and
               "--keep" in last, f"demo: left {left}, last line {last!r}")
         p = run([demo, a.build, "--keep"], env)
         kept = glob.glob(os.path.join(tmp, "cumemguard-demo.*"))
@@ -94,6 +94,15 @@ def main():
               last == f"Logs kept in {kept[0]} (read one with: "
                       f"{os.path.join(a.build, 'tools', 'cumemguard')} report {logs[0]})",
               f"demo --keep: exit {p.returncode}, kept {kept}, logs {logs}, last line {last!r}")
+        # Its status tells the truth: a guarded run that cannot start (a stale
+        # CUMEMGUARD_SHIM_PATH in the caller's environment) ends it with 1 and the reason; it
+        # exited 0 with "wake_ok=, b_intact=" before.
+        p = run([demo, a.build], dict(env, CUMEMGUARD_SHIM_PATH="/nonexistent"))
+        said = [l for l in p.stderr.splitlines() if l.startswith("run-demo:")]
+        check(p.returncode == 1 and said and
+              said[0] == "run-demo: the demo did not show what it should: cumemguard run exited 66",
+              f"demo with a stale CUMEMGUARD_SHIM_PATH: exit {p.returncode} {said} "
+              f"{p.stderr[-300:]!r}")
         p = run([demo, a.build, "--kep"], env)
         check(p.returncode == 64 and len(p.stderr.splitlines()) == 1 and
               len(glob.glob(os.path.join(tmp, "cumemguard-demo.*"))) == 1,

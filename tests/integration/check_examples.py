@@ -54,7 +54,7 @@ def main():
             print("a CUDA driver is installed: the no-driver case is not checked here")
         check(driver or nd.returncode == 1 and nd.stdout == "" and
               "the first CUDA call returned 35 (35: no CUDA driver; on a machine without a GPU put "
-              "build/tests/fakecuda first on LD_LIBRARY_PATH)\n" in nd.stderr and
+              "the build's tests/fakecuda first on LD_LIBRARY_PATH)\n" in nd.stderr and
               "  cuda: every call failed (1 call) with 35 (cudaErrorInsufficientDriver)" in nd.stderr,
               f"double_free.py without a driver: rc {nd.returncode} {nd.stdout!r} "
               f"{nd.stderr[-600:]!r}")

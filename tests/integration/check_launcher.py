@@ -578,6 +578,41 @@ def unfinished_processes(e):
           f"{p.stdout!r} {named} {p.stderr[-500:]!r}")
 
 
+def config_refuses_as_run(e):
+    # config --run refuses what run refuses about the program's environment, with run's status
+    # and words: a log that cannot be written (73), an unknown placeholder or an unset %q{VAR}
+    # (64), a suppressions file that cannot be read (64). config exited 0 for all four before.
+    d = e.logdir()
+    for args, rc in ((["--log", "/nonexistent/x.log"], 73), (["--log", "%z.log"], 64),
+                     (["--suppressions", "/nonexistent"], 64),
+                     (["--log", "%q{CMG_NOT_SET_X}.log"], 64)):
+        r = e.run(["run", "--no-summary"] + args + ["--", "true"], cwd=d)
+        c = e.run(["config", "--run"] + args, cwd=d)
+        rl = r.stderr.splitlines()
+        want = [l.replace("cumemguard run: ", "cumemguard config: ", 1).replace(
+            "the program was not started", "refused: cumemguard run would not start the program")
+            for l in rl]
+        check(r.returncode == rc and len(rl) == 1 and c.returncode == rc and c.stdout == "" and
+              c.stderr.splitlines() == want,
+              f"config --run {args}: rc {c.returncode} {c.stderr!r}; run: rc {r.returncode} "
+              f"{r.stderr!r}")
+    # Set by -e, the variable is there: both go on.
+    c = e.run(["config", "--run", "--log", "%q{CMG_NOT_SET_X}.log", "-e", "CMG_NOT_SET_X=1"], cwd=d)
+    check(c.returncode == 0, f"config --run with the %q variable set: rc {c.returncode} {c.stderr!r}")
+    # Each value's source, truthfully: run's own default, the run option the user gave, an -e
+    # (the options read "set by cumemguard run" as the defaults do, and -e "environment", before).
+    c = e.run(["config", "--run", "--mode", "strict", "--log", "x.log", "-e",
+               "CUMEMGUARD_STACKS=3"], cwd=d)
+    got = {l.split("=")[0]: l.split("  (", 1)[1] for l in c.stdout.splitlines()
+           if l.startswith("CUMEMGUARD_") and "  (" in l}
+    want = {"CUMEMGUARD_PROFILE": "set by cumemguard run)", "CUMEMGUARD_MODE":
+            "--mode of cumemguard run)", "CUMEMGUARD_LOG": "--log of cumemguard run)",
+            "CUMEMGUARD_STACKS": "-e of cumemguard run)", "CUMEMGUARD_SUMMARY":
+            "set by cumemguard run)"}
+    check(c.returncode == 0 and {k: got.get(k) for k in want} == want,
+          f"config --run sources: rc {c.returncode} {[(k, got.get(k)) for k in want]}")
+
+
 def quick_exit_leaks(e):
     # A child that ends by _exit (a DataLoader worker) had no leak check: --fail-on-leaks says that
     # its leaks are not counted instead of reading its status record's 0 as "no leaks" silently.
@@ -1137,7 +1172,8 @@ def main():
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
                  read_with, suppressions, generated_suppressions, runs_apart, option_rule,
                  log_target, default_log_target, crash_line_plural, unfinished_processes,
-                 quick_exit_leaks, env_attached, log_unset_variable, alloc_conf_once,
+                 quick_exit_leaks, config_refuses_as_run, env_attached, log_unset_variable,
+                 alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use,
                  log_without_end, report_outputs):
         # CMG_LAUNCHER_ONLY=name,name runs those steps alone (a developer's loop; the suite runs all).

@@ -2,6 +2,9 @@
 // tools/config_cmd: arguments, exit status, --env edits, and the JSON listing (config-json.md).
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <fstream>
+
 #include <unistd.h>
 
 #include <map>
@@ -368,6 +371,8 @@ TEST_CASE("config --run takes run's options and shows what they set", "[config_c
     for (const auto &o : doc["options"]) m[o["name"].get<std::string>()] = o;
     return m;
   };
+  // The suppressions file must be readable (run refuses one that is not, and so does config).
+  std::ofstream(dir + "/s.supp") << "double-free:vendor_*\n";
   Run r = run({"--run", "--json", "--torch-version", "2.11", "--log", "x.log", "--brief",
                "--mode=report", "--stacks", "4", "--suppressions", "s.supp", "-e",
                "CUMEMGUARD_WARN_LIMIT=5", "--error-exitcode", "3", "--fail-on-leaks"});
@@ -384,6 +389,7 @@ TEST_CASE("config --run takes run's options and shows what they set", "[config_c
   CHECK(o["CUMEMGUARD_WARN_LIMIT"]["effective"] == "5");
   CHECK(o["CUMEMGUARD_SUMMARY"]["source"] == "cumemguard run");
   CHECK(r.json()["run"] == nlohmann::json{{"error_exitcode", 3}, {"fail_on_leaks", true}});
+  std::remove((dir + "/s.supp").c_str());
   Run t = run({"--run", "--torch-version", "2.11", "--error-exitcode", "3"});
   CHECK(t.out.find("\n  exit status: 3 when a process of the run has findings that are not "
                    "suppressed, or when nothing was checked (--error-exitcode 3)\n") !=
