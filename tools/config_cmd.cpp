@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <cstring>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -150,10 +151,15 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 // The log name's %q{VAR} reads the program's environment through a plain function pointer
 // (shim/logname.h): config's is a list, named here while it is checked (config runs once).
 const EnvList *g_lookup_env = nullptr;
+// The first of a name, as getenv() and the options' parser read the list. The variables run sets
+// in every program's environment (its id and status directory, the preload) are there for a log
+// name's %q{VAR} as they will be under run, whatever config's own environment holds.
 const char *lookup_in_env(const char *name) {
   if (!g_lookup_env) return nullptr;
-  for (auto it = g_lookup_env->rbegin(); it != g_lookup_env->rend(); ++it)
-    if (it->first == name) return it->second.c_str();
+  for (const auto &[n, v] : *g_lookup_env)
+    if (n == name) return v.c_str();
+  for (const char *set : {"CUMEMGUARD_RUN_ID", "CUMEMGUARD_STATUS_DIR", "LD_PRELOAD"})
+    if (std::strcmp(name, set) == 0) return set;
   return nullptr;
 }
 
@@ -608,6 +614,8 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
     const std::string dir = getcwd(cwd, sizeof cwd) ? cwd : ".";
     for (const tools::RunDefault &d : tools::run_exports(args.run, po, "PROGRAM", dir)) {
       set_env(d.name, d.value);
+      // The user's relative log made absolute: still the user's setting, labelled as theirs.
+      if (d.by == tools::kMadeAbsolute) continue;
       const std::string_view name = std::string_view(d.name).substr(kOptionPrefix.size());
       for (const OptionSpec &sp : option_specs())
         if (sp.name == name) {
@@ -649,8 +657,9 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
   // Judged, diagnosed and planned with the release's own grammar (its keys, its parser).
   const tc::Judgement jd = tc::judge(tenv, choice.version, choice.source);
   const tc::Plan p = tc::plan(tenv, po.options.torch_alloc_conf, jd.grammar);
-  const int status = env_refusal.status                        ? env_refusal.status
-                     : !refused.empty()                         ? kExitUsage
+  // In run's order: a setting that cannot apply (64) before the environment's checks.
+  const int status = !refused.empty()                         ? kExitUsage
+                     : env_refusal.status                       ? env_refusal.status
                      : jd.outcome.cls == tc::OutcomeClass::Ok ? kExitOk
                                                               : kExitTorchFails;
 

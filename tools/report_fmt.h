@@ -46,8 +46,9 @@ std::string html_escape(std::string_view s);
 void stack_html(std::ostream &out, const ResolvedStack &s);
 
 // One stack of the text reports (findings, leaks, resident sites, --diff): frames below the
-// native main and the interpreter's own frames below the outermost Python frame are folded into
-// a line unless `full` (--full-stacks); JSON, the trace and the page keep every frame.
+// native main are not printed and the interpreter's own frames below the outermost Python frame
+// are folded into a line, unless `full` (--full-stacks); JSON, the trace and the page keep every
+// frame.
 void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent, bool full);
 
 // "cuMemRelease(handle=0x55d0c0a0, size=2097152)"

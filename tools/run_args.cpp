@@ -248,7 +248,7 @@ std::vector<RunDefault> run_exports(const RunArgs &a, const ParsedOptions &user,
   // "read with" line named it here. The separate variable wins over an entry; a placeholder never
   // adds a directory, so a name that does not start with '/' is relative whatever it expands to.
   else if (const std::string &l = user.options.log; !l.empty() && l[0] != '/')
-    out.push_back({prefix + "LOG", absolute_in(l, cwd)});
+    out.push_back({prefix + "LOG", absolute_in(l, cwd), std::string(kMadeAbsolute)});
   return out;
 }
 

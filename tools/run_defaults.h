@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "options.h"
@@ -17,6 +18,8 @@ struct RunDefault {
   std::string value;  // as exported
   std::string by;     // the run option that set it ("--mode"), empty for run's own default
 };
+// RunDefault::by of the user's own relative CUMEMGUARD_LOG, made absolute by run.
+inline constexpr std::string_view kMadeAbsolute = "(made absolute)";
 
 // `user`: the options as the environment sets them before the launcher adds anything;
 // `program`: the program as given (its file name names the log); `cwd`: the directory the log

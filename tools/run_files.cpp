@@ -149,13 +149,13 @@ void remove_status_dir(const std::string &dir) {
 }
 
 void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
-  // One record per log, then one per process that ended by _exit (its leaks not checked).
-  const std::size_t counted = std::max<std::size_t>(1, t.logs.size());
-  const std::size_t records = counted + t.leaks_unchecked;
+  // One record per log, at least one per process that ended by _exit (its leaks not checked,
+  // marked on the first records: a process with a log is not counted twice).
+  const std::size_t records = std::max({std::size_t{1}, t.logs.size(), t.leaks_unchecked});
   for (std::size_t k = 0; k < records; ++k) {
     RunStatusRecord r{};
     start_run_status(r, getpid(), 0);
-    r.state = k < counted ? RunStatusRecord::Exited : RunStatusRecord::QuickExited;
+    r.state = k < t.leaks_unchecked ? RunStatusRecord::QuickExited : RunStatusRecord::Exited;
     if (k == 0) {
       r.findings = t.findings;
       r.leaks = t.leaks;

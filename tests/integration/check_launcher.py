@@ -596,9 +596,26 @@ def config_refuses_as_run(e):
               c.stderr.splitlines() == want,
               f"config --run {args}: rc {c.returncode} {c.stderr!r}; run: rc {r.returncode} "
               f"{r.stderr!r}")
-    # Set by -e, the variable is there: both go on.
-    c = e.run(["config", "--run", "--log", "%q{CMG_NOT_SET_X}.log", "-e", "CMG_NOT_SET_X=1"], cwd=d)
-    check(c.returncode == 0, f"config --run with the %q variable set: rc {c.returncode} {c.stderr!r}")
+    # Set by -e, the variable is there: both go on; so do the variables run sets itself (its run
+    # id names a run's logs), which config's own environment lacks (it refused them, 64).
+    for args in (["--log", "%q{CMG_NOT_SET_X}.log", "-e", "CMG_NOT_SET_X=1"],
+                 ["--log", "cg.%q{CUMEMGUARD_RUN_ID}.%p.log"]):
+        r = e.run(["run", "--no-summary"] + args + ["--", "true"], cwd=d)
+        c = e.run(["config", "--run"] + args, cwd=d)
+        check(r.returncode == 0 and c.returncode == 0,
+              f"config --run {args}: rc {c.returncode} {c.stderr!r}; run rc {r.returncode}")
+    # A setting that cannot apply comes first, as in run: 64, not the log's 73.
+    bad = {"CUMEMGUARD_STACKS": "abc", "CUMEMGUARD_LOG": "/nonexistent/x.log"}
+    r = e.run(["run", "--no-summary", "--", "true"], extra=bad, cwd=d)
+    c = e.run(["config"], extra=bad, cwd=d)
+    check(r.returncode == 64 and c.returncode == 64,
+          f"config with a bad value and an unwritable log: rc {c.returncode}; run {r.returncode}")
+    # A relative log from -e is the user's, made absolute: labelled -e (it read "set by run").
+    c = e.run(["config", "--run", "-e", "CUMEMGUARD_LOG=rel.log"], cwd=d)
+    line = [l for l in c.stdout.splitlines() if l.startswith("CUMEMGUARD_LOG=")]
+    check(c.returncode == 0 and line == [f"CUMEMGUARD_LOG={os.path.realpath(d)}/rel.log  "
+                                         "(-e of cumemguard run)"],
+          f"config --run -e CUMEMGUARD_LOG=rel.log: rc {c.returncode} {line}")
     # Each value's source, truthfully: run's own default, the run option the user gave, an -e
     # (the options read "set by cumemguard run" as the defaults do, and -e "environment", before).
     c = e.run(["config", "--run", "--mode", "strict", "--log", "x.log", "-e",

@@ -371,10 +371,14 @@ TEST_CASE("config --run takes run's options and shows what they set", "[config_c
     for (const auto &o : doc["options"]) m[o["name"].get<std::string>()] = o;
     return m;
   };
-  // The suppressions file must be readable (run refuses one that is not, and so does config).
-  std::ofstream(dir + "/s.supp") << "double-free:vendor_*\n";
+  // The suppressions file must be readable (run refuses one that is not, and so does config): one
+  // of this test's own, in a directory no other run of the tests shares.
+  char tmpl[] = "/tmp/cmg-config-cmd.XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string supp = std::string(tmpl) + "/s.supp";
+  std::ofstream(supp) << "double-free:vendor_*\n";
   Run r = run({"--run", "--json", "--torch-version", "2.11", "--log", "x.log", "--brief",
-               "--mode=report", "--stacks", "4", "--suppressions", "s.supp", "-e",
+               "--mode=report", "--stacks", "4", "--suppressions", supp, "-e",
                "CUMEMGUARD_WARN_LIMIT=5", "--error-exitcode", "3", "--fail-on-leaks"});
   INFO(r.err);
   REQUIRE(r.status == 0);
@@ -385,11 +389,12 @@ TEST_CASE("config --run takes run's options and shows what they set", "[config_c
   CHECK(o["CUMEMGUARD_WARN_FRAMES"]["source"] == "cumemguard run");
   CHECK(o["CUMEMGUARD_MODE"]["effective"] == "report");
   CHECK(o["CUMEMGUARD_STACKS"]["effective"] == "4");
-  CHECK(o["CUMEMGUARD_SUPPRESSIONS"]["effective"] == dir + "/s.supp");
+  CHECK(o["CUMEMGUARD_SUPPRESSIONS"]["effective"] == supp);
   CHECK(o["CUMEMGUARD_WARN_LIMIT"]["effective"] == "5");
   CHECK(o["CUMEMGUARD_SUMMARY"]["source"] == "cumemguard run");
   CHECK(r.json()["run"] == nlohmann::json{{"error_exitcode", 3}, {"fail_on_leaks", true}});
-  std::remove((dir + "/s.supp").c_str());
+  std::remove(supp.c_str());
+  rmdir(tmpl);
   Run t = run({"--run", "--torch-version", "2.11", "--error-exitcode", "3"});
   CHECK(t.out.find("\n  exit status: 3 when a process of the run has findings that are not "
                    "suppressed, or when nothing was checked (--error-exitcode 3)\n") !=
