@@ -511,7 +511,7 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
     if (const std::string r = run_source(v, by_run, by_e); !r.empty()) {
       const auto opt = run_option.find(v.spec->name);
       out << (r == "run -e"                 ? std::string("-e of cumemguard run")
-              : opt != run_option.end()     ? opt->second + " of cumemguard run"
+              : opt != run_option.end()     ? opt->second
                                             : std::string("set by cumemguard run"));
     } else if (src == "invalid") {
       const auto raw = lookup(env, name);
@@ -620,9 +620,16 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
       for (const OptionSpec &sp : option_specs())
         if (sp.name == name) {
           by_run.insert(sp.name);
-          if (!d.by.empty()) run_option[sp.name] = d.by;
+          if (!d.by.empty()) run_option[sp.name] = d.by + " of cumemguard run";
         }
     }
+    // Made anew by each launch (the run's id, its status directory): no value to show here.
+    for (const OptionSpec &sp : option_specs())
+      if ((sp.name == "RUN_ID" || sp.name == "STATUS_DIR") &&
+          !lookup(env, std::string(kOptionPrefix) + std::string(sp.name))) {
+        by_run.insert(sp.name);
+        run_option[sp.name] = "made by cumemguard run at each launch";
+      }
     po = parse_env();
   }
   // The program's environment as run would start it (with --run, run's exports too): a
