@@ -625,7 +625,7 @@ def config_refuses_as_run(e):
     want = {"CUMEMGUARD_PROFILE": "set by cumemguard run)", "CUMEMGUARD_MODE":
             "--mode of cumemguard run)", "CUMEMGUARD_LOG": "--log of cumemguard run)",
             "CUMEMGUARD_STACKS": "-e of cumemguard run)", "CUMEMGUARD_SUMMARY":
-            "set by cumemguard run)"}
+            "set by cumemguard run)", "CUMEMGUARD_RUN_ID": "made by cumemguard run at each launch)"}
     check(c.returncode == 0 and {k: got.get(k) for k in want} == want,
           f"config --run sources: rc {c.returncode} {[(k, got.get(k)) for k in want]}")
 
