@@ -123,27 +123,9 @@ JsonLine &JsonLine::raw(std::string_view k, std::string_view json) {
   return *this;
 }
 
-JsonLine &JsonLine::begin_array(std::string_view k) {
-  if (!key(k, 2)) {
-    ++skip_;
-    return *this;
-  }
-  buf_[len_++] = '[';
-  first_ = true;
-  ++depth_;
-  return *this;
-}
+JsonLine &JsonLine::begin_array(std::string_view k) { return open(k, '['); }
 
-JsonLine &JsonLine::end_array() {
-  if (skip_) {
-    --skip_;
-    return *this;
-  }
-  --depth_;
-  buf_[len_++] = ']';
-  first_ = false;
-  return *this;
-}
+JsonLine &JsonLine::end_array() { return close(']'); }
 
 bool JsonLine::elem(std::size_t n) {
   if (skip_ || !room(n + 1)) return false;

@@ -72,6 +72,8 @@ class JsonLine {
   // Room kept back so the closing brackets, a "cut" marker and the newline always fit.
   static constexpr std::size_t kReserve = 48;
   bool room(std::size_t n);
+  JsonLine &open(std::string_view k, char bracket);
+  JsonLine &close(char bracket);
   __attribute__((noinline, cold)) bool room_full(std::size_t n);
   __attribute__((noinline, cold)) bool spill_now();  // false without a spill target
   void put(std::string_view s);
@@ -188,27 +190,32 @@ CMG_JSON_INLINE JsonLine &JsonLine::boolean(std::string_view k, bool v) {
   return *this;
 }
 
-CMG_JSON_INLINE JsonLine &JsonLine::begin_object(std::string_view k) {
+// Objects and arrays open and close alike: a member that does not fit skips everything up to
+// its close (skip_ counts the levels), so the record stays well formed.
+CMG_JSON_INLINE JsonLine &JsonLine::open(std::string_view k, char bracket) {
   if (!key(k, 2)) {
     ++skip_;
     return *this;
   }
-  buf_[len_++] = '{';
+  buf_[len_++] = bracket;
   first_ = true;
   ++depth_;
   return *this;
 }
 
-CMG_JSON_INLINE JsonLine &JsonLine::end_object() {
+CMG_JSON_INLINE JsonLine &JsonLine::close(char bracket) {
   if (skip_) {
     --skip_;
     return *this;
   }
   --depth_;
-  buf_[len_++] = '}';
+  buf_[len_++] = bracket;
   first_ = false;
   return *this;
 }
+
+CMG_JSON_INLINE JsonLine &JsonLine::begin_object(std::string_view k) { return open(k, '{'); }
+CMG_JSON_INLINE JsonLine &JsonLine::end_object() { return close('}'); }
 
 // The same members without their checks (see fits()): the write position and the first-member
 // flag live in the writer until it ends, so a record's fixed part is built in registers.
