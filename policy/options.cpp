@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <type_traits>
 
 namespace cmg {
@@ -328,7 +329,14 @@ std::string to_text(const T &v, std::string_view choices) {
   if constexpr (std::is_same_v<T, bool>) {
     return v ? "1" : "0";
   } else if constexpr (std::is_same_v<T, std::uint64_t>) {
-    return choices == "auto" && v == kAutoSize ? std::string("auto") : std::to_string(v);
+    if (choices == "auto" && v == kAutoSize) return "auto";
+    // Sizes print as they are written (options.def's defaults, the README): "4G" rather than
+    // 4294967296, with the largest suffix that is exact, so the text parses back to the value.
+    static constexpr std::pair<unsigned, char> kSuffixes[] = {{40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}};
+    for (const auto &[shift, suffix] : kSuffixes)
+      if (v != 0 && v % (std::uint64_t{1} << shift) == 0)
+        return std::to_string(v >> shift) + suffix;
+    return std::to_string(v);
   } else if constexpr (std::is_same_v<T, std::int64_t>) {
     return std::to_string(v);
   } else if constexpr (std::is_same_v<T, std::string>) {

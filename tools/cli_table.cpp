@@ -45,7 +45,9 @@ constexpr ExitStatus kTopExits[] = {
      "an unknown placeholder, an option given with an -e of the setting it makes, or an -e of a "
      "variable the launcher sets or reads itself"},
     {"66",
-     "an input cannot be read: a log for report; the shim for run (CUMEMGUARD_SHIM_PATH names "
+     "an input cannot be read: a log for report (a missing file, a directory, a device such as "
+     "/dev/null: named on stderr, and the other logs are still read and what was asked for "
+     "written from them, as cat goes on past a missing file); the shim for run (CUMEMGUARD_SHIM_PATH names "
      "no file, or a file that is not libcumemguard.so); the interpreter config --python names "
      "(not found or cannot run)"},
     {"71", "run could not start the program (fork failed)"},

@@ -385,6 +385,16 @@ std::string table_text(const tc::Settings &s, tc::Key k) {
 void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
                       const tc::Judgement &jd, const std::optional<std::string> &override_raw) {
   const tc::Outcome &o = jd.outcome;  // as the judged release reads it
+  // No torch found, no release named, nothing of PyTorch's set: the release's whole default table
+  // answered a question nobody asked (40 lines before the shim's own options); said in three.
+  if (jd.source.starts_with("default") && env == tc::Env{} && !override_raw && jd.known.empty() &&
+      p.problems.empty() && o.cls == tc::OutcomeClass::Ok && !o.error) {
+    out << "PyTorch allocator configuration: nothing to check\n  judged: " << jd.summary()
+        << "\n  no PyTorch allocator variable and no CUMEMGUARD_TORCH_ALLOC_CONF is set: torch "
+        << jd.version.text << " would read its defaults\n"
+        << "  (--torch-version V lists what release V reads; --python PATH asks another interpreter)\n";
+    return;
+  }
   out << "PyTorch allocator configuration (as torch " << jd.version.text
       << " reads it on a CUDA build)\n  judged: " << jd.summary() << "\n";
   for (tc::Var v : tc::kVars) {
@@ -499,7 +509,18 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
         << "  (a separate CUMEMGUARD_<NAME> variable wins over its entries)\n";
   out << '\n';
   const char *profile = po.options.profile == Profile::Debug ? "debug" : "guard";
+  // The per-class ACTION_* rows share one help text: those left at their default are named in
+  // one block after the rest (29 repeats of three lines made most of the listing), and one set
+  // in any way is listed as any option is.
+  std::vector<std::string_view> default_actions;
+  std::string_view action_help;
   for (const OptionValue &v : po.values) {
+    if (v.spec->name.starts_with("ACTION_") && v.source == OptionSource::Default && !v.rejected &&
+        run_source(v, by_run, by_e).empty()) {
+      default_actions.push_back(v.spec->name.substr(7));
+      action_help = v.spec->help;
+      continue;
+    }
     const std::string name = std::string(kOptionPrefix) + std::string(v.spec->name);
     out << "# " << name << ": " << option_kind_name(v.spec->kind);
     if (!v.spec->choices.empty()) out << " (" << v.spec->choices << ")";
@@ -526,6 +547,23 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
       out << src;
     }
     out << ")\n";
+  }
+  if (!default_actions.empty()) {
+    out << "# " << kOptionPrefix << "ACTION_<CLASS>: enum (default, or what the class accepts of "
+           "skip|forward|abort), default 'default'\n# "
+        << action_help
+        << " (README \"Finding classes\"; config --json lists each class's choices)\n# "
+        << default_actions.size() << " classes are 'default' (the mode's action):";
+    std::size_t col = 100;
+    for (std::string_view c : default_actions) {
+      if (col + c.size() + 1 > 100) {
+        out << "\n#  ";
+        col = 3;
+      }
+      out << ' ' << c;
+      col += c.size() + 1;
+    }
+    out << '\n';
   }
   if (!po.problems.empty()) {
     out << "\n  option problems:\n";

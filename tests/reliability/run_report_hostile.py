@@ -327,6 +327,19 @@ def case_log_dev_zero(exe, tmp):
     doc = json.loads(out)
     expect(doc["errors"][0]["file"] == link and doc["findings"]["count"] == 1,
            f"JSON errors {doc['errors']}, findings {doc['findings']['count']}")
+    # A trace (and a page) asked for is written from the logs that could be read, and the
+    # status still says one could not be (README "Exit status", 66), as cat goes on past one.
+    trace, page = os.path.join(tmp, "t.json"), os.path.join(tmp, "p.html")
+    rc, out, err = report(exe, ["--trace", trace, "--html", page, good, "/dev/null"], timeout=30)
+    expect(rc == 66, f"--trace with /dev/null: exit status {rc}, expected 66: {err!r}")
+    expect(err.decode().splitlines()[0] ==
+           "cumemguard report: /dev/null: cannot open: not a regular file (a character device)",
+           f"stderr: {err!r}")
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    expect(any(e.get("pid") == 4242 for e in events), f"the readable log is not in the trace: {events[:5]}")
+    with open(page) as f:
+        expect("double-free" in f.read(), "the page lacks the readable log's finding")
 
 
 def case_many_logs(exe, tmp):

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config_cmd.h"
+#include "findings.h"
 #include "options.h"
 
 namespace {
@@ -176,9 +177,14 @@ TEST_CASE("config: option values, sources and problems", "[config_cmd]") {
   CHECK(j["option_problems"].size() == 2);
   Run t = run({}, {"CUMEMGUARD_MODE=report"});
   CHECK(t.status == 0);
+  // Every option is listed: the per-class actions left at their default by name in one block.
   for (const auto &s : cmg::option_specs()) {
     INFO(s.name);
-    CHECK(t.out.find("# CUMEMGUARD_" + std::string(s.name) + ":") != std::string::npos);
+    if (s.name.starts_with("ACTION_"))
+      CHECK(t.out.find(" " + std::string(s.name.substr(7)) +
+                       (s.name == cmg::option_specs().back().name ? "\n" : "")) != std::string::npos);
+    else
+      CHECK(t.out.find("# CUMEMGUARD_" + std::string(s.name) + ":") != std::string::npos);
   }
   CHECK(t.out.find("CUMEMGUARD_MODE=report  (environment)") != std::string::npos);
 }
@@ -296,11 +302,41 @@ TEST_CASE("config's outcome names the release that accepts, and says when none w
   REQUIRE(named.status == 0);
   CHECK(named.out.find("\n  outcome: ok (torch 2.11.0 accepts this environment)\n") !=
         std::string::npos);
+  // With nothing of PyTorch's set either, the section is three lines (it was the default
+  // release's whole table, 40 lines, before the shim's options).
   Run none = run({});
   REQUIRE(none.status == 0);
-  CHECK(none.out.find("accepts this environment; no installed torch release was found, so this "
-                      "is the default release's answer)\n") != std::string::npos);
+  CHECK(none.out.rfind("PyTorch allocator configuration: nothing to check\n  judged: torch ", 0) == 0);
+  CHECK(none.out.find("\n  no PyTorch allocator variable and no CUMEMGUARD_TORCH_ALLOC_CONF is set: "
+                      "torch ") != std::string::npos);
+  CHECK(none.out.find("  key  ") == std::string::npos);
   CHECK(none.out.find("PyTorch accepts") == std::string::npos);
+  // A PyTorch variable set: the whole section, with the default release's answer said.
+  Run set = run({}, {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"});
+  REQUIRE(set.status == 0);
+  CHECK(set.out.find("accepts this environment; no installed torch release was found, so this "
+                     "is the default release's answer)\n") != std::string::npos);
+  CHECK(set.out.find("nothing to check") == std::string::npos);
+}
+
+// The per-class ACTION_* rows share one help text: those at their default are one block of names
+// (29 three-line blocks before); one that is set is listed as any option is.
+TEST_CASE("config: default per-class actions are named in one block", "[config_cmd]") {
+  Run plain = run({});
+  REQUIRE(plain.status == 0);
+  CHECK(plain.out.find("CUMEMGUARD_ACTION_DOUBLE_FREE=") == std::string::npos);
+  const std::size_t n = cmg::kFindingClassCount;
+  CHECK(plain.out.find("\n# " + std::to_string(n) + " classes are 'default' (the mode's action):\n#   ") !=
+        std::string::npos);
+  for (std::size_t c = 0; c < cmg::kFindingClassCount; ++c)
+    CHECK(plain.out.find(" " + std::string(cmg::finding_info(static_cast<cmg::FindingClass>(c)).option.substr(7))) !=
+          std::string::npos);
+  Run one = run({}, {"CUMEMGUARD_ACTION_DOUBLE_FREE=forward"});
+  REQUIRE(one.status == 0);
+  CHECK(one.out.find("\nCUMEMGUARD_ACTION_DOUBLE_FREE=forward  (environment)\n") != std::string::npos);
+  CHECK(one.out.find("\n# " + std::to_string(n - 1) + " classes are 'default'") != std::string::npos);
+  // Sizes as written: the default '4G' is shown as 4G.
+  CHECK(plain.out.find("\nCUMEMGUARD_DEFER_LIMIT=4G  (default)\n") != std::string::npos);
 }
 
 // A setting `cumemguard run` refuses is said on the first screen and exits 64 as run does (it

@@ -364,6 +364,14 @@ TEST_CASE("Profiles: guard is the default, debug changes only its own column") {
   CHECK(value_of(d, "STACKS").source == OptionSource::Profile);
   CHECK(value_of(d, "STACKS").effective == "16");
   CHECK(value_of(d, "QUARANTINE").effective == "auto");
+  // Sizes print as written, with the largest exact suffix (4294967296 was printed under '4G').
+  CHECK(value_of(d, "DEFER_LIMIT").effective == "4G");
+  auto sz = parse({{"CUMEMGUARD_QUARANTINE", "1536M"}, {"CUMEMGUARD_DEFER_LIMIT", "1000"}});
+  CHECK(value_of(sz, "QUARANTINE").effective == "1536M");
+  CHECK(value_of(sz, "DEFER_LIMIT").effective == "1000");
+  auto sz2 = parse({{"CUMEMGUARD_QUARANTINE", "2048K"}, {"CUMEMGUARD_DEFER_LIMIT", "0"}});
+  CHECK(value_of(sz2, "QUARANTINE").effective == "2M");
+  CHECK(value_of(sz2, "DEFER_LIMIT").effective == "0");
   CHECK(value_of(d, "STACK_SAMPLE").source == OptionSource::Default);  // same in both columns
   CHECK(value_of(d, "MODE").source == OptionSource::Default);
 
