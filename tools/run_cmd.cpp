@@ -474,6 +474,11 @@ int run_main(int argc, char **argv) {
                          "are not in --fail-on-leaks' count\n",
                  t.leaks_unchecked, t.leaks_unchecked == 1 ? "" : "es",
                  t.leaks_unchecked == 1 ? "its" : "their");
+  // Nor what a crash ended before the exit's check (the crash summary writes counts, not leaks).
+  if (a.fail_on_leaks && t.signalled)
+    std::fprintf(stderr, "cumemguard: %zu process%s ended by a fatal signal: %s leaks were not "
+                         "checked and are not in --fail-on-leaks' count\n",
+                 t.signalled, t.signalled == 1 ? "" : "es", t.signalled == 1 ? "its" : "their");
   if (error_exitcode) {
     const std::uint64_t counted = t.findings + (a.fail_on_leaks ? t.leaks : 0);
     if (counted) {

@@ -105,6 +105,7 @@ RunTotals read_status_dir(const std::string &dir) {
     t.findings += r.findings;
     t.leaks += r.leaks;
     if (r.state == RunStatusRecord::QuickExited) ++t.leaks_unchecked;
+    if (r.state == RunStatusRecord::Signalled) ++t.signalled;
     for (std::size_t i = 0; i < RunStatusRecord::kClasses; ++i) t.by_class[i] += r.by_class[i];
     const std::string log = r.log_state == 1 && r.log_len && !r.log_cut
                                 ? std::string(r.log, r.log_len)
@@ -149,13 +150,16 @@ void remove_status_dir(const std::string &dir) {
 }
 
 void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
-  // One record per log, at least one per process that ended by _exit (its leaks not checked,
-  // marked on the first records: a process with a log is not counted twice).
-  const std::size_t records = std::max({std::size_t{1}, t.logs.size(), t.leaks_unchecked});
+  // One record per log, at least one per process that ended by _exit or a fatal signal (its
+  // leaks not checked, marked on the first records: a process with a log is not counted twice).
+  const std::size_t unchecked = t.leaks_unchecked + t.signalled;
+  const std::size_t records = std::max({std::size_t{1}, t.logs.size(), unchecked});
   for (std::size_t k = 0; k < records; ++k) {
     RunStatusRecord r{};
     start_run_status(r, getpid(), 0);
-    r.state = k < t.leaks_unchecked ? RunStatusRecord::QuickExited : RunStatusRecord::Exited;
+    r.state = k < t.leaks_unchecked ? RunStatusRecord::QuickExited
+              : k < unchecked       ? RunStatusRecord::Signalled
+                                    : RunStatusRecord::Exited;
     if (k == 0) {
       r.findings = t.findings;
       r.leaks = t.leaks;

@@ -20,6 +20,8 @@ struct RunTotals {
   std::size_t unreadable = 0;       // entries that are not a record of this layout (said once)
   std::size_t loaded = 0;           // process images that loaded the shim (<pid>.loaded marks)
   std::size_t leaks_unchecked = 0;  // processes that ended by _exit: their leaks were not checked
+  std::size_t signalled = 0;        // processes a fatal signal ended (the shim's crash records):
+                                    // their leaks were not checked either
   std::vector<std::string> logs;    // the logs the processes opened, in the order they started
   // Processes that activated and never reached the shim's exit records (neither an exit nor a
   // fatal signal the shim saw): killed by SIGKILL or the out-of-memory killer, an exec (unless the

@@ -663,6 +663,50 @@ def quick_exit_leaks(e):
               f"_exit leaks not checked ({how}): rc {p.returncode} {lines} {p.stderr[-600:]!r}")
 
 
+def signal_leaks(e):
+    # A child a fatal signal ended (its crash records have counts, no leak check) is not counted
+    # as "no leaks" by --fail-on-leaks either: said as _exit's is. The parent's leak still fails.
+    d = e.logdir()
+    script = os.path.join(d, "crashchild.py")
+    with open(script, "w") as f:
+        f.write("import ctypes, os, signal, sys\n"
+                "rt = ctypes.CDLL('libcudart.so.13')\n"
+                "pid = os.fork()\n"
+                "if pid == 0:\n"
+                "    p = ctypes.c_void_p()\n"
+                "    rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))\n"
+                "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+                "_, st = os.waitpid(pid, 0)\n"
+                "assert os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGSEGV, st\n"
+                "p = ctypes.c_void_p()\n"
+                "rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))\n"
+                "if sys.argv[1] == 'free':\n"
+                "    rt.cudaFree(p)\n")
+    # As crash_line_plural: a preloaded sanitizer owns SIGSEGV unless told to leave it.
+    extra = {k: (e.env[k] + ":" if e.env.get(k) else "") + "handle_segv=0"
+             for k in ("ASAN_OPTIONS", "TSAN_OPTIONS")}
+    extra["ASAN_OPTIONS"] += ":detect_leaks=0"
+    said = ("cumemguard: 1 process ended by a fatal signal: its leaks were not checked and are not "
+            "in --fail-on-leaks' count")
+    for how, rc, gate in (("free", 0, []),
+                          ("leak", 7, ["cumemguard: 1 finding (leaks at exit included) in this run; "
+                                       "exiting 7 (--error-exitcode)"])):
+        p = e.run(["run", "--no-summary", "--error-exitcode", "7", "--fail-on-leaks", "--log",
+                   os.path.join(d, "sig-" + how + ".%p.log"), "--", sys.executable, script, how],
+                  extra=extra)
+        lines = [l for l in p.stderr.splitlines()
+                 if "ended by a fatal signal:" in l or "(--error-exitcode)" in l]
+        check(p.returncode == rc and lines == [said] + gate,
+              f"crashed child's leaks not checked ({how}): rc {p.returncode} {lines} "
+              f"{p.stderr[-600:]!r}")
+    # Without --fail-on-leaks nothing is said: leaks are not part of the gate.
+    p = e.run(["run", "--no-summary", "--error-exitcode", "7", "--log",
+               os.path.join(d, "sig-plain.%p.log"), "--", sys.executable, script, "leak"],
+              extra=extra)
+    check(p.returncode == 0 and "ended by a fatal signal:" not in p.stderr,
+          f"without --fail-on-leaks: rc {p.returncode} {p.stderr[-400:]!r}")
+
+
 def crash_line_plural(e):
     # The shim's line for a process killed by a signal counts in words that agree with the number:
     # one CUDA call, then SIGSEGV, read "after 1 calls" before.
@@ -1189,7 +1233,7 @@ def main():
     for step in (versions, usage_errors, exit_codes, profile, options_variable, signals, summary_order,
                  read_with, suppressions, generated_suppressions, runs_apart, option_rule,
                  log_target, default_log_target, crash_line_plural, unfinished_processes,
-                 quick_exit_leaks, config_refuses_as_run, env_attached, log_unset_variable,
+                 quick_exit_leaks, signal_leaks, config_refuses_as_run, env_attached, log_unset_variable,
                  alloc_conf_once,
                  alloc_conf_before_cuda, live_stacks, sanitized, interpreter_fifo, first_use,
                  log_without_end, report_outputs):
