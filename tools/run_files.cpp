@@ -154,6 +154,7 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
   // leaks not checked, marked on the first records: a process with a log is not counted twice).
   const std::size_t unchecked = t.leaks_unchecked + t.signalled;
   const std::size_t records = std::max({std::size_t{1}, t.logs.size(), unchecked});
+  std::size_t next_name = 64;
   for (std::size_t k = 0; k < records; ++k) {
     RunStatusRecord r{};
     start_run_status(r, getpid(), 0);
@@ -169,10 +170,13 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
       set_run_status_log(r, t.logs[k].data(), t.logs[k].size());
       r.log_state = 1;
     }
-    // The names the shim uses, `<pid>.<n>`, past the ones a shim of this process could take.
+    // The names the shim uses, `<pid>.<n>`, past the ones a shim of this process could take;
+    // each record's search starts after the last one's name (from 64 each time, N records
+    // made N^2/2 failed opens), and no count of records runs out of names.
     int fd = -1;
-    for (int n = 64; n < 64 + 4096 && fd < 0; ++n) {
-      const std::string path = outer_dir + "/" + std::to_string(getpid()) + "." + std::to_string(n);
+    for (; fd < 0 && next_name < 64 + records + 4096; ++next_name) {
+      const std::string path =
+          outer_dir + "/" + std::to_string(getpid()) + "." + std::to_string(next_name);
       fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0 && errno != EEXIST) return;  // not ours to write: the outer run goes without
     }

@@ -143,6 +143,30 @@ def case_exit_status_tree(l):
     expect(rc == 3 and "1 finding in this run" in err and inner in logs and
            os.path.join(d, "outer.log") in logs,
            f"a launcher inside the run: rc {rc} {logs}\n{err}")
+    # An inner run with several logs and a crashed process: the outer one lists every log and,
+    # with --fail-on-leaks, says the crashed one's leaks were not checked (the inner run passes
+    # its records up as they ended).
+    crash = os.path.join(d, "crash.py")
+    with open(crash, "w") as f:
+        f.write("import ctypes, os, signal\n"
+                "rt = ctypes.CDLL('libcudart.so.13')\n"
+                "p = ctypes.c_void_p()\n"
+                "rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096))\n"
+                "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    extra = {k: (os.environ[k] + ":" if os.environ.get(k) else "") + "handle_segv=0"
+             for k in ("ASAN_OPTIONS", "TSAN_OPTIONS")}
+    inner = os.path.join(d, "many.%p.log")
+    rc, _, err = l.run(["--no-summary", "--log", os.path.join(d, "outer2.log"), "--fail-on-leaks",
+                        "--error-exitcode", "3", "--", "sh", "-c",
+                        f"{l.cg} run --no-summary --log {inner} -- sh -c "
+                        f"'{l.rt} basic; {l.rt} basic; {l.rt} basic; {sys.executable} {crash}'; "
+                        "exit 0"], extra=extra)
+    logs = listed_logs(err)
+    many = [x for x in logs if os.path.basename(x).startswith("many.")]
+    expect(rc == 0 and len(many) == 4 and
+           "cumemguard: 1 process ended by a fatal signal: its leaks were not checked and are "
+           "not in --fail-on-leaks' count" in err.splitlines(),
+           f"an inner run's four logs and crash: rc {rc} {logs}\n{err}")
 
 
 def case_log_unwritable(l):
