@@ -114,7 +114,14 @@ void status_quick_exit() {
 
 void status_signalled() {
   RunStatusRecord *r = g_rec.load(std::memory_order_acquire);
-  if (r) store32(r->state, RunStatusRecord::Signalled);
+  if (!r) return;
+  // Only over a process still running: after the exit path's record (strict mode's abort
+  // raises SIGABRT after the exit summary counted the leaks) the leaks are checked and counted,
+  // and Signalled would tell the launcher they were not. An exit path that stores its record
+  // after this (a crash on another thread while it runs) wins: it counted them.
+  std::uint32_t running = RunStatusRecord::Running;
+  std::atomic_ref<std::uint32_t>(r->state)
+      .compare_exchange_strong(running, RunStatusRecord::Signalled, std::memory_order_acq_rel);
 }
 
 void status_fork_child() {

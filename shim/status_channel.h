@@ -24,7 +24,8 @@ void status_findings();
 void status_exit(std::uint64_t leaks);
 // _exit() or _Exit(): the process got to its end without a leak check. Async-signal-safe.
 void status_quick_exit();
-// The crash handler: the process ends by a signal. Async-signal-safe.
+// The crash handler: the process ends by a signal before its exit records (a record the exit
+// path stored is kept: its leaks were counted). Async-signal-safe.
 void status_signalled();
 // fork(): the child has a record of its own (made at its activation), never the parent's.
 void status_fork_child();

@@ -383,12 +383,15 @@ std::string table_text(const tc::Settings &s, tc::Key k) {
 }
 
 void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
-                      const tc::Judgement &jd, const std::optional<std::string> &override_raw) {
+                      const tc::Judgement &jd, const std::optional<std::string> &override_raw,
+                      bool override_in_force) {
   const tc::Outcome &o = jd.outcome;  // as the judged release reads it
-  // No torch found, no release named, nothing of PyTorch's set: the release's whole default table
+  // No torch release found or named, nothing of PyTorch's set and no override (the variable or
+  // CUMEMGUARD_OPTIONS' torch_alloc_conf entry) to plan: the release's whole default table
   // answered a question nobody asked (40 lines before the shim's own options); said in three.
-  if (jd.source.starts_with("default") && env == tc::Env{} && !override_raw && jd.known.empty() &&
-      p.problems.empty() && o.cls == tc::OutcomeClass::Ok && !o.error) {
+  if (jd.source.starts_with("default") && env == tc::Env{} && !override_raw && !override_in_force &&
+      p.action == tc::PlanAction::None && jd.known.empty() && p.problems.empty() &&
+      o.cls == tc::OutcomeClass::Ok && !o.error) {
     out << "PyTorch allocator configuration: nothing to check\n  judged: " << jd.summary()
         << "\n  no PyTorch allocator variable and no CUMEMGUARD_TORCH_ALLOC_CONF is set: torch "
         << jd.version.text << " would read its defaults\n"
@@ -728,7 +731,7 @@ int config_main(int argc, char **argv, char **envp, std::ostream &out, std::ostr
         {"exit_status", status}};
     out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
   } else {
-    print_torch_text(out, tenv, p, jd, override_raw);
+    print_torch_text(out, tenv, p, jd, override_raw, !po.options.torch_alloc_conf.empty());
     print_options_text(out, po, env, by_run, by_e, run_option, gate_text(args.run, checked.error_exitcode));
   }
   return status;

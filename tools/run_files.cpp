@@ -172,7 +172,8 @@ void pass_up_totals(const std::string &outer_dir, const RunTotals &t) {
     }
     // The names the shim uses, `<pid>.<n>`, past the ones a shim of this process could take;
     // each record's search starts after the last one's name (from 64 each time, N records
-    // made N^2/2 failed opens), and no count of records runs out of names.
+    // made N^2/2 failed opens and lost every record past 4,096 names); 4,096 names more than
+    // records are tried, for names taken before.
     int fd = -1;
     for (; fd < 0 && next_name < 64 + records + 4096; ++next_name) {
       const std::string path =

@@ -89,7 +89,8 @@ def main():
         # The report's sections the demo is about, in full; the rest by title (the whole report
         # made 110 of its 180 lines).
         lines = p.stdout.splitlines()
-        check("  == Findings: 2 in 2 classes (double-release 1, unmap-unmapped 1)" in lines and
+        check("  cumemguard report: 1 log, 2 findings (double-release 1, unmap-unmapped 1)" in lines and
+              "  == Findings: 2 in 2 classes (double-release 1, unmap-unmapped 1)" in lines and
               "  == Resident: 2 snapshots" in lines and "  == Leaks at exit: none" in lines and
               "  (the report goes on with: Logs; Memory by device and kind; Top allocation sites "
               "by bytes; Calls per API)" in lines and

@@ -317,6 +317,17 @@ TEST_CASE("config's outcome names the release that accepts, and says when none w
   CHECK(set.out.find("accepts this environment; no installed torch release was found, so this "
                      "is the default release's answer)\n") != std::string::npos);
   CHECK(set.out.find("nothing to check") == std::string::npos);
+  // An override given as CUMEMGUARD_OPTIONS' entry is planned: the whole section says what the
+  // shim will write, or why it refuses (the short form said "nothing to check" over both).
+  Run entry = run({}, {"CUMEMGUARD_OPTIONS=torch_alloc_conf='expandable_segments:True'"});
+  REQUIRE(entry.status == 0);
+  CHECK(entry.out.find("nothing to check") == std::string::npos);
+  CHECK(entry.out.find("    create PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'") !=
+        std::string::npos);
+  Run bogus = run({}, {"CUMEMGUARD_OPTIONS=torch_alloc_conf=bogus"});
+  CHECK(bogus.status == 64);
+  CHECK(bogus.out.find("nothing to check") == std::string::npos);
+  CHECK(bogus.out.find("    refused (the shim keeps the original") != std::string::npos);
 }
 
 // The per-class ACTION_* rows share one help text: those at their default are one block of names
