@@ -5,13 +5,16 @@
 # the buffer). The driver refuses that for VMM memory; under cumemguard with CUMEMGUARD_IPC=bridge
 # it works (docs/ipc-bridge.md, "The bridge").
 #
-#   cumemguard run -e CUMEMGUARD_IPC=bridge -- python3 examples/exporter.py HANDLE_FILE [--torch]
+#   cumemguard run -e CUMEMGUARD_IPC=bridge -- python3 examples/exporter.py [--torch] HANDLE_FILE
 #   cumemguard run -e CUMEMGUARD_IPC=bridge -- python3 examples/importer.py HANDLE_FILE
+#
+# (a usage error exits 2 with argparse's message; --help describes the arguments)
 #
 # --torch allocates the buffer with PyTorch (set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True);
 # without it the same kind of memory is made with the driver's VMM calls (no PyTorch needed).
 # Writes the handle, the buffer's offset in its reservation and its size to HANDLE_FILE as JSON,
 # then keeps the memory until the importer writes HANDLE_FILE.done (at most 120 s).
+import argparse
 import ctypes
 import json
 import os
@@ -25,9 +28,17 @@ SIZE = 3 << 20  # spans several pages
 
 
 def main():
-    if len(sys.argv) < 2:
-        raise SystemExit("usage: exporter.py HANDLE_FILE [--torch]")
-    path, use_torch = sys.argv[1], "--torch" in sys.argv[2:]
+    # argparse: --torch before or after the file, --help, and a refused argument said as one
+    # (a leading --torch was taken for the file's name, and the pair waited 120 s for nothing).
+    ap = argparse.ArgumentParser(prog="exporter.py", description="Share a buffer of VMM memory "
+                                 "through legacy CUDA IPC (the importer.py pair).")
+    ap.add_argument("handle_file", metavar="HANDLE_FILE",
+                    help="where the handle is written, as JSON, for importer.py")
+    ap.add_argument("--torch", action="store_true",
+                    help="allocate the buffer with PyTorch (expandable segments) instead of the "
+                         "driver's VMM calls")
+    a = ap.parse_args()
+    path, use_torch = a.handle_file, a.torch
     data = _cuda.pattern(SIZE)
     if use_torch:
         import torch

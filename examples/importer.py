@@ -3,6 +3,7 @@
 # Opens the buffer examples/exporter.py shared (cudaIpcOpenMemHandle), reads it back at the opened
 # pointer plus the buffer's offset, and checks every byte. See exporter.py for how to run the pair.
 #   importer.py HANDLE_FILE [--wait SECONDS]     (waits up to 120 s for the file by default)
+import argparse
 import ctypes
 import json
 import os
@@ -14,17 +15,15 @@ import _cuda  # noqa: E402
 
 
 def main():
-    args = sys.argv[1:]
-    wait = 120.0
-    if len(args) == 3 and args[1] == "--wait":
-        try:
-            wait = float(args[2])
-        except ValueError:
-            wait = -1
-        args = args[:1]
-    if len(args) != 1 or wait < 0:
-        raise SystemExit("usage: importer.py HANDLE_FILE [--wait SECONDS]")
-    path = args[0]
+    ap = argparse.ArgumentParser(prog="importer.py", description="Open the buffer exporter.py "
+                                 "shared and check its bytes.")
+    ap.add_argument("handle_file", metavar="HANDLE_FILE", help="the file exporter.py writes")
+    ap.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
+                    help="how long to wait for the file (default 120)")
+    a = ap.parse_args()
+    if a.wait < 0:
+        ap.error("--wait takes a number of seconds of at least 0")
+    path, wait = a.handle_file, a.wait
     deadline = time.monotonic() + wait
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -180,7 +180,7 @@ std::string help_text(const Command &c) {
   }
   for (std::string_view p : c.notes) {
     out += '\n';
-    fill(out, 0, 0, p);
+    fill(out, 0, 0, with_doc_dir(p, docs));
   }
   if (!c.environment.empty()) {
     out += "\nEnvironment:\n";

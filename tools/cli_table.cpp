@@ -65,6 +65,8 @@ constexpr ExitStatus kTopExits[] = {
 constexpr sv kTopNotes[] = {
     "`cumemguard COMMAND --help` describes each command and its own exit statuses; each takes "
     "--version too.",
+    "The documents (what each finding means and how it is proven, the log and JSON formats, the "
+    "PyTorch, NCCL and IPC policies): " CMG_DOCDIR ".",
 };
 
 // The environment the shim reads, in every page that starts or explains it.

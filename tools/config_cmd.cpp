@@ -555,7 +555,7 @@ void print_options_text(std::ostream &out, const ParsedOptions &po, const EnvLis
     out << "# " << kOptionPrefix << "ACTION_<CLASS>: enum (default, or what the class accepts of "
            "skip|forward|abort), default 'default'\n# "
         << action_help
-        << " (README \"Finding classes\"; config --json lists each class's choices)\n# "
+        << " (README \"Findings\"; config --json lists each class's choices)\n# "
         << default_actions.size() << " classes are 'default' (the mode's action):";
     std::size_t col = 100;
     for (std::string_view c : default_actions) {

@@ -3,10 +3,13 @@
 // It never loads the shim into itself.
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "cli.h"
 #include "cmg_config.h"
+#include "options.h"
 #include "run_cmd.h"
 #include "subcommands.h"
 
@@ -49,6 +52,12 @@ int main(int argc, char **argv, char **envp) {
     usage(stdout);
     return 0;
   }
-  std::fprintf(stderr, "cumemguard: unknown command '%s' (see cumemguard --help)\n", cmd.c_str());
+  // "reprot": the command meant, as git says it, before where the list is.
+  constexpr std::string_view kCommands[] = {"run", "report", "config", "version"};
+  const std::size_t near = cmg::closest_name(cmd, kCommands);
+  std::fprintf(stderr, "cumemguard: unknown command '%s'%s%s%s (see cumemguard --help)\n",
+               cmd.c_str(), near < std::size(kCommands) ? " (did you mean " : "",
+               near < std::size(kCommands) ? kCommands[near].data() : "",
+               near < std::size(kCommands) ? "?)" : "");
   return 64;
 }

@@ -153,6 +153,14 @@ def main():
     check(groff and lexgrog, "groff and lexgrog are needed to check the man pages (tools/dev "
                              "test installs groff-base and man-db)")
 
+    # An unknown command: 64, one line, with the command meant when one is that close.
+    for typo, says in (("reprot", "unknown command 'reprot' (did you mean report?) (see "
+                                  "cumemguard --help)"),
+                       ("xyzzy", "unknown command 'xyzzy' (see cumemguard --help)")):
+        p = subprocess.run([a.cg, typo], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        check(p.returncode == 64 and p.stderr == "cumemguard: " + says + "\n" and not p.stdout,
+              f"cumemguard {typo}: rc {p.returncode} {p.stderr!r}")
+
     for cmd in ("", "run", "report", "config"):
         label = cmd or "cumemguard"
         argv = [a.cg] + ([cmd] if cmd else []) + ["--help"]
@@ -173,6 +181,11 @@ def main():
         named = re.findall(r"([\w-]+\.md) in the documentation directory, (\S+?)\)", text)
         check(cmd not in ("report", "config") or named,
               f"{label} --help names no document: {text[:300]!r}")
+        # The top-level help names the directory itself (the README says it does; it did not).
+        if not cmd:
+            m = re.search(r"The documents \([^)]*\): (\S+?)\.(?:\s|$)", text)
+            check(m and m.group(1) == os.path.join(os.path.abspath(a.source), "docs"),
+                  f"cumemguard --help names no documents directory: {text[-400:]!r}")
         for doc, where in named:
             check(where == os.path.join(os.path.abspath(a.source), "docs") and
                   os.path.isfile(os.path.join(where, doc)),

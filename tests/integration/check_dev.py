@@ -55,6 +55,12 @@ def main():
     # directory named is never made), with a did-you-mean.
     with tempfile.TemporaryDirectory() as tmp:
         fresh = os.path.join(tmp, "never-built")
+        # A command's --help is the usage, not a refused argument (demo said "takes only --keep").
+        for argv in (["demo", "--help"], ["test", "-h"], ["sanitize", "--help"]):
+            p = run([dev] + argv, env=dict(os.environ, CMG_BUILD_DIR=fresh))
+            check(p.returncode == 0 and p.stdout.startswith("Usage: tools/dev COMMAND") and
+                  not p.stderr and not os.path.exists(fresh),
+                  f"tools/dev {' '.join(argv)}: exit {p.returncode} {p.stderr[-200:]!r}")
         for argv, says in ((["demo", "--kep"],
                             "demo takes only --keep, not '--kep' (did you mean --keep?)"),
                            (["tset"], "unknown command 'tset' (did you mean test?)")):

@@ -102,6 +102,16 @@ def main():
               f"importer.py: no handle file {h}: run the exporter first (under cumemguard run -e "
               "CUMEMGUARD_IPC=bridge)\n",
               f"importer.py without a handle file: {p.returncode} {p.stderr[-400:]!r}")
+        # Arguments as argparse takes them: an option before the file is an option (a leading
+        # --torch was the handle file's name, and the exporter waited 120 s for nothing), and
+        # one the script does not take is a usage error (2) before any CUDA call.
+        for script, argv, says in (("exporter.py", ["--help"], "usage: exporter.py [-h] [--torch] HANDLE_FILE"),
+                                   ("importer.py", [h, "--torch"], "importer.py: error: unrecognized arguments: --torch"),
+                                   ("exporter.py", [], "exporter.py: error: the following arguments are required: HANDLE_FILE")):
+            p = run([py, os.path.join(ex, script)] + argv)
+            check(p.returncode == (0 if argv == ["--help"] else 2) and says in p.stdout + p.stderr and
+                  not os.path.exists("--torch"),
+                  f"{script} {argv}: {p.returncode} {p.stdout[-300:]!r} {p.stderr[-300:]!r}")
         exp = subprocess.Popen([cg, "run", "--no-log", "-e", "CUMEMGUARD_IPC=bridge", "--", py,
                                 os.path.join(ex, "exporter.py"), h], env=env, cwd=d,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
