@@ -141,6 +141,9 @@ Read reader(Parser p, const Env &env) {
 // (CUDAAllocatorConfig::instance() before the split: getenv("PYTORCH_CUDA_ALLOC_CONF")).
 Read reader(Parser p, const Env &env, const Grammar &g) {
   if (g.family == Family::Legacy) {
+    // Said, not listed as if it read something (config printed "A ... no variable set").
+    if (p == Parser::Accel)
+      return {Var::None, "none in this release: parser A came with 2.8; before, C parses every key"};
     if (env.cuda)
       return {Var::Cuda, "PYTORCH_CUDA_ALLOC_CONF is the only variable this release reads"};
     return {Var::None, env.alloc || env.hip

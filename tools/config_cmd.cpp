@@ -400,10 +400,15 @@ void print_torch_text(std::ostream &out, const tc::Env &env, const tc::Plan &p,
   }
   out << "PyTorch allocator configuration (as torch " << jd.version.text
       << " reads it on a CUDA build)\n  judged: " << jd.summary() << "\n";
+  // Before 2.8 (one parser) a CUDA build reads PYTORCH_CUDA_ALLOC_CONF alone (reader()).
+  const bool legacy = jd.grammar.family == tc::Family::Legacy;
   for (tc::Var v : tc::kVars) {
     const auto &val = env.get(v);
     out << "  " << tc::var_name(v) << std::string(26 - tc::var_name(v).size(), ' ')
-        << (val ? in_quotes(*val) : std::string("unset")) << '\n';
+        << (val ? in_quotes(*val) : std::string("unset"))
+        << (legacy && v != tc::Var::Cuda ? "  (not read by torch " + jd.version.text + ")"
+                                         : std::string())
+        << '\n';
   }
   out << "  " << tc::kExpandableIpcVar << "  "
       << (env.expandable_ipc ? in_quotes(*env.expandable_ipc) + " " : std::string()) << "("

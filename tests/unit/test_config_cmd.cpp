@@ -490,3 +490,23 @@ TEST_CASE("config --run takes run's options and shows what they set", "[config_c
         "'bogus' needs ':value' (or write -bogus to remove it); refused: cumemguard run would "
         "not start the program\n");
 }
+
+// Before 2.8 a CUDA build has one parser of keys (C) and reads PYTORCH_CUDA_ALLOC_CONF alone: the
+// listing says so instead of showing parser A and the other variables as if they were read.
+TEST_CASE("config: a release before 2.8 shows its one parser and its one variable",
+          "[config_cmd]") {
+  Run old = run({"--torch-version", "2.3", "--env", "PYTORCH_ALLOC_CONF=expandable_segments:True"});
+  REQUIRE(old.status == 0);
+  CHECK(old.out.find("\n  PYTORCH_ALLOC_CONF        'expandable_segments:True'  (not read by torch "
+                     "2.3)\n") != std::string::npos);
+  CHECK(old.out.find("\n  PYTORCH_CUDA_ALLOC_CONF   unset\n") != std::string::npos);
+  CHECK(old.out.find("AcceleratorAllocatorConfig):\n      no variable (none in this release: "
+                     "parser A came with 2.8; before, C parses every key)\n") != std::string::npos);
+  auto j = run({"--json", "--torch-version", "2.3"}).json();
+  CHECK(j["torch"]["parsers"][2]["parser"] == "A");
+  CHECK(j["torch"]["parsers"][2]["variable"].is_null());
+  // 2.11 reads it, and has parser A.
+  Run now = run({"--torch-version", "2.11", "--env", "PYTORCH_ALLOC_CONF=expandable_segments:True"});
+  CHECK(now.out.find("not read by torch") == std::string::npos);
+  CHECK(now.out.find("none in this release") == std::string::npos);
+}
