@@ -207,7 +207,8 @@ constexpr Option kReportOptions[] = {
      "print frames as module+offset without reading the modules"},
     {"--run", "ID", Value::Text, "",
      "read only the logs of run ID (the CUMEMGUARD_RUN_ID cumemguard run writes in each log's "
-     "header), or with all every log named; without it, logs of more than one run are refused "
+     "header, or its start when one run's id starts so: the launcher's pid), or with all every "
+     "log named; without it, logs of more than one run are refused "
      "(status 64, the runs and their logs named)"},
     {"--full-stacks", "", Value::None, "",
      "print every frame of a stack in the text report: the frames below main, and those of the "

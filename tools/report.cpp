@@ -118,8 +118,24 @@ int pick_run(std::vector<std::unique_ptr<report::LogReader>> &readers,
         runs.size(), listed());
     return report::kExitUsage;
   }
+  // A run's id or its start, as git takes a commit's: "21948" for "21948-1796657738925562616",
+  // when one run's id starts so; two that do are named rather than guessed between.
+  std::string id = *run;
+  if (std::none_of(runs.begin(), runs.end(), [&](const auto &x) { return x.first == id; })) {
+    std::vector<std::string> starts;
+    for (const auto &x : runs)
+      if (!id.empty() && x.first.starts_with(id)) starts.push_back(x.first);
+    if (starts.size() > 1) {
+      std::string names;
+      for (const std::string &n : starts) names += (names.empty() ? "" : ", ") + report::clean(n);
+      std::cerr << fmt::format("cumemguard report: --run {} names {} runs: {}; give more of the id\n",
+                               report::clean(id), starts.size(), names);
+      return report::kExitUsage;
+    }
+    if (starts.size() == 1) id = starts.front();
+  }
   const std::size_t before = readers.size();
-  std::erase_if(readers, [&](const auto &r) { return run_of(r->log().header) != *run; });
+  std::erase_if(readers, [&](const auto &r) { return run_of(r->log().header) != id; });
   if (readers.empty()) {
     std::cerr << fmt::format("cumemguard report: no log of run {} among the logs (runs: {})\n",
                              report::clean(*run), runs.empty() ? "none named" : listed());
@@ -128,7 +144,7 @@ int pick_run(std::vector<std::unique_ptr<report::LogReader>> &readers,
   if (readers.size() < before)
     std::cerr << fmt::format(
         "cumemguard report: --run {}: {} of other runs (or of none) left out\n",
-        report::clean(*run),
+        report::clean(id),
         before - readers.size() == 1 ? std::string("1 log")
                                      : fmt::format("{} logs", before - readers.size()));
   return 0;

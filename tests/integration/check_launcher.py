@@ -394,6 +394,19 @@ def runs_apart(e):
     p = e.run(["report", "--run", "all"] + logs)
     check(p.returncode == 1 and p.stdout.startswith("cumemguard report: 2 logs, ") and not p.stderr,
           f"--run all: rc {p.returncode} {p.stderr!r} {p.stdout[:200]!r}")
+    # The id's start (the launcher's pid, before the '-') names the run when one id starts so.
+    pid = ids[1].split("-")[0]
+    p = e.run(["report", "--run", pid] + logs)
+    check(p.returncode == 1 and f"] {logs[1]}\n" in p.stdout and logs[0] not in p.stdout and
+          p.stderr == f"cumemguard report: --run {ids[1]}: 1 log of other runs (or of none) left "
+                      f"out\n",
+          f"--run PID: rc {p.returncode} {p.stderr!r} {p.stdout[:300]!r}")
+    common = os.path.commonprefix(ids)
+    if common:  # the pids share their first digits: a start that names both is refused
+        p = e.run(["report", "--run", common] + logs)
+        check(p.returncode == 64 and p.stderr == f"cumemguard report: --run {common} names 2 runs: "
+                                                 f"{ids[0]}, {ids[1]}; give more of the id\n",
+              f"--run of two runs' start: rc {p.returncode} {p.stderr!r}")
     p = e.run(["report", "--run", "nope"] + logs)
     check(p.returncode == 64 and p.stderr.startswith("cumemguard report: no log of run nope among "
                                                      f"the logs (runs: {ids[0]} ("),
