@@ -620,6 +620,22 @@ void write_suppressed(const Model &m, std::ostream &out) {
   }
 }
 
+// The modules of CPython's own call machinery: libpython (or the interpreter built with it, as
+// Debian's /usr/bin/python3.11 is), the ctypes extension and libffi.
+bool interpreter_call_module(std::string_view path) {
+  const std::string_view base = path.substr(path.rfind('/') + 1);
+  if (base.starts_with("libpython3") || base.starts_with("libffi.so") ||
+      base.starts_with("_ctypes."))
+    return true;
+  // python3, python3.11, python3.12d: the executable, when libpython is linked into it.
+  if (!base.starts_with("python3")) return false;
+  const std::string_view rest = base.substr(7);
+  return rest.empty() || (rest[0] == '.' && rest.size() > 1 &&
+                          std::all_of(rest.begin() + 1, rest.end(), [](char c) {
+                            return (c >= '0' && c <= '9') || c == 'd' || c == 't';
+                          }));
+}
+
 }  // namespace
 
 void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &indent, bool full) {
@@ -659,6 +675,21 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
   std::size_t outermost = s.frames.size();
   for (std::size_t i = 0; i < end; ++i)
     if (s.frames[i].kind == Frame::Kind::Python) outermost = i;
+  // Above the innermost Python frame, the interpreter's own call into C (_PyObject_MakeTpCall,
+  // ctypes' PyCFuncPtr_call and _ctypes_callproc, libffi's ffi_call): a ctypes program's stack
+  // began with seven of them before its own line. Folded the same way; the frames of an extension
+  // (libtorch_python, c10) above them are printed.
+  std::size_t inner = end;
+  for (std::size_t i = 0; i < end; ++i)
+    if (s.frames[i].kind == Frame::Kind::Python) {
+      inner = i;
+      break;
+    }
+  std::size_t call_from = inner;
+  while (inner < end && call_from > 0 && s.frames[call_from - 1].kind == Frame::Kind::Native &&
+         interpreter_call_module(s.frames[call_from - 1].module))
+    --call_from;
+  if (inner - call_from < 2) call_from = inner;  // one line for one frame: no fold
   std::size_t fold_from = end, fold_to = end;  // [fold_from, fold_to): folded native frames
   if (outermost < end) {
     fold_from = outermost + 1;
@@ -668,6 +699,13 @@ void print_stack(std::ostream &out, const ResolvedStack &s, const std::string &i
     if (fold_to - fold_from < 2) fold_from = fold_to = end;  // one line for one frame: no fold
   }
   for (std::size_t i = 0; i < end; ++i) {
+    if (i == call_from && call_from < inner) {
+      out << indent
+          << fmt::format("... {} interpreter frames calling into C (--full-stacks to show)\n",
+                         inner - call_from);
+      i = inner - 1;
+      continue;
+    }
     if (i == fold_from) {
       out << indent
           << fmt::format("... {} interpreter frames (--full-stacks to show)\n",

@@ -292,7 +292,16 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
             full = subprocess.run([cg, "report", "--full-stacks", log], capture_output=True,
                                   text=True, timeout=120 * SLOW).stdout
             folds = [int(n) for n in re.findall(
-                r"^ +\.\.\. (\d+) interpreter frames \(--full-stacks to show\)$", text, re.M)]
+                r"^ +\.\.\. (\d+) interpreter frames(?: calling into C)? \(--full-stacks to "
+                r"show\)$", text, re.M)]
+            # Above the innermost Python frame, ctypes' and libffi's call into the driver is one
+            # line too: each stack begins with it and then the program's own line (seven frames
+            # of the interpreter came first before).
+            calls = re.findall(r"^ +\.\.\. \d+ interpreter frames calling into C \(--full-stacks "
+                               r"to show\)\n +#\d+ (\S+) \(" + re.escape(script) + r":\d+\)$",
+                               text, re.M)
+            check(len(calls) >= 3 and set(calls) <= {fn for fn, _ in second + first + alloc(caller)},
+                  f"{label}: stacks begin with the call into C, then {calls}")
             check(len(folds) >= 3 and all(n >= 2 for n in folds) and
                   len(full.splitlines()) - len(text.splitlines()) == sum(n - 1 for n in folds),
                   f"{label}: folded {folds}: {len(text.splitlines())} lines, "
@@ -363,7 +372,8 @@ def run_interp(cg, it, script, mark, env, tmp, progs):
         check(diff.returncode == 0 and
               any(f"alloc ({script}:{mark['malloc']})" in l for l in frames) and
               any(f"case_resident ({script}:{mark[('case_resident', 'alloc-call')]})" in l for l in frames) and
-              len([l for l in frames if re.match(r" +\.\.\. \d+ interpreter frames", l)]) == 1 and
+              len([l for l in frames if re.match(r" +\.\.\. \d+ interpreter frames \(", l)]) == 1 and
+              re.match(r" +\.\.\. \d+ interpreter frames calling into C \(", frames[0]) and
               not any(re.search(r"#\d+ (Py_BytesMain|pymain_|PyRun_|_start\b)", l) for l in frames),
               f"{label}: --diff's stack: rc {diff.returncode} {frames[:12]} {diff.stderr[-300:]!r}")
     # Code objects made at the address of freed ones: each double free names its own function

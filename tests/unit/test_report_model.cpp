@@ -2,8 +2,10 @@
 // Unit tests of the report model: grouping across processes, byte accounting, exit status.
 #include <catch2/catch.hpp>
 
+#include <sstream>
 #include <string>
 
+#include "report_fmt.h"
 #include "report_model.h"
 
 using namespace cmg::report;
@@ -247,4 +249,62 @@ TEST_CASE("communicators: a refused destroy keeps one live, a reused address is 
   CHECK(b.created->t == 110);
   CHECK(b.mem_stats.at(3) == 8388608);
   CHECK(b.mem_stats_t == 120);
+}
+
+// A Python program's stack in the text report: the interpreter's call into C above the innermost
+// Python frame (libffi, ctypes, libpython) is one line, an extension's frames above it are
+// printed, and the interpreter's frames below the outermost Python frame are one line.
+TEST_CASE("print_stack folds the interpreter's call into C, not an extension's frames",
+          "[report]") {
+  using cmg::report::Frame;
+  auto native = [](const char *module, const char *fn) {
+    Frame f;
+    f.module = module;
+    f.function = fn;
+    f.pc = 0x1000;
+    return f;
+  };
+  auto python = [](const char *fn, int line) {
+    Frame f;
+    f.kind = Frame::Kind::Python;
+    f.function = fn;
+    f.file = "/app/train.py";
+    f.line = line;
+    return f;
+  };
+  cmg::report::ResolvedStack s;
+  s.id = 1;
+  s.frames = {native("/usr/lib/libc10_cuda.so", "c10::cuda::CUDACachingAllocator::malloc"),
+              native("/usr/lib/libtorch_python.so", "THPVariable_empty"),
+              native("/usr/lib/libpython3.12.so.1.0", "cfunction_call"),
+              native("/usr/lib/libpython3.12.so.1.0", "_PyObject_MakeTpCall"),
+              python("step", 7),
+              python("<module>", 12),
+              native("/usr/lib/libpython3.12.so.1.0", "PyEval_EvalCode"),
+              native("/usr/lib/libpython3.12.so.1.0", "run_mod"),
+              native("/usr/bin/python3.12", "main")};
+  std::ostringstream out;
+  cmg::report::print_stack(out, s, "  ", false);
+  CHECK(out.str() ==
+        "  #0 c10::cuda::CUDACachingAllocator::malloc (libc10_cuda.so+0x0)\n"
+        "  #1 THPVariable_empty (libtorch_python.so+0x0)\n"
+        "  ... 2 interpreter frames calling into C (--full-stacks to show)\n"
+        "  #4 step (/app/train.py:7)\n"
+        "  #5 <module> (/app/train.py:12)\n"
+        "  ... 3 interpreter frames (--full-stacks to show)\n");
+  // ctypes: the whole top is the call machinery; one frame of it is printed, not folded.
+  s.frames = {native("/usr/lib/x86_64-linux-gnu/libffi.so.8", "ffi_call"),
+              native("/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so",
+                     "_ctypes_callproc"),
+              native("/usr/bin/python3.11", "_PyObject_MakeTpCall"), python("free", 3)};
+  std::ostringstream ct;
+  cmg::report::print_stack(ct, s, "  ", false);
+  CHECK(ct.str() == "  ... 3 interpreter frames calling into C (--full-stacks to show)\n"
+                    "  #3 free (/app/train.py:3)\n");
+  s.frames = {native("/opt/app/libmine.so", "mine"), native("/usr/bin/python3.11", "call"),
+              python("free", 3)};
+  std::ostringstream one;
+  cmg::report::print_stack(one, s, "  ", false);
+  CHECK(one.str() == "  #0 mine (libmine.so+0x0)\n  #1 call (python3.11+0x0)\n"
+                     "  #2 free (/app/train.py:3)\n");
 }
