@@ -21,4 +21,18 @@ bool python_program_file(std::string_view file) {
   return true;
 }
 
+bool interpreter_call_module(std::string_view path) {
+  const std::string_view base = path.substr(path.rfind('/') + 1);
+  if (base.starts_with("libpython3") || base.starts_with("libffi.so") ||
+      base.starts_with("_ctypes."))
+    return true;
+  if (!base.starts_with("python3")) return false;
+  const std::string_view rest = base.substr(7);
+  if (rest.empty()) return true;
+  if (rest[0] != '.' || rest.size() < 2) return false;
+  for (char c : rest.substr(1))
+    if (!((c >= '0' && c <= '9') || c == 'd' || c == 't')) return false;
+  return true;
+}
+
 }  // namespace cmg

@@ -8,6 +8,7 @@
 
 #include "flush.h"
 #include "options.h"
+#include "program_frame.h"
 #include "pyframes.h"
 #include "stacks.h"
 #include "symtab.h"
@@ -57,8 +58,41 @@ void append_stack(std::string &out, std::uint32_t id, int frames, std::string_vi
                      : "<python code " + std::to_string(f.code) + ">");
     ++pythons;
   };
+  // The interpreter's own call into C just above the innermost Python frame (ctypes, libffi,
+  // libpython) is one line, as the report prints it: a ctypes program's message began with
+  // seven such frames, and the Python ones only just fit under the limit.
+  const int inner = c.py.n > 0 && c.py.f[0].at >= 0 && c.py.f[0].at < c.n ? c.py.f[0].at : c.n;
+  int call_from = inner;
+  while (inner < c.n && call_from > 0 && fs[call_from - 1] &&
+         interpreter_call_module(fs[call_from - 1]->module))
+    --call_from;
+  if (inner - call_from < 2) call_from = inner;
+  // Below the outermost Python frame the native frames are the interpreter's start-up and eval
+  // loop, the same in every stack of the program: one line says how many (the report's fold).
+  const int outer = c.py.n > 0 && c.py.f[c.py.n - 1].at >= 0 && c.py.f[c.py.n - 1].at < c.n
+                        ? c.py.f[c.py.n - 1].at
+                        : c.n;
+  const int below = outer < c.n ? c.n - outer - 1 : 0;
   int next = 0;
   for (int i = 0; i < c.n; ++i) {
+    if (below >= 2 && i == outer + 1) {
+      for (; next < c.py.n && c.py.f[next].at < c.n; ++next) python(c.py.f[next]);
+      out.append(prefix)
+          .append("    ... ")
+          .append(std::to_string(below))
+          .append(" interpreter frames\n");
+      k += below;
+      break;
+    }
+    if (i == call_from && call_from < inner) {
+      out.append(prefix)
+          .append("    ... ")
+          .append(std::to_string(inner - call_from))
+          .append(" interpreter frames calling into C\n");
+      k += inner - call_from;
+      i = inner - 1;
+      continue;
+    }
     bool replaced = false;
     for (; next < c.py.n && c.py.f[next].at == i; ++next) {
       python(c.py.f[next]);

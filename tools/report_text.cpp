@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "options.h"
+#include "program_frame.h"
 #include "report_fmt.h"
 #include "report_model.h"
 
@@ -618,22 +619,6 @@ void write_suppressed(const Model &m, std::ostream &out) {
     out << fmt::format("  {}:{}  {}{}{}\n", r.cls, r.pattern, plural(r.count, "finding", "findings"),
                        where(m, r.logs), exit_note);
   }
-}
-
-// The modules of CPython's own call machinery: libpython (or the interpreter built with it, as
-// Debian's /usr/bin/python3.11 is), the ctypes extension and libffi.
-bool interpreter_call_module(std::string_view path) {
-  const std::string_view base = path.substr(path.rfind('/') + 1);
-  if (base.starts_with("libpython3") || base.starts_with("libffi.so") ||
-      base.starts_with("_ctypes."))
-    return true;
-  // python3, python3.11, python3.12d: the executable, when libpython is linked into it.
-  if (!base.starts_with("python3")) return false;
-  const std::string_view rest = base.substr(7);
-  return rest.empty() || (rest[0] == '.' && rest.size() > 1 &&
-                          std::all_of(rest.begin() + 1, rest.end(), [](char c) {
-                            return (c >= '0' && c <= '9') || c == 'd' || c == 't';
-                          }));
 }
 
 }  // namespace
