@@ -4,6 +4,7 @@
 # PyTorch needed): the bugs `cumemguard run` explains.
 #   cumemguard run --log df.log -- python3 examples/double_free.py
 #   cumemguard report df.log
+import argparse
 import ctypes
 import os
 import sys
@@ -28,4 +29,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # No arguments; --help says what it does, and anything else is refused before a CUDA call.
+    argparse.ArgumentParser(prog="double_free.py", description="A double free and a stale free "
+                            "of a re-issued address through the CUDA runtime (no arguments).").parse_args()
     sys.exit(main())

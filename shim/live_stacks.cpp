@@ -61,7 +61,7 @@ void append_stack(std::string &out, std::uint32_t id, int frames, std::string_vi
   // The interpreter's own call into C just above the innermost Python frame (ctypes, libffi,
   // libpython) is one line, as the report prints it: a ctypes program's message began with
   // seven such frames, and the Python ones only just fit under the limit.
-  const int inner = c.py.n > 0 && c.py.f[0].at >= 0 && c.py.f[0].at < c.n ? c.py.f[0].at : c.n;
+  const int inner = c.py.n > 0 && c.py.f[0].at < c.n ? c.py.f[0].at : c.n;
   int call_from = inner;
   while (inner < c.n && call_from > 0 && fs[call_from - 1] &&
          interpreter_call_module(fs[call_from - 1]->module))
@@ -69,9 +69,7 @@ void append_stack(std::string &out, std::uint32_t id, int frames, std::string_vi
   if (inner - call_from < 2) call_from = inner;
   // Below the outermost Python frame the native frames are the interpreter's start-up and eval
   // loop, the same in every stack of the program: one line says how many (the report's fold).
-  const int outer = c.py.n > 0 && c.py.f[c.py.n - 1].at >= 0 && c.py.f[c.py.n - 1].at < c.n
-                        ? c.py.f[c.py.n - 1].at
-                        : c.n;
+  const int outer = c.py.n > 0 && c.py.f[c.py.n - 1].at < c.n ? c.py.f[c.py.n - 1].at : c.n;
   const int below = outer < c.n ? c.n - outer - 1 : 0;
   int next = 0;
   for (int i = 0; i < c.n; ++i) {

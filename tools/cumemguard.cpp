@@ -37,7 +37,13 @@ int main(int argc, char **argv, char **envp) {
     // `version --help` used to print the version: it has no options of its own.
     const std::string arg = argv[2];
     if (arg == "--help" || arg == "-h") {
-      std::printf("Usage: cumemguard version\n\nPrints the version of cumemguard.\n");
+      std::printf("Usage: cumemguard version\n\nPrints the version of cumemguard.\n\nExit "
+                  "status:\n  0   the version was printed\n  64  an argument was given\n");
+      return 0;
+    }
+    // Every command answers --version, this one too (the README and --help say so).
+    if (arg == "--version") {
+      std::printf("cumemguard %s\n", CMG_VERSION);
       return 0;
     }
     std::fprintf(stderr, "cumemguard version: unexpected argument '%s' (see cumemguard --help)\n",

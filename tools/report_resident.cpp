@@ -272,8 +272,8 @@ void write_resident_text(const Model &m, const ReportOptions &opt, std::ostream 
     // The sleep ends at the first call that is not part of it, and the snapshot is taken then:
     // a range freed before that call (the demo's free while asleep) is not asleep in it, which
     // read as a contradiction of the header's count.
-    if (after_sleep(s) && s.run && static_cast<std::uint64_t>(v.asleep_count) < s.run->ranges) {
-      const std::uint64_t gone = s.run->ranges - static_cast<std::uint64_t>(v.asleep_count);
+    if (after_sleep(s) && s.run && v.asleep_count < s.run->ranges) {
+      const std::int64_t gone = s.run->ranges - v.asleep_count;
       out << fmt::format(
           "    {} of the {} put to sleep {} no longer asleep: freed (or mapped again) before the "
           "first call that is not part of the sleep, when this snapshot was taken\n",

@@ -161,6 +161,13 @@ def main():
         check(p.returncode == 64 and p.stderr == "cumemguard: " + says + "\n" and not p.stdout,
               f"cumemguard {typo}: rc {p.returncode} {p.stderr!r}")
 
+    # `version` takes --version too (refused with 64 before), and its --help has its statuses.
+    p = subprocess.run([a.cg, "version", "--version"], capture_output=True, text=True)
+    check(p.returncode == 0 and re.fullmatch(r"cumemguard \S+\n", p.stdout) and not p.stderr,
+          f"cumemguard version --version: {p.returncode} {p.stdout!r} {p.stderr!r}")
+    p = subprocess.run([a.cg, "version", "--help"], capture_output=True, text=True)
+    check(p.returncode == 0 and "Exit status:" in p.stdout, f"version --help: {p.stdout!r}")
+
     for cmd in ("", "run", "report", "config"):
         label = cmd or "cumemguard"
         argv = [a.cg] + ([cmd] if cmd else []) + ["--help"]

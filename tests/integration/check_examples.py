@@ -77,10 +77,10 @@ def main():
         r = run([cg, "report"] + logs)
         stack = [l.strip() for l in r.stdout.splitlines() if l.strip().startswith("#")]
         at_main = [i for i, l in enumerate(stack) if l.split(" ", 2)[1:2] == ["main"] and
-                   "double_free.py:25)" in l]
+                   "double_free.py:26)" in l]
         check(r.returncode == 1 and at_main and
               all(i + 1 < len(stack) and stack[i + 1].split(" ", 2)[1] == "<module>" and
-                  "double_free.py:31)" in stack[i + 1] for i in at_main),
+                  "double_free.py:35)" in stack[i + 1] for i in at_main),
               f"double_free.py report below the Python main: {r.returncode} {r.stdout[-1500:]!r}")
         # The IPC pair: refused without the bridge (with the finding), shared with it.
         h = os.path.join(d, "h.json")
@@ -102,6 +102,14 @@ def main():
               f"importer.py: no handle file {h}: run the exporter first (under cumemguard run -e "
               "CUMEMGUARD_IPC=bridge)\n",
               f"importer.py without a handle file: {p.returncode} {p.stderr[-400:]!r}")
+        # double_free.py takes none: --help describes it (it ran the bug and exited 0), and an
+        # argument is a usage error before any CUDA call.
+        p = run([py, os.path.join(ex, "double_free.py"), "--help"])
+        check(p.returncode == 0 and p.stdout.startswith("usage: double_free.py [-h]") and
+              "malloc" not in p.stdout, f"double_free.py --help: {p.returncode} {p.stdout[:300]!r}")
+        p = run([py, os.path.join(ex, "double_free.py"), "--bogus"])
+        check(p.returncode == 2 and "unrecognized arguments: --bogus" in p.stderr and not p.stdout,
+              f"double_free.py --bogus: {p.returncode} {p.stdout[:200]!r} {p.stderr[-200:]!r}")
         # Arguments as argparse takes them: an option before the file is an option (a leading
         # --torch was the handle file's name, and the exporter waited 120 s for nothing), and
         # one the script does not take is a usage error (2) before any CUDA call.
