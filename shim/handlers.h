@@ -98,8 +98,7 @@ void report_held(const Call &c, std::vector<Hold> held, const std::string &what,
                  int res);
 // The holds a linear free of a live allocation meets (none, at one atomic load, while nothing is
 // held).
-inline std::vector<Hold> held_by(std::uint64_t ptr, std::uint64_t size) {
-  State &s = state();
+inline std::vector<Hold> held_by(State &s, std::uint64_t ptr, std::uint64_t size) {
   return s.nccl.empty() ? std::vector<Hold>{} : s.nccl.take_overlapping(ptr, size);
 }
 
@@ -153,7 +152,7 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
         if (capturing && kind == MemKind::Async && captured_alloc(c, stream, ptsz, p, size, args))
           return r;
         const int dev = kind == MemKind::Host ? -1 : current_device();
-        State &s = state();
+        State &s = c.st();
         LinearRec rec{p, size, dev, kind, c.ev()};
         rec.stream = stream;
         if (capturing) [[unlikely]] {
@@ -179,7 +178,7 @@ template <class R, class Real>
 __attribute__((always_inline)) inline R free_live(Call &c, Api api, LinearTicket &t, Args &args,
                                                   Real &&real, std::uint64_t stream,
                                                   bool may_hold) {
-  State &s = state();
+  State &s = c.st();
   const LinearRec &v = t.rec;
   const auto delta = -static_cast<std::int64_t>(v.size);
   const MemKind counted = counted_kind(v);
@@ -255,7 +254,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
       api, real, [&](auto &fwd) __attribute__((always_inline))->R {
         Call c(api, StackWhen::Always);
         if (!c.tracked()) return fwd();
-        State &s = state();
+        State &s = c.st();
         Args args;
         args.hex("ptr", ptr);
         using FwdFn = std::remove_reference_t<decltype(fwd)>;
@@ -280,7 +279,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         const KindMask hold = quarantined_api(api) && may_hold ? kQuarantinedKinds : 0;
         LinearTicket t = s.linear.begin_free(ptr, accepted, c.ev(), s.opts, &s.vmm, hold);
         if (t.cls == FreeClass::Live) {
-          std::vector<Hold> holds = held_by(t.rec.ptr, t.rec.size);
+          std::vector<Hold> holds = held_by(s, t.rec.ptr, t.rec.size);
           R r = free_live<R>(c, api, t, args, fwd, stream, may_hold);
           if (unsafe) [[unlikely]]
             unsafe_after(c, static_cast<int>(r), ptr, t.rec.size, args);

@@ -51,16 +51,13 @@ CMG_HOT_TLS std::uint32_t t_tid = 0;
 std::atomic<State *> g_state{nullptr};
 std::atomic<bool> g_active{false};
 
-std::size_t CallCounts::stripe() {
+std::size_t CallCounts::stripe_slow() {
   static std::atomic<std::size_t> next{0};
-  static CMG_HOT_TLS std::size_t mine = 0;  // stripe + 1; 0 until the thread's first call
-  if (!mine) [[unlikely]] {
-    // A thread's own stripe is never given to another (a thread that ends keeps it: its counts
-    // stay, and no two threads ever write one stripe with plain stores).
-    const std::size_t k = next.fetch_add(1, std::memory_order_relaxed);
-    mine = (k < kOwned ? k : kOwned + (k - kOwned) % kShared) + 1;
-  }
-  return mine - 1;
+  // A thread's own stripe is never given to another (a thread that ends keeps it: its counts
+  // stay, and no two threads ever write one stripe with plain stores).
+  const std::size_t k = next.fetch_add(1, std::memory_order_relaxed);
+  t_stripe = (k < kOwned ? k : kOwned + (k - kOwned) % kShared) + 1;
+  return t_stripe - 1;
 }
 
 namespace {
@@ -291,18 +288,7 @@ void forget_current_device() { t_device.forget(); }
 void forget_current_device_everywhere() { g_device_epoch.advance(); }
 
 // ---------------------------------------------------------------------------------------------
-Call::Call(Api api, StackWhen stack, Nested nested)
-    : guard_(nested != Nested::Recorded), api_(api) {
-  if ((!guard_.outermost() && nested != Nested::Always) || disabled()) return;
-  activate();
-  State &s = state();
-  if (s.opts.disable) return;
-  tracked_ = true;
-  s.calls.add(api);
-  // A sleep or wake-up this call ends is closed before the call is applied (its snapshot shows the
-  // memory as the run left it).
-  if (s.boundaries.open()) [[unlikely]] boundary_call_slow(api, thread_id());
-  ev_.seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
+void Call::observe(State &s, StackWhen stack) {
   // Times are read only where they are written: in the event log. Without one, a call's event is
   // identified by its seq alone (the clock read is one of the larger costs of a call whose
   // caches the driver has just evicted, docs/performance.md).
@@ -310,19 +296,14 @@ Call::Call(Api api, StackWhen stack, Nested nested)
     t0_ = now_ns();
     ev_.ts = t0_;
   }
-  ev_.tid = thread_id();
-  ev_.api = api_name(api);
   // Stacks are shown from the log (findings, leaks, the report) and under live finding messages
   // (CUMEMGUARD_WARN_FRAMES): with neither they are not captured at all.
-  if (s.opts.stacks > 0 && stack != StackWhen::Never &&
-      (s.log.is_open() || s.opts.warn_frames > 0)) {
+  if (s.opts.stacks > 0 && stack != StackWhen::Never) {
     bool take = stack == StackWhen::Always || s.opts.stack_sample <= 1 ||
                 ev_.seq % static_cast<std::uint64_t>(s.opts.stack_sample) == 0;
     if (take) ev_.stack = capture_stack(static_cast<int>(s.opts.stacks));
   }
 }
-
-Call::~Call() = default;
 
 void Call::write_record(int res, const Args &args, const Extra &x) {
   State &s = state();

@@ -64,7 +64,13 @@ class CallCounts {
   struct alignas(64) Stripe {
     std::atomic<std::uint64_t> n[kApiCount]{};
   };
-  static std::size_t stripe();
+  // The thread's stripe + 1 (0 until its first call): initial-exec TLS, read inline.
+  static CMG_HOT_TLS inline std::size_t t_stripe = 0;
+  static std::size_t stripe_slow();
+  static std::size_t stripe() {
+    const std::size_t m = t_stripe;
+    return m ? m - 1 : stripe_slow();
+  }
   Stripe stripes_[kStripes];
 };
 
@@ -200,12 +206,32 @@ void boundary_call_slow(Api api, std::uint32_t tid);
 // One intercepted call: guard, activation, event stamp and timing.
 class Call {
  public:
-  Call(Api api, StackWhen stack, Nested nested = Nested::Hidden);
-  ~Call();
+  // Inline, with what only a log or live stacks need out of line (observe): the common call (no
+  // log) runs this in the hook itself, without a call's register saves (docs/performance.md).
+  __attribute__((always_inline)) Call(Api api, StackWhen stack, Nested nested = Nested::Hidden)
+      : guard_(nested != Nested::Recorded), api_(api) {
+    if ((!guard_.outermost() && nested != Nested::Always) || disabled()) return;
+    activate();
+    State &s = state();
+    if (s.opts.disable) return;
+    tracked_ = true;
+    s_ = &s;
+    s.calls.add(api);
+    // A sleep or wake-up this call ends is closed before the call is applied (its snapshot shows
+    // the memory as the run left it).
+    if (s.boundaries.open()) [[unlikely]] boundary_call_slow(api, thread_id());
+    ev_.seq = s.seq.fetch_add(1, std::memory_order_relaxed) + 1;
+    ev_.tid = thread_id();
+    ev_.api = api_name(api);
+    if (s.log.is_open() || s.opts.warn_frames > 0) [[unlikely]] observe(s, stack);
+  }
+  ~Call() = default;
   Call(const Call &) = delete;
   Call &operator=(const Call &) = delete;
   // Outermost call in an enabled shim: track it. Otherwise the hook just forwards.
   bool tracked() const { return tracked_; }
+  // The state, read once by the constructor (a tracked call only).
+  State &st() const { return *s_; }
   const EventRef &ev() const { return ev_; }
   Api api() const { return api_; }
   // A stack captured for the call after all (the flush policy captures one when stacks are off).
@@ -226,18 +252,21 @@ class Call {
   __attribute__((always_inline)) void log(int res, const Args &args, const Extra &x) {
     if (!tracked_) return;
     if (res != 0) [[unlikely]] note_cuda_error(api_, res, ev_);
-    if (x.delta > 0 && !state().devices.seen(x.dev)) [[unlikely]] device_first_memory(*this, x.dev);
+    if (x.delta > 0 && !s_->devices.seen(x.dev)) [[unlikely]] device_first_memory(*this, x.dev);
     // Said here, after the forwarded call, never inside the lookup that noticed it.
     if (const char *n = take_origin_note()) note(LogLevel::Warn, n);
-    if (state().log.is_open()) write_record(res, args, x);
+    if (s_->log.is_open()) write_record(res, args, x);
   }
   __attribute__((always_inline)) void log(int res, const Args &args) { log(res, args, Extra{}); }
 
  private:
   void write_record(int res, const Args &args, const Extra &x);
+  // The clock and the stack, for a log or a live finding's stack.
+  __attribute__((noinline)) void observe(State &s, StackWhen stack);
   ReentryGuard guard_;
   Api api_;
   bool tracked_ = false;
+  State *s_ = nullptr;
   EventRef ev_;
   std::uint64_t t0_ = 0;
 };
