@@ -57,8 +57,10 @@ Boundaries::Ended Boundaries::on_address_free(std::uint32_t tid, std::uint64_t v
   if (sleep_run_.load(std::memory_order_relaxed) != (kRun | tid)) return e;
   std::lock_guard lk(mu_);
   if (!sleep_ || sleep_->tid != tid) return e;
-  for (const auto &[v, size] : sleep_->seen)
-    if (va <= v && v < va + std::max<std::uint64_t>(size, 1)) return e;
+  for (std::size_t i = 0; i < sleep_->seen.size(); ++i) {
+    const SleepRun::Range &r = sleep_->seen[i];
+    if (va <= r.va && r.va < va + std::max<std::uint64_t>(r.size, 1)) return e;
+  }
   if (!sleep_->seen_all) return e;  // not known: a free of one of its ranges, maybe
   e.sleep = std::move(*sleep_);
   sleep_.reset();
@@ -92,7 +94,7 @@ Boundaries::Ended Boundaries::on_sleep_unmap(const EventRef &ev, std::uint64_t v
   s.ranges += ranges;
   s.bytes += bytes;
   if (s.seen.size() < kMaxRanges)
-    s.seen.emplace_back(va, size);
+    s.seen.push_back(SleepRun::Range{va, size});
   else
     s.seen_all = false;
   for (std::size_t i = 0; i < nsites; ++i) {
@@ -100,7 +102,7 @@ Boundaries::Ended Boundaries::on_sleep_unmap(const EventRef &ev, std::uint64_t v
       s.sites_known = false;
       continue;
     }
-    if (std::find(s.sites.begin(), s.sites.end(), sites[i]) != s.sites.end()) continue;
+    if (s.sites.contains(sites[i])) continue;
     if (s.sites.size() < kMaxSites) s.sites.push_back(sites[i]);
   }
   set_open_locked();
@@ -199,7 +201,7 @@ std::vector<Leftover> Boundaries::take_leftovers() {
 
 void Boundaries::fork_child() {
   // The child owns none of the parent's memory; the lock may have been held at fork.
-  new (&mu_) std::mutex();
+  mu_.reset();
   sleep_.reset();
   wake_.reset();
   leftovers_.clear();

@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "event.h"
+#include "inline_vec.h"
+#include "lock_within.h"
 
 namespace cmg {
 
@@ -44,11 +46,16 @@ struct SleepRun {
   std::uint64_t ranges = 0, bytes = 0;  // ranges (and their bytes) the run put to sleep
   // The map sites (innermost frame of the map's stack, outside the shim) of what went to sleep,
   // distinct, at most kMaxSites; sites_known is false when some mapping had no stack.
-  std::vector<std::uintptr_t> sites;
+  // Inline first: a run opens and ends with every unmap-release-free of a mapping, and a heap
+  // allocation per run would be one per VMM call sequence (docs/performance.md).
+  InlineVec<std::uintptr_t, 4> sites;
   bool sites_known = true;
-  // The unmapped ranges (va, size), at most kMaxRanges: a run whose ranges all had their
-  // reservation freed by its end freed memory, it did not put it to sleep.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> seen;
+  // The unmapped ranges, at most kMaxRanges: a run whose ranges all had their reservation freed
+  // by its end freed memory, it did not put it to sleep.
+  struct Range {
+    std::uint64_t va, size;
+  };
+  InlineVec<Range, 4> seen;
   bool seen_all = true;
 };
 
@@ -91,6 +98,9 @@ class Boundaries {
   // only end or replace it. So a run of this thread seen here is still as seen, or gone (the
   // locked on_call then finds nothing), and a run not seen as this thread's cannot become one.
   bool ends_run(std::uint32_t tid, CallRole role) const;
+  // Whether thread `tid` may have a wake-up open: false is exact without the lock, as for
+  // ends_run (only that thread opens one). A create or a refused call concerns only such a run.
+  bool wake_open_on(std::uint32_t tid) const { return wake_of(tid); }
 
   struct Ended {
     std::optional<SleepRun> sleep;
@@ -144,7 +154,9 @@ class Boundaries {
   bool wake_of(std::uint32_t tid) const {
     return (wake_run_.load(std::memory_order_relaxed) & ~kFailed) == (kRun | tid);
   }
-  mutable std::mutex mu_;
+  // One atomic instruction to take and one to give back (lock_within.h): a sleep run takes it at
+  // its first unmap and at its end, once per VMM free sequence.
+  mutable FutexLock mu_;
   std::atomic<int> open_{0};
   std::atomic<std::uint64_t> sleep_run_{0}, wake_run_{0};
   std::atomic<std::size_t> nleft_{0};

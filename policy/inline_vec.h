@@ -53,6 +53,11 @@ class InlineVec {
   void each(F &&f) const {
     for (std::size_t i = 0; i < n_; ++i) f((*this)[i]);
   }
+  bool contains(const T &v) const {
+    for (std::size_t i = 0; i < n_; ++i)
+      if ((*this)[i] == v) return true;
+    return false;
+  }
 
  private:
   T &at_inline(std::size_t i) {

@@ -28,7 +28,7 @@ struct FlushCheck {
 FlushCheck flush_check_slow(Call &c, FlushTarget target);
 // Inline: every synchronizing free asks, and the answer is almost always "nothing applies".
 inline FlushCheck flush_check(Call &c, FlushTarget target) {
-  const State &s = state();
+  const State &s = c.st();
   if (s.opts.opportunistic == FlushPolicy::Allow || !s.transport.suppressed()) {
     FlushCheck fc;
     fc.target = target;

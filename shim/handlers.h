@@ -83,12 +83,13 @@ inline bool api_is_stream_ordered_free(Api api) {
 }
 
 // Quarantine applies to synchronous frees of linear, managed and host memory.
-inline bool quarantined_api(Api api) {
-  return state().opts.quarantine != 0 && sync_free_api(api);
+// `s` is the call's state (Call::st): the hooks read the state pointer once per call.
+inline bool quarantined_api(const State &s, Api api) {
+  return s.opts.quarantine != 0 && sync_free_api(api);
 }
 inline constexpr KindMask kQuarantinedKinds = kSyncFreedKinds;
-inline bool quarantined(Api api, MemKind kind) {
-  return quarantined_api(api) && (kQuarantinedKinds & kind_bit(kind));
+inline bool quarantined(const State &s, Api api, MemKind kind) {
+  return quarantined_api(s, api) && (kQuarantinedKinds & kind_bit(kind));
 }
 
 // What NCCL or a multicast object still holds of memory a call took away (free-registered,
@@ -117,7 +118,7 @@ R linear_alloc(Api api, MemKind kind, Size size_of, Real &&real, Out &&out,
         if constexpr (!std::is_invocable_v<Size>) asked = size_of;
         // Read once: a capture this thread could be making the allocation for cannot begin
         // meanwhile.
-        const bool capturing = capture_open();
+        const bool capturing = capture_open(c.st());
         // A synchronous allocation during an open capture that prohibits it (capture-unsafe).
         const bool unsafe = capturing && kind != MemKind::Async && unsafe_before(c);
         bool retried = false;
@@ -213,7 +214,7 @@ __attribute__((always_inline)) inline R free_live(Call &c, Api api, LinearTicket
   }
   if (fc.opportunistic && fc.action == Action::Abort) flush_report(c, fc, args, -1, v.size, 0);
   // Answer success now, free later: the address is not re-issued while it is held.
-  if (may_hold && quarantined(api, v.kind) &&
+  if (may_hold && quarantined(s, api, v.kind) &&
       hold(HoldReason::Quarantine, [](const Held &h) { return held().hold(h); })) {
     s.counters.add(v.dev, counted, delta);
     args.s("held", "quarantine");
@@ -263,7 +264,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         bool unsafe = false;
         // Read once: while a capture is open nothing is held (it would have to be given back
         // inside the capture).
-        const bool capturing = ptr && capture_open();
+        const bool capturing = ptr && capture_open(s);
         const bool may_hold = !capturing || may_hold_frees();
         if (capturing) [[unlikely]] {
           // A stream-ordered free on a capturing stream is a free node of the capture, not a free.
@@ -276,7 +277,7 @@ R linear_free(Api api, KindMask accepted, std::uint64_t ptr, Real &&real, std::u
         }
         // The kinds the quarantine will hold (free_live's condition): their record goes straight
         // to Held, and free_live holds it or gives it back.
-        const KindMask hold = quarantined_api(api) && may_hold ? kQuarantinedKinds : 0;
+        const KindMask hold = quarantined_api(s, api) && may_hold ? kQuarantinedKinds : 0;
         LinearTicket t = s.linear.begin_free(ptr, accepted, c.ev(), s.opts, &s.vmm, hold);
         if (t.cls == FreeClass::Live) {
           std::vector<Hold> holds = held_by(s, t.rec.ptr, t.rec.size);

@@ -18,8 +18,11 @@ namespace cmg::shim {
 // (cuThreadExchangeStreamCaptureMode, cudaThreadExchangeStreamCaptureMode).
 CMG_HOT_TLS inline CaptureMode t_capture_mode = CaptureMode::Global;
 
+inline bool capture_open(const State &s) {
+  return s.capture.any_open();
+}
 inline bool capture_open() {
-  return state().capture.any_open();
+  return capture_open(state());
 }
 
 // The model's name of a stream handle: `per_thread_variant` (a _ptsz export) reads a null handle

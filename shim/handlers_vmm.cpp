@@ -54,7 +54,7 @@ DriverView confirm(VmmTicket &t, Begin &&begin) {
 
 template <class Real>
 CUresult run(Call &c, VmmTicket &t, Args &args, Real &&real, const DriverView &view = {}) {
-  const VmmOutcome o = run_transaction(state().vmm, t, real, view);
+  const VmmOutcome o = run_transaction(c.st().vmm, t, real, view);
   if (o.abort_first) report_finding(c, *t.finding, Action::Abort, -1, args);  // does not return
   if (o.report) report_finding(c, std::move(*t.finding), t.decision.action, o.status, args);
   Call::Extra x;
@@ -87,14 +87,14 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
     Call c(Api::cuMemCreate, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return untracked_alloc<CUresult>(fwd);
     if (!prop || !h) return fwd();
-    const InFlightCall w(state().vmm.issues);  // until the model has the value
+    const InFlightCall w(c.st().vmm.issues);  // until the model has the value
     // Bridge mode: an allocation without POSIX_FD can never be exported, so the type is added
     // where the device supports it; if the driver refuses the wider request, the program's own
     // request is made as it was (never worse than without the shim).
     const bool device = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
     const unsigned asked = static_cast<unsigned>(prop->requestedHandleTypes);
     wide = *prop;
-    if (state().opts.ipc == IpcMode::Bridge && device && !(asked & ipc::kTypePosixFd))
+    if (c.st().opts.ipc == IpcMode::Bridge && device && !(asked & ipc::kTypePosixFd))
       wide.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(ipc::widened_types(
           asked, device, bridge::device_supports_posix_fd(prop->location.id)));
     use = wide.requestedHandleTypes != prop->requestedHandleTypes ? &wide : prop;
@@ -117,7 +117,7 @@ CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAll
     args.hex("handle", *h);
     const Location loc = location_of(prop);
     // The types the allocation really has (bug-patterns.md P15), not the ones first asked for.
-    state().vmm.on_create(*h, size, loc, prop->location.id,
+    c.st().vmm.on_create(*h, size, loc, prop->location.id,
                           static_cast<unsigned>(use->requestedHandleTypes), false, c.ev(), t_vmm);
     Call::Extra x;
     x.mem = MemKind::Vmm;
@@ -134,7 +134,7 @@ CUresult vmm_release(CUmemGenericAllocationHandle h, decltype(&::cuMemRelease) d
   return shielded<CUresult>(Api::cuMemRelease, real, [&](auto &fwd) {
     Call c(Api::cuMemRelease, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
-    State &s = state();
+    State &s = c.st();
     const InFlightCall w(s.vmm.issues);  // noted before the driver hears of it
     auto begin = [&] { return s.vmm.begin_release(h, c.ev(), t_vmm, s.opts); };
     VmmTicket t = begin();
@@ -167,8 +167,8 @@ CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr ad
       return r;
     }
     args.hex("ptr", *ptr);
-    state().vmm.on_reserve(*ptr, size, c.ev(), t_vmm);
-    if (t_nccl_comm) state().nccl.on_own_reserve(t_nccl_comm, *ptr, size);
+    c.st().vmm.on_reserve(*ptr, size, c.ev(), t_vmm);
+    if (t_nccl_comm) c.st().nccl.on_own_reserve(t_nccl_comm, *ptr, size);
     Call::Extra x;
     x.mem = MemKind::Va;
     x.delta = static_cast<std::int64_t>(size);
@@ -183,7 +183,7 @@ CUresult vmm_address_free(CUdeviceptr ptr, size_t size, decltype(&::cuMemAddress
     Call c(Api::cuMemAddressFree, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
     boundary_before_address_free(c, ptr);
-    State &s = state();
+    State &s = c.st();
     VmmTicket t = s.vmm.begin_address_free(ptr, size, c.ev(), t_vmm, s.opts);
     Args args;
     args.hex("ptr", ptr).u("size", size);
@@ -203,7 +203,7 @@ CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
   return shielded<CUresult>(Api::cuMemMap, real, [&](auto &fwd) {
     Call c(Api::cuMemMap, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
-    State &s = state();
+    State &s = c.st();
     VmmTicket t = s.vmm.begin_map(ptr, size, offset, h, c.ev(), t_vmm, s.opts);
     Args args;
     args.hex("ptr", ptr).u("size", size).u("offset", offset).hex("handle", h).u("flags", flags);
@@ -216,7 +216,7 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size, decltype(&::cuMemUnmap) drv) {
   return shielded<CUresult>(Api::cuMemUnmap, real, [&](auto &fwd) {
     Call c(Api::cuMemUnmap, StackWhen::Always, Nested::Always);
     if (!c.tracked()) return fwd();
-    State &s = state();
+    State &s = c.st();
     const bool nccl_own = t_nccl_ending && s.nccl.own_teardown(t_nccl_ending, ptr, size);
     VmmTicket t = s.vmm.begin_unmap(ptr, size, c.ev(), t_vmm, s.opts, nccl_own);
     // Asked before the driver unmaps: afterwards the kernels would already have lost the range.
@@ -264,9 +264,9 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
                            .u("access", desc[0].flags);
     Call::Extra x;
     if (r == CUDA_SUCCESS)
-      state().vmm.on_set_access(ptr, size);
+      c.st().vmm.on_set_access(ptr, size);
     else
-      x.va_state = state().vmm.range_state(ptr, size);
+      x.va_state = c.st().vmm.range_state(ptr, size);
     c.log(r, args, x);
     boundary_after_access(c, r);
     return r;
@@ -279,13 +279,13 @@ CUresult vmm_retain(CUmemGenericAllocationHandle *h, void *addr,
   return shielded<CUresult>(Api::cuMemRetainAllocationHandle, real, [&](auto &fwd) {
     Call c(Api::cuMemRetainAllocationHandle, StackWhen::Always, Nested::Always);
     if (!c.tracked() || !h) return fwd();
-    const InFlightCall w(state().vmm.issues);
+    const InFlightCall w(c.st().vmm.issues);
     CUresult r = fwd();
     Args args;
     args.hex("addr", reinterpret_cast<std::uintptr_t>(addr));
     if (r == CUDA_SUCCESS) {
       args.hex("handle", *h);
-      state().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev(), t_vmm);
+      c.st().vmm.on_retain(*h, reinterpret_cast<std::uintptr_t>(addr), c.ev(), t_vmm);
     }
     c.log(r, args);
     return r;
@@ -315,7 +315,7 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
   return shielded<CUresult>(Api::cuMemImportFromShareableHandle, real, [&](auto &fwd) {
     Call c(Api::cuMemImportFromShareableHandle, StackWhen::Always, Nested::Always);
     if (!c.tracked() || !h) return fwd();
-    const InFlightCall w(state().vmm.issues);
+    const InFlightCall w(c.st().vmm.issues);
     CUresult r = fwd();
     Args args;
     args.u("type", static_cast<std::uint64_t>(type));
@@ -331,7 +331,7 @@ CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os_handle,
           props_slot, "cuMemGetAllocationPropertiesFromHandle");
       const bool known = props && props(&prop, *h) == CUDA_SUCCESS;
       // Ends this thread's pairing, as a retain does (case import-pairing).
-      state().vmm.on_create(*h, 0, known ? location_of(&prop) : Location::Other,
+      c.st().vmm.on_create(*h, 0, known ? location_of(&prop) : Location::Other,
                             known ? prop.location.id : -1, static_cast<unsigned>(type), true, c.ev(),
                             t_vmm);
       note_nccl_import(c, *h, caller);

@@ -116,17 +116,17 @@ bool close_sleep(const SleepRun &sr, At at = {}) {
   // Ranges whose reservations were freed before the run ended were freed, not put to sleep
   // (NCCL's and many allocators' free: unmap, release, address free).
   std::size_t asleep = 0;
-  for (const auto &[va, size] : sr.seen)
-    if (std::strcmp(state().vmm.range_state(va, size), "asleep") == 0) ++asleep;
+  sr.seen.each([&](const SleepRun::Range &r) {
+    if (std::strcmp(state().vmm.range_state(r.va, r.size), "asleep") == 0) ++asleep;
+  });
   if (asleep == 0 && sr.seen_all) return false;
   if (boundaries().has_leftovers()) {
     std::vector<Leftover> stayed, back;
     for (Leftover &l : boundaries().take_leftovers()) {
       if (!still_mapped(l.made)) continue;  // unmapped since: nothing left of it
       // The same allocator: the same map site where both have stacks, else the same thread.
-      const bool same = l.made.site && sr.sites_known ? std::find(sr.sites.begin(), sr.sites.end(),
-                                                                  l.made.site) != sr.sites.end()
-                                                      : l.tid == sr.tid;
+      const bool same =
+          l.made.site && sr.sites_known ? sr.sites.contains(l.made.site) : l.tid == sr.tid;
       (same ? stayed : back).push_back(std::move(l));
     }
     if (!stayed.empty()) {
@@ -172,7 +172,7 @@ void boundary_call_slow(Api api, std::uint32_t tid) {
   if (e.any()) close_runs(std::move(e));
 }
 
-void boundary_after_vmm(const Call &c, const VmmTicket &t, bool called, int status) {
+void boundary_after_vmm_slow(const Call &c, const VmmTicket &t, bool called, int status) {
   if (exit_in_progress()) return;  // nothing allocates once exit began
   if (!c.tracked()) return;
   const bool ok = called && status == CUDA_SUCCESS;
@@ -206,7 +206,8 @@ void boundary_before_address_free(const Call &c, std::uint64_t ptr) {
   if (c.tracked() && boundaries().open()) close_runs(boundaries().on_address_free(c.ev().tid, ptr));
 }
 
-void boundary_after_create(const Call &c, int status, std::uint64_t handle, std::uint64_t size) {
+void boundary_after_create_slow(const Call &c, int status, std::uint64_t handle,
+                                std::uint64_t size) {
   if (exit_in_progress()) return;  // nothing allocates once exit began
   if (!c.tracked()) return;
   if (status == CUDA_SUCCESS)
@@ -215,7 +216,7 @@ void boundary_after_create(const Call &c, int status, std::uint64_t handle, std:
     boundaries().on_refused(c.ev(), status);
 }
 
-void boundary_after_access(const Call &c, int status) {
+void boundary_after_access_slow(const Call &c, int status) {
   if (exit_in_progress()) return;  // nothing allocates once exit began
   if (c.tracked() && status != CUDA_SUCCESS) boundaries().on_refused(c.ev(), status);
 }

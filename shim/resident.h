@@ -24,13 +24,30 @@ inline DeviceUse &device_use() {
 }
 
 // After a VMM call whose transaction the model ran (handlers_vmm.cpp): `called` whether the
-// driver was called, `status` what it returned.
-void boundary_after_vmm(const Call &c, const VmmTicket &t, bool called, int status);
+// driver was called, `status` what it returned. Inline: only an accepted unmap that took
+// mappings away, or a map the driver answered, concerns a run; every other VMM call (a refused
+// unmap, a release, an address free) passes at a few instructions.
+void boundary_after_vmm_slow(const Call &c, const VmmTicket &t, bool called, int status);
+inline void boundary_after_vmm(const Call &c, const VmmTicket &t, bool called, int status) {
+  if (called && (t.op == VmmTicket::Op::Map ||
+                 (t.op == VmmTicket::Op::Unmap && status == CUDA_SUCCESS && !t.unmapped.empty())))
+    boundary_after_vmm_slow(c, t, called, status);
+}
 // Before cuMemAddressFree of the reservation at `ptr`.
 void boundary_before_address_free(const Call &c, std::uint64_t ptr);
-// After cuMemCreate (size asked) and cuMemSetAccess.
-void boundary_after_create(const Call &c, int status, std::uint64_t handle, std::uint64_t size);
-void boundary_after_access(const Call &c, int status);
+// After cuMemCreate (size asked) and cuMemSetAccess. Inline: both concern only a wake-up open on
+// the calling thread (Boundaries::on_create, on_refused).
+void boundary_after_create_slow(const Call &c, int status, std::uint64_t handle, std::uint64_t size);
+inline void boundary_after_create(const Call &c, int status, std::uint64_t handle,
+                                  std::uint64_t size) {
+  if (c.tracked() && c.st().boundaries.wake_open_on(c.ev().tid))
+    boundary_after_create_slow(c, status, handle, size);
+}
+void boundary_after_access_slow(const Call &c, int status);
+inline void boundary_after_access(const Call &c, int status) {
+  if (status != CUDA_SUCCESS && c.tracked() && c.st().boundaries.wake_open_on(c.ev().tid))
+    boundary_after_access_slow(c, status);
+}
 // After an NCCL lifecycle call (handlers_nccl.cpp): the communicators it created (their devices
 // are the rank's), or a destroy or abort that succeeded (a boundary).
 void boundary_after_nccl(Api api, bool created, bool destroyed,

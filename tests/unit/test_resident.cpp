@@ -79,7 +79,8 @@ TEST_CASE("A sleep goes on while its thread takes memory away and ends at its ne
   CHECK(e.sleep->first.seq == 1);
   CHECK(e.sleep->ranges == 2);
   CHECK(e.sleep->bytes == 0x400000);
-  CHECK(e.sleep->sites == std::vector<std::uintptr_t>{site});
+  REQUIRE(e.sleep->sites.size() == 1);
+  CHECK(e.sleep->sites[0] == site);
   CHECK(e.sleep->sites_known);
   CHECK(e.sleep->seen.size() == 2);
   CHECK_FALSE(b.open());
@@ -207,7 +208,32 @@ TEST_CASE("A mapping without a stack makes the sleep's sites unknown") {
   const auto e = b.end_all();
   REQUIRE(e.sleep);
   CHECK_FALSE(e.sleep->sites_known);
-  CHECK(e.sleep->sites == std::vector<std::uintptr_t>{0x10});
+  REQUIRE(e.sleep->sites.size() == 1);
+  CHECK(e.sleep->sites[0] == 0x10);
+}
+
+TEST_CASE("A sleep keeps every range and site past the inline ones, up to its bounds") {
+  // The first few ranges and sites are kept inline, the rest on the heap: all of them count.
+  Boundaries b;
+  constexpr std::uint64_t kRes = 0x100000000, kStep = 0x200000;
+  for (std::uint64_t i = 0; i < 9; ++i) {
+    const std::uintptr_t site = 0x1000 + i;
+    b.on_sleep_unmap(ev(1 + i, 7), kRes + i * kStep, kStep, 1, kStep, &site, 1);
+  }
+  // A free of the reservation holding the ninth range is part of the allocator's free, not the
+  // end of the sleep; one of memory the sleep never unmapped ends it.
+  CHECK_FALSE(b.on_address_free(7, kRes + 8 * kStep).any());
+  const auto e = b.on_address_free(7, 0x900000000);
+  REQUIRE(e.sleep);
+  CHECK(e.sleep->ranges == 9);
+  REQUIRE(e.sleep->seen.size() == 9);
+  CHECK(e.sleep->seen[8].va == kRes + 8 * kStep);
+  CHECK(e.sleep->seen[8].size == kStep);
+  REQUIRE(e.sleep->sites.size() == 9);
+  for (std::size_t i = 0; i < 9; ++i) CHECK(e.sleep->sites[i] == 0x1000 + i);
+  CHECK(e.sleep->sites.contains(0x1008));
+  CHECK_FALSE(e.sleep->sites.contains(0x1009));
+  CHECK(e.sleep->seen_all);
 }
 
 TEST_CASE("Leftovers of a failed wake-up are kept for the next sleep, bounded") {

@@ -20,9 +20,23 @@ grep -q "^same_address 0" "$out/double_free.txt" && grep -q "double-free" "$out/
   || { echo "FAIL double_free.py"; status=1; }
 # The finding's line is followed by its stacks (the debugging profile's CUMEMGUARD_WARN_FRAMES),
 # each line with the process's prefix: the call's frames, then the allocation's and first free's.
-grep -Eq '^cumemguard\[[0-9]+\]:     #0 ' "$out/double_free.txt" && \
+# A stack begins with the interpreter's call into C folded into one line ("... N interpreter
+# frames calling into C"), and the next line is frame #N, the script's own.
+grep -A1 -E '^cumemguard\[[0-9]+\]: warning: double-free in cudaFree' "$out/double_free.txt" \
+  | grep -Eq '^cumemguard\[[0-9]+\]:     (#0 |\.\.\. [0-9]+ interpreter frames calling into C$)' && \
   grep -Eq '^cumemguard\[[0-9]+\]:   first free: ' "$out/double_free.txt" \
   || { echo "FAIL double_free.py: no stacks under the finding"; status=1; }
+if grep -Eq '^cumemguard\[[0-9]+\]:     \.\.\. [0-9]+ interpreter frames calling into C$' \
+     "$out/double_free.txt"; then
+  python3 - "$out/double_free.txt" <<'PY' || { echo "FAIL double_free.py: a folded line not followed by its frame number"; status=1; }
+import re, sys
+lines = [l.split(": ", 1)[1] if ": " in l else l for l in open(sys.argv[1]).read().splitlines()]
+for i, l in enumerate(lines):
+    m = re.fullmatch(r"    \.\.\. (\d+) interpreter frames calling into C", l)
+    if m and not re.match(r"    #%s " % m.group(1), lines[i + 1] if i + 1 < len(lines) else ""):
+        sys.exit(1)
+PY
+fi
 # The call's stack names the script's own line of the stale free (the Python frame reader).
 stale=$(grep -n '"stale_free"' "$ex/double_free.py" | cut -d: -f1)
 grep -Eq "^cumemguard\[[0-9]+\]:     #[0-9]+ main \(.*/double_free\.py:$stale\)\$" \
