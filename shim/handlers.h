@@ -43,8 +43,10 @@ static_assert(CUDA_ERROR_OUT_OF_MEMORY == kOutOfMemory &&
 // stream capture is open: a free inside it would invalidate the capture (PyTorch's allocator does
 // the same: it releases its cached blocks only while no capture is underway); that release waits
 // for the capture's end, and a note says so (may_release_held).
+// Inline: on every allocation the answer is almost always "not out of memory".
 template <class R, class Real>
-R call_with_oom_retry(Real &&real, bool &retried, const char *api = nullptr) {
+__attribute__((always_inline)) inline R call_with_oom_retry(Real &&real, bool &retried,
+                                                            const char *api = nullptr) {
   R r = real();
   retried = false;
   if (static_cast<int>(r) == kOutOfMemory && !held().empty() && may_release_held(api)) {
