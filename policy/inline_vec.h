@@ -28,11 +28,17 @@ class InlineVec {
     copy_inline(o);
     return *this;
   }
-  InlineVec(InlineVec &&o) noexcept : more_(std::move(o.more_)), n_(o.n_) { copy_inline(o); }
+  // The source is left empty: its heap part moved, so its count must not name those elements.
+  InlineVec(InlineVec &&o) noexcept : more_(std::move(o.more_)), n_(o.n_) {
+    copy_inline(o);
+    o.clear_moved();
+  }
   InlineVec &operator=(InlineVec &&o) noexcept {
+    if (this == &o) return *this;
     more_ = std::move(o.more_);
     n_ = o.n_;
     copy_inline(o);
+    o.clear_moved();
     return *this;
   }
 
@@ -62,6 +68,10 @@ class InlineVec {
  private:
   T &at_inline(std::size_t i) {
     return *std::launder(reinterpret_cast<T *>(&inline_[i * sizeof(T)]));
+  }
+  void clear_moved() {
+    more_.clear();
+    n_ = 0;
   }
   // Only the constructed elements: the rest of the storage was never written.
   void copy_inline(const InlineVec &o) {

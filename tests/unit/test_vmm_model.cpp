@@ -886,9 +886,21 @@ TEST_CASE("A ticket's inline lists keep what was pushed, past the inline slot, a
   same(copy);
   InlineVec<Mapping, 1> moved(std::move(copy));
   same(moved);
+  // A moved-from list is empty and takes new elements (its heap part went with the move).
+  CHECK(copy.empty());  // NOLINT(bugprone-use-after-move)
+  Mapping extra;
+  extra.off = 0x9000;
+  copy.push_back(extra);
+  copy.push_back(extra);
+  REQUIRE(copy.size() == 2);
+  CHECK(copy[1].off == 0x9000);
   InlineVec<Mapping, 1> assigned;
   assigned = moved;
   same(assigned);
+  InlineVec<Mapping, 1> move_assigned;
+  move_assigned = std::move(moved);
+  same(move_assigned);
+  CHECK(moved.empty());  // NOLINT(bugprone-use-after-move)
   std::uint64_t bytes = 0;
   assigned.each([&](const Mapping &m) { bytes += m.size; });
   CHECK(bytes == 6);
