@@ -154,8 +154,8 @@ class Boundaries {
   bool wake_of(std::uint32_t tid) const {
     return (wake_run_.load(std::memory_order_relaxed) & ~kFailed) == (kRun | tid);
   }
-  // One atomic instruction to take and one to give back (lock_within.h): a sleep run takes it at
-  // its first unmap and at its end, once per VMM free sequence.
+  // One atomic instruction to take and one to give back (lock_within.h): a VMM free sequence takes
+  // it three times (the unmap that opens the run, the address free, the call that ends the run).
   mutable FutexLock mu_;
   std::atomic<int> open_{0};
   std::atomic<std::uint64_t> sleep_run_{0}, wake_run_{0};
